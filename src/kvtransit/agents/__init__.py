@@ -1,0 +1,1 @@
+"""The processes of the testbed: prefill, middlebox, decode, loadgen, and the launcher."""

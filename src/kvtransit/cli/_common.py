@@ -1,0 +1,61 @@
+"""What every subcommand shares: user-error types, table and JSON output."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+class CliError(Exception):
+    """A user-facing error raised by a subcommand: printed as one line, exit status 2."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Every exception type that means "the user gave a bad value" (printed as one line, exit 2)."""
+    from kvtransit.model.errors import ConfigError
+
+    errors: list[type[BaseException]] = [CliError, ConfigError]
+    try:
+        from kvtransit.kernels.errors import KernelInputError
+
+        errors.append(KernelInputError)
+    except ImportError:
+        pass
+    try:
+        from kvtransit.shaping.errors import ShapingError
+
+        errors.append(ShapingError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def add_json_flag(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=_jsonable, allow_nan=False)
+    sys.stdout.write("\n")
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, caption: str | None = None) -> None:
+    """A clean terminal table (rich); numbers right-aligned, as given (format them before)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, caption=caption, show_lines=False, header_style="bold")
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(str(c) for c in row))
+    Console(width=max(100, sum(len(c) for c in columns) + 8 * len(columns))).print(table)

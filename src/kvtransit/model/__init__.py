@@ -1,0 +1,1 @@
+"""The model library: catalogues, roofline cost model, energy, workloads, the module budget. Pure."""

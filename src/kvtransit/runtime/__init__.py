@@ -1,0 +1,1 @@
+"""asyncio/uvloop plumbing, clock and metrics registry: the only layer with sockets."""

@@ -1,0 +1,1 @@
+"""Sans-IO framing of every hop (stdlib only: no sockets, no asyncio, no clock)."""
