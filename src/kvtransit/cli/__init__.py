@@ -14,6 +14,9 @@ from ._common import CliError, user_errors
 
 # Subcommand modules under kvtransit.cli, in the order `--help` lists them.
 SUBCOMMANDS: tuple[str, ...] = (
+    "calc",
+    "kernels",
+    "cost",
 )
 
 

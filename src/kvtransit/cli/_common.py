@@ -58,4 +58,7 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
         table.add_column(col, justify="left" if i == 0 else "right", no_wrap=True)
     for row in rows:
         table.add_row(*(str(c) for c in row))
-    Console(width=max(100, sum(len(c) for c in columns) + 8 * len(columns))).print(table)
+    # Wide enough for the widest cell of every column (headers alone under-size long cells), so no
+    # number or verdict is ever cut with an ellipsis.
+    widths = [max([len(str(col))] + [len(str(row[i])) for row in rows if i < len(row)]) for i, col in enumerate(columns)]
+    Console(width=max(100, sum(widths) + 3 * len(columns) + 4, len(title))).print(table)

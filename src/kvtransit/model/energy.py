@@ -1,0 +1,33 @@
+"""Energy of moving and computing on KV bytes (REFERENCE §3, §5). One formula per place energy is spent."""
+
+from __future__ import annotations
+
+from .devices import Device
+from .errors import ConfigError
+from .links import Link
+from .module import Module
+
+PJ = 1e-12
+
+
+def _non_negative(name: str, value: float) -> float:
+    if not value >= 0:
+        raise ConfigError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+def link_energy_j(link: Link, wire_bytes: float) -> float:
+    """Wire bits × the link's pJ per bit (REFERENCE §5)."""
+    return link.energy_j(wire_bytes)
+
+
+def module_energy_j(module: Module, input_bytes: float) -> float:
+    """Input bits × the module's pJ per input bit (1 pJ in the simulator's stage, REFERENCE §5)."""
+    return module.energy_j(_non_negative("module input bytes", input_bytes))
+
+
+def gpu_energy_j(device: Device, flops: float, hbm_bytes: float) -> float:
+    """FLOPs × pJ/FLOP + HBM bytes × pJ/byte (REFERENCE §3 device table)."""
+    _non_negative("FLOPs", flops)
+    _non_negative("HBM bytes", hbm_bytes)
+    return (flops * device.pj_per_flop + hbm_bytes * device.pj_per_byte) * PJ
