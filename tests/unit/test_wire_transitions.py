@@ -141,3 +141,39 @@ def test_a_kv_end_whose_checksum_disagrees_with_the_chunks_is_refused():
 def test_a_hop_that_does_not_exist_cannot_be_built():
     with pytest.raises(ValueError, match="no connection exists between loadgen and middlebox"):
         Connection(Role.LOADGEN, Role.MIDDLEBOX)
+
+
+def test_error_naming_a_request_aborts_its_open_kv_stream_on_both_sides():
+    """A middlebox whose source died mid-request tells decode with Error(request_id); the stream is gone on
+    both sides (a later KvChunk for it is illegal) and other streams carry on."""
+    from kvtransit.wire import Connection, Role, events as ev
+    from kvtransit.wire.errors import ErrorCode, RemoteProtocolError
+
+    mb = Connection(our_role=Role.MIDDLEBOX, their_role=Role.DECODE)
+    dec = Connection(our_role=Role.DECODE, their_role=Role.MIDDLEBOX)
+    wire = mb.send(ev.Hello(role=Role.MIDDLEBOX, version=1, name="mb"))
+    for rid in (1, 2):
+        wire += mb.send(ev.KvBegin(request_id=rid, prompt_tokens=4, output_tokens=2, n_layers=1, n_chunks=1,
+                                   raw_bytes=8, codec="none", first_token_ns=0))
+    wire += mb.send(ev.Error(code=ErrorCode.INTERNAL, message="prefill lost", request_id=1))
+    chunk = ev.KvChunk(request_id=2, layer=0, chunk=0, dtype=ev.DType.BF16, shape=(4,), codec_id=0,
+                       codec_header=b"", payload=b"\x00" * 8, raw_bytes=8)
+    wire += mb.send(chunk) + mb.send(mb.kv_end(2))
+    dec.receive_data(wire)
+    kinds = []
+    while True:
+        e = dec.next_event()
+        if e is ev.NEED_DATA:
+            break
+        kinds.append(type(e).__name__)
+    assert kinds == ["Hello", "KvBegin", "KvBegin", "Error", "KvChunk", "KvEnd"]
+    # Request 1 is closed on the receiver too: a chunk for it is now a protocol error.
+    stray = Connection(our_role=Role.MIDDLEBOX, their_role=Role.DECODE)
+    stray.send(ev.Hello(role=Role.MIDDLEBOX, version=1, name="x"))
+    stray.send(ev.KvBegin(request_id=1, prompt_tokens=4, output_tokens=2, n_layers=1, n_chunks=1, raw_bytes=8,
+                          codec="none", first_token_ns=0))
+    late = stray.send(ev.KvChunk(request_id=1, layer=0, chunk=0, dtype=ev.DType.BF16, shape=(4,), codec_id=0,
+                                 codec_header=b"", payload=b"\x00" * 8, raw_bytes=8))
+    dec.receive_data(late)
+    with pytest.raises(RemoteProtocolError, match="no open KV stream"):
+        dec.next_event()

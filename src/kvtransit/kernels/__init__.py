@@ -1,1 +1,11 @@
-"""Kernels the module runs: band-keep (FFT/DCT), requantisers, page scoring. numpy/scipy/pyfftw only."""
+"""Kernels the module runs: band-keep (FFT/DCT), requantisers, page scoring, and their accuracy.
+
+numpy/scipy/pyfftw/ml_dtypes only (plus kvtransit.model for declarations); no clock, threads or logging.
+The middlebox's entry point is `get_codec(name, ...)`; see `registry.py` for the interface and
+`header.py` for the self-describing header.
+"""
+
+from .errors import KernelInputError
+from .registry import CODEC_NAMES, Codec, Encoded, decode, get_codec
+
+__all__ = ["CODEC_NAMES", "Codec", "Encoded", "KernelInputError", "decode", "get_codec"]

@@ -92,6 +92,8 @@ class Connection:
             raise
         if frame_type in _KV_TYPES:
             self._sent_kv.apply(event, frame_type, payload_crc, payload_length)
+        elif frame_type == FrameType.ERROR:
+            self._sent_kv.abort(event.request_id)
         self.our_state = next_state
         return [head] if payload is None else [head, payload]
 
@@ -193,6 +195,8 @@ class Connection:
                 if problem:
                     raise RemoteProtocolError(problem, ErrorCode.KV_CHECKSUM_MISMATCH)
             self._received_kv.apply(event, frame_type, h.payload_crc, h.payload_length)
+        elif frame_type == FrameType.ERROR:
+            self._received_kv.abort(event.request_id)
         self.their_state = self._header_next_state
         self._start += h.frame_length
         self._header = None

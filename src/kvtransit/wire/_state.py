@@ -162,4 +162,10 @@ class KvStreams:
         else:
             del self._open[event.request_id]
 
+    def abort(self, request_id: int | None) -> None:
+        """An Error naming a request ends its KV stream, if one is open: the sender gave up on it (its source
+        died, its kernel refused the bytes), and the receiver drops what it had. Other streams carry on."""
+        if request_id is not None:
+            self._open.pop(request_id, None)
+
 
