@@ -18,6 +18,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "kernels",
     "cost",
     "accuracy",
+    "links",
 )
 
 
