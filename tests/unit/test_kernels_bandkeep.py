@@ -135,3 +135,53 @@ def test_precision_noise_matches_the_enob_formula_and_is_seeded():
     expected_rms = float(np.sqrt(np.mean((fs / (2**8 * math.sqrt(3))) ** 2)))
     measured_rms = float(np.sqrt(np.mean((n1 - c) ** 2)))
     assert measured_rms == pytest.approx(expected_rms, rel=0.05)
+
+
+def _dct_oracle_payload(kv, block, sinks, keep):
+    """Sinks, then each block's first kept orthonormal DCT-II coefficients (scipy.fft.dct as the oracle)."""
+    x = kv.astype(np.float32)
+    body = x[..., sinks:, :]
+    blocks = body.reshape(body.shape[:-2] + (body.shape[-2] // block, block, body.shape[-1]))
+    kept = bandkeep.kept_count(block, keep)
+    coef = scipy.fft.dct(blocks.astype(np.float64), axis=-2, norm="ortho")[..., :kept, :]
+    coef = coef.reshape(x.shape[:-2] + (-1, x.shape[-1]))
+    return np.concatenate([x[..., :sinks, :], coef], axis=-2)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 3 * 64 * 8 * 4, 1 << 30])
+@pytest.mark.parametrize("keep", [0.5, 0.75])
+def test_dct_payload_equals_scipy_dct_however_the_blocks_are_chunked(monkeypatch, chunk_bytes, keep):
+    """Chunks of one block, of 3 blocks (splitting rows), and of everything give the oracle's numbers."""
+    monkeypatch.setattr(bandkeep, "CHUNK_BYTES", chunk_bytes)
+    kv = _kv((2, 3, 4 + 5 * 64, 8), seed=4)
+    enc = get_codec("freq-keep-k", keep=keep, block=64, sinks=4, variant="dct", backend="scipy").encode(kv)
+    np.testing.assert_allclose(enc.payload, _dct_oracle_payload(kv, 64, 4, keep), atol=2e-6)
+
+
+@pytest.mark.parametrize("variant", bandkeep.VARIANTS)
+def test_bfloat16_input_gives_the_float32_coefficients_rounded_once(variant):
+    """The fused bfloat16 widening is exact: bf16 in → the float32 path's coefficients, rounded to bf16."""
+    kv16 = _kv((2, 4, 4 + 3 * 64 + 9, 16), ml_dtypes.bfloat16, seed=5)
+    codec = get_codec("freq-keep-k", keep=0.5, block=64, sinks=4, variant=variant, backend="scipy")
+    from_bf16 = codec.encode(kv16).payload
+    from_f32 = codec.encode(kv16.astype(np.float32)).payload
+    assert from_bf16.dtype == kv16.dtype
+    np.testing.assert_array_equal(from_bf16.view(np.uint16), from_f32.astype(ml_dtypes.bfloat16).view(np.uint16))
+    # Decoding widens bf16 coefficients exactly too: the bf16 decode is the float32 decode of the same
+    # (bf16-valued) coefficients, rounded once.
+    back = codec.decode(codec.encode(kv16).header, from_bf16)
+    ref = codec.decode(codec.encode(kv16.astype(np.float32)).header, from_bf16.astype(np.float32))
+    np.testing.assert_array_equal(back.view(np.uint16), ref.astype(ml_dtypes.bfloat16).view(np.uint16))
+
+
+def test_concurrent_encodes_in_threads_do_not_share_scratch_buffers():
+    """The middlebox encodes in executor threads; each thread's staging buffers are its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    inputs = [_kv((2, 8, 4 + 4 * 64, 32), ml_dtypes.bfloat16, seed=s) for s in range(6)]
+    codec = get_codec("freq-keep-k", keep=0.5, block=64, sinks=4, variant="dct")
+    serial = [codec.encode(kv).payload for kv in inputs]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        threaded = list(pool.map(lambda kv: codec.encode(kv).payload, inputs * 3))
+    for i, payload in enumerate(threaded):
+        np.testing.assert_array_equal(payload.view(np.uint16), serial[i % len(inputs)].view(np.uint16))

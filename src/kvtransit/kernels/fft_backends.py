@@ -6,8 +6,8 @@ runs one stream per pluggable, and a per-core figure is the honest one to compar
 
 `auto` takes the first importable backend in `AUTO_PREFERENCE`, an order measured (not timed at import:
 the kernels hold no clock) by `benchmarks/kernels.py` on the reference 2-core box, float32, 64-token
-blocks, forward band-keep (fft variant), one core: scipy 1.10 GB/s, pyfftw 0.74, numpy 0.43 (bare
-scipy rFFT 1.76 in the same run; benchmarks/RESULTS.md, "## Kernels"). scipy also led at N = 8 and 1024.
+blocks, forward band-keep (fft variant), one core: scipy 1.47 GB/s, pyfftw 1.10, numpy 0.66 (bare
+scipy rFFT 1.63 in the same runs; benchmarks/RESULTS.md, "## Kernels"; dct variant 1.23 / 1.17 / 0.62).
 """
 
 from __future__ import annotations
@@ -37,6 +37,16 @@ class FFTBackend:
     def irfft(self, spectrum: np.ndarray, n: int, axis: int) -> np.ndarray:
         raise NotImplementedError
 
+    def rfft_into(self, x: np.ndarray, out: np.ndarray, axis: int) -> None:
+        """out[...] = rfft(x) (complex64). Backends that can write in place override this: band-keep
+        calls it on cache-sized chunks with a reused `out`, so a fresh result array would cost its
+        allocation (and, for large ones, the page faults) on every chunk."""
+        out[...] = self.rfft(x, axis)
+
+    def irfft_into(self, spectrum: np.ndarray, out: np.ndarray, n: int, axis: int) -> None:
+        """out[...] = irfft(spectrum, n) (float32); `spectrum` may be overwritten."""
+        out[...] = self.irfft(spectrum, n, axis)
+
 
 class ScipyBackend(FFTBackend):
     name = "scipy"
@@ -45,6 +55,13 @@ class ScipyBackend(FFTBackend):
         import scipy.fft
 
         self._fft = scipy.fft
+        # scipy.fft's own pocketfft binding takes an `out` array; the public scipy.fft.rfft does not.
+        # It is private API, so it is optional: without it, the base class's copying fallback runs.
+        try:
+            from scipy.fft._pocketfft import pypocketfft
+        except ImportError:
+            pypocketfft = None
+        self._pocketfft = pypocketfft
 
     def rfft(self, x: np.ndarray, axis: int) -> np.ndarray:
         return self._fft.rfft(x, axis=axis, workers=1)
@@ -52,6 +69,18 @@ class ScipyBackend(FFTBackend):
     def irfft(self, spectrum: np.ndarray, n: int, axis: int) -> np.ndarray:
         # overwrite_x: the spectrum is a scratch buffer band-keep built for this call.
         return self._fft.irfft(spectrum, n=n, axis=axis, workers=1, overwrite_x=True)
+
+    def rfft_into(self, x: np.ndarray, out: np.ndarray, axis: int) -> None:
+        if self._pocketfft is None:
+            return super().rfft_into(x, out, axis)
+        # inorm=0: unnormalised forward, numpy's convention; nthreads=1: one core (module docstring).
+        self._pocketfft.r2c(x, (axis % x.ndim,), True, 0, out, 1)
+
+    def irfft_into(self, spectrum: np.ndarray, out: np.ndarray, n: int, axis: int) -> None:
+        if self._pocketfft is None:
+            return super().irfft_into(spectrum, out, n, axis)
+        # inorm=2: divide by n, numpy's inverse convention.
+        self._pocketfft.c2r(spectrum, (axis % spectrum.ndim,), n, False, 2, out, 1)
 
 
 class NumpyBackend(FFTBackend):
@@ -62,6 +91,19 @@ class NumpyBackend(FFTBackend):
 
     def irfft(self, spectrum: np.ndarray, n: int, axis: int) -> np.ndarray:
         return np.fft.irfft(spectrum, n=n, axis=axis)
+
+    # np.fft takes `out` since numpy 2.0 (pyproject allows 1.26: there, the copying fallback runs).
+    _has_out = np.lib.NumpyVersion(np.__version__) >= "2.0.0"
+
+    def rfft_into(self, x: np.ndarray, out: np.ndarray, axis: int) -> None:
+        if not self._has_out:
+            return super().rfft_into(x, out, axis)
+        np.fft.rfft(x, axis=axis, out=out)
+
+    def irfft_into(self, spectrum: np.ndarray, out: np.ndarray, n: int, axis: int) -> None:
+        if not self._has_out:
+            return super().irfft_into(spectrum, out, n, axis)
+        np.fft.irfft(spectrum, n=n, axis=axis, out=out)
 
 
 @dataclass
