@@ -19,6 +19,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "cost",
     "accuracy",
     "links",
+    "middlebox",
 )
 
 

@@ -1,0 +1,182 @@
+"""What every agent process shares: addresses, the readiness line, the HTTP side (/metrics, /stats), signals.
+
+The readiness line is how a launcher learns an agent's ports without races: the agent binds every socket
+first (port 0 = the kernel picks a free one), then prints exactly one line
+
+    KVTRANSIT-READY {"role": "decode", "name": "decode-0", "pid": 123, "listen_port": 40123, ...}
+
+to stdout and flushes. Nothing else an agent prints starts with that prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import math
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from kvtransit.model.errors import ConfigError
+from kvtransit.runtime import metrics as runtime_metrics
+from kvtransit.runtime.http import HttpServer
+from kvtransit.runtime.transport import Server, serve
+from kvtransit.wire.events import Role
+
+READY_PREFIX = "KVTRANSIT-READY "
+DEFAULT_METRICS_LISTEN = "127.0.0.1:0"
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_address(text: str, flag: str) -> Address:
+    """`HOST:PORT` (port 0: any free port). A bad one is a one-line error naming the flag."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{flag}: expected HOST:PORT, got {text!r}")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{flag}: port must be a number, got {port!r} in {text!r}") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"{flag}: port must be in 0..65535, got {number}")
+    return Address(host.strip("[]"), number)
+
+
+def parse_addresses(text: str, flag: str) -> list[Address]:
+    items = [item for item in text.split(",") if item.strip()]
+    if not items:
+        raise ConfigError(f"{flag}: expected HOST:PORT[,HOST:PORT...], got {text!r}")
+    return [parse_address(item.strip(), flag) for item in items]
+
+
+def _port_in_use(address: Address, flag: str, exc: OSError) -> ConfigError:
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(f"port {address} is already in use (move it with {flag} HOST:PORT, port 0 picks a free one)")
+    return ConfigError(f"cannot listen on {address} ({flag}): {exc.strerror or exc}")
+
+
+async def listen(address: Address, flag: str, handler, our_role: Role, their_role: Role) -> Server:
+    """A wire server on `address`; a port in use is a one-line error naming the port and the flag."""
+    try:
+        return await serve(address.host, address.port, handler, our_role, their_role)
+    except OSError as exc:
+        raise _port_in_use(address, flag, exc) from None
+
+
+StatsHandler = Callable[[], dict]
+
+
+async def start_http(address: Address, registry: CollectorRegistry, stats: StatsHandler,
+                     flag: str = "--metrics-listen") -> HttpServer:
+    """`/metrics` (Prometheus) and `/stats` (this process's JSON summary for the run report)."""
+    http = HttpServer(registry=registry)
+
+    async def stats_route(_request) -> Any:
+        return _finite(stats())
+
+    http.route("GET", "/stats", stats_route, public=True)
+    try:
+        await http.start(address.host, address.port)
+    except OSError as exc:
+        raise _port_in_use(address, flag, exc) from None
+    return http
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: a figure that could not be measured is null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def finite_json(value: Any) -> Any:
+    return _finite(value)
+
+
+def announce_ready(role: str, name: str, **ports: int) -> None:
+    """Print the one readiness line (see the module docstring) and flush."""
+    info = {"role": role, "name": name, "pid": os.getpid(), **ports}
+    sys.stdout.write(READY_PREFIX + json.dumps(info) + "\n")
+    sys.stdout.flush()
+
+
+def parse_ready_line(line: str) -> dict | None:
+    """The JSON of a readiness line, or None for any other line."""
+    if not line.startswith(READY_PREFIX):
+        return None
+    return json.loads(line[len(READY_PREFIX):])
+
+
+def new_registry(role: str) -> tuple[CollectorRegistry, runtime_metrics.SharedMetrics]:
+    registry = CollectorRegistry()
+    return registry, runtime_metrics.shared_metrics(registry)
+
+
+def lateness_observer(shared: runtime_metrics.SharedMetrics, role: str, samples: list[float]):
+    """Feeds the clock's wake-up lateness to the histogram and to the fidelity guard's sample list."""
+    child = shared.timer_lateness_seconds.labels(role=role)
+
+    def observe(seconds: float) -> None:
+        child.observe(seconds)
+        if len(samples) < 200_000:  # bounded: a long run keeps its first 200k wake-ups
+            samples.append(seconds)
+
+    return observe
+
+
+# Set by the launcher in its children's environment: stop when the launcher is gone (its pid no longer our
+# parent), so a launcher killed outright (SIGKILL, OOM) leaves no orphans behind. Children run in their own
+# sessions (for an orderly Ctrl-C), so the terminal would not reach them.
+SUPERVISED_ENV = "KVTRANSIT_SUPERVISOR_PID"
+PARENT_POLL_S = 1.0
+
+
+async def _watch_parent(stop: asyncio.Event, supervisor_pid: int) -> None:
+    while not stop.is_set():
+        if os.getppid() != supervisor_pid:
+            stop.set()
+            try:  # the supervisor read our stderr: the pipe is likely broken now
+                sys.stderr.write(f"supervisor (pid {supervisor_pid}) is gone: stopping\n")
+            except (BrokenPipeError, OSError):
+                pass
+            return
+        await asyncio.sleep(PARENT_POLL_S)
+
+
+async def run_until_stopped(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run `main(stop)`; SIGINT/SIGTERM (or the supervisor's death) set `stop` so it can drain and return."""
+    from kvtransit.runtime.transport import Shutdown
+
+    with Shutdown() as shutdown:
+        stop = asyncio.Event()
+
+        async def relay() -> None:
+            await shutdown.wait()
+            stop.set()
+
+        helpers = [asyncio.create_task(relay())]
+        supervisor = os.environ.get(SUPERVISED_ENV, "")
+        if supervisor.isdigit():
+            helpers.append(asyncio.create_task(_watch_parent(stop, int(supervisor))))
+        try:
+            await main(stop)
+        finally:
+            for task in helpers:
+                task.cancel()

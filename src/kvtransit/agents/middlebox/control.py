@@ -1,0 +1,81 @@
+"""The middlebox's live control API (toxiproxy's api.go is the model): read the chain, change it.
+
+    GET  /chain    the stage chain, in order, with each stage's settings
+    GET  /stats    totals (bytes, hand-offs by outcome, energy, link rate and busy)
+    PUT  /kernel   {"codec": "fp8", "keep": 0.5, "block": 64, "sinks": 4, "variant": "dct",
+                    "precision_bits": null}   (any subset; the rest keeps its value)
+    PUT  /link     {"rate_Bps": 1e8, "latency_s": 0.001, "jitter_s": 0}   (shaped figures, any subset)
+
+JSON in and out. A bad body is a 400 that names the field and the value; an unknown kernel is a 400 with
+the valid choices; the chain is unchanged after any error. A kernel change applies to hand-offs that start
+after it (a hand-off in flight keeps the codec its KvBegin announced).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from kvtransit.runtime.http import HttpError, HttpRequest, HttpServer
+
+from .app import Middlebox
+
+KERNEL_FIELDS = {"codec": str, "keep": (int, float), "block": int, "sinks": int, "variant": str,
+                 "precision_bits": (int, type(None))}
+LINK_FIELDS = ("rate_Bps", "latency_s", "jitter_s")
+
+
+def _object_body(request: HttpRequest) -> dict:
+    body = request.json()
+    if not isinstance(body, dict):
+        raise HttpError(400, f"{request.method} {request.path} needs a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _kernel_update(body: dict) -> dict:
+    unknown = sorted(set(body) - set(KERNEL_FIELDS))
+    if unknown:
+        raise HttpError(400, f"unknown kernel field {unknown[0]!r} (fields: {', '.join(KERNEL_FIELDS)})")
+    for name, value in body.items():
+        if isinstance(value, bool) or not isinstance(value, KERNEL_FIELDS[name]):
+            raise HttpError(400, f"kernel field {name!r}: bad value {value!r}")
+    return body
+
+
+def _link_update(body: dict) -> dict:
+    unknown = sorted(set(body) - set(LINK_FIELDS))
+    if unknown:
+        raise HttpError(400, f"unknown link field {unknown[0]!r} (fields: {', '.join(LINK_FIELDS)})")
+    for name, value in body.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise HttpError(400, f"link field {name!r}: expected a finite number, got {value!r}")
+    if "rate_Bps" in body and body["rate_Bps"] <= 0:
+        raise HttpError(400, f"link field 'rate_Bps' must be > 0, got {body['rate_Bps']!r}")
+    for name in ("latency_s", "jitter_s"):
+        if name in body and body[name] < 0:
+            raise HttpError(400, f"link field {name!r} must be >= 0, got {body[name]!r}")
+    return body
+
+
+def register_control_routes(http: HttpServer, middlebox: Middlebox) -> None:
+    async def get_chain(_request: HttpRequest) -> list:
+        return middlebox.describe_chain()
+
+    async def get_stats(_request: HttpRequest) -> dict:
+        return middlebox.stats()
+
+    async def put_kernel(request: HttpRequest) -> list:
+        update = _kernel_update(_object_body(request))
+        # ConfigError / KernelInputError are ValueErrors: the HTTP layer answers 400 with their message.
+        middlebox.set_kernel(replace(middlebox.kernel.config, **update))
+        return middlebox.describe_chain()
+
+    async def put_link(request: HttpRequest) -> list:
+        update = _link_update(_object_body(request))
+        middlebox.set_link(**update)
+        return middlebox.describe_chain()
+
+    http.route("GET", "/chain", get_chain)
+    http.route("GET", "/stats", get_stats)
+    http.route("PUT", "/kernel", put_kernel)
+    http.route("PUT", "/link", put_link)

@@ -1,0 +1,47 @@
+"""The middlebox as a process: listen for prefills, connect to decodes, serve /metrics and the control API."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvtransit.model.scenario import Scenario
+from kvtransit.runtime.http import HttpServer
+from kvtransit.wire.events import Role
+
+from .._process import Address, _port_in_use, announce_ready, listen, new_registry, start_http
+from .app import Middlebox
+from .control import register_control_routes
+
+
+class MiddleboxProcess:
+    def __init__(self, scenario: Scenario, *, name: str, listen: Address, decodes: list[Address],
+                 metrics_listen: Address, control_listen: Address, control_token: str | None = None,
+                 link_backend: str = "userspace"):
+        self.registry, _shared = new_registry("middlebox")
+        self.middlebox = Middlebox(scenario, [(a.host, a.port) for a in decodes], registry=self.registry,
+                                   name=name, link_backend=link_backend)
+        self.listen_address = listen
+        self.metrics_listen = metrics_listen
+        self.control_listen = control_listen
+        self.control_token = control_token
+
+    async def run(self, stop: asyncio.Event) -> None:
+        mb = self.middlebox
+        await mb.connect_decodes()
+        server = await listen(self.listen_address, "--listen", mb.handle_prefill, Role.MIDDLEBOX, Role.PREFILL)
+        http = await start_http(self.metrics_listen, self.registry, mb.stats)
+        control = HttpServer(token=self.control_token)
+        register_control_routes(control, mb)
+        try:
+            await control.start(self.control_listen.host, self.control_listen.port)
+        except OSError as exc:
+            raise _port_in_use(self.control_listen, "--control-listen", exc) from None
+        announce_ready("middlebox", mb.name, listen_port=server.port, metrics_port=http.port,
+                       control_port=control.port, link_backend=mb.link_backend)
+        try:
+            await stop.wait()
+        finally:
+            await server.shutdown(2.0)
+            await mb.close()
+            await control.close()
+            await http.close()

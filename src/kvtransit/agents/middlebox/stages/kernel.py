@@ -1,0 +1,119 @@
+"""Kernel stage: run the link's codec on each raw KV chunk, off the event loop.
+
+numpy/scipy release the GIL, so a worker thread encodes while the loop keeps every socket flowing. One
+worker: chunks of a hand-off stay in order, and the two cores of a small host are not oversubscribed.
+A chunk that arrives already encoded (the prefill compressed at the GPU) passes through untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+import ml_dtypes
+import numpy as np
+
+from kvtransit.agents.kvframes import IDENTITY_CODEC_ID, byte_view, codec_id
+from kvtransit.kernels import get_codec
+from kvtransit.kernels.registry import Codec
+from kvtransit.model.errors import ConfigError
+from kvtransit.model.module import Action, BudgetResult, Module, Policy, budget_check
+from kvtransit.wire.events import DType
+
+from ..items import ChunkInFlight
+
+# Wire element types the codecs accept (the prefill sends BF16, REFERENCE §1; tests also send f16/f32).
+NUMPY_DTYPES = {DType.BF16: np.dtype(ml_dtypes.bfloat16), DType.F16: np.dtype(np.float16),
+                DType.F32: np.dtype(np.float32)}
+
+PLACEMENT_MODULE = "module"
+PLACEMENT_HOST = "host"
+PLACEMENT_NONE = "none"
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Which codec the module runs, with its parameters (what `PUT /kernel` edits)."""
+
+    codec: str = "none"
+    keep: float = 0.5
+    block: int = 64
+    sinks: int = 4
+    variant: str = "dct"
+    precision_bits: int | None = None
+    params: dict = field(default_factory=dict, compare=False)
+
+    def as_dict(self) -> dict:
+        return {"codec": self.codec, "keep": self.keep, "block": self.block, "sinks": self.sinks,
+                "variant": self.variant, "precision_bits": self.precision_bits}
+
+
+@dataclass(frozen=True)
+class ActiveKernel:
+    """A validated kernel: the codec object, the module's verdict on it, and where it runs."""
+
+    config: KernelConfig
+    codec: Codec | None  # None: no kernel (raw bytes pass through)
+    budget: BudgetResult | None
+    placement: str
+
+    @property
+    def name(self) -> str:
+        return self.config.codec
+
+
+def activate(config: KernelConfig, module: Module, policy: Policy) -> ActiveKernel:
+    """Build and judge a kernel. A kernel the module may not run is refused here (ConfigError), by policy."""
+    if config.codec == "none":
+        return ActiveKernel(config, None, None, PLACEMENT_NONE)
+    codec = get_codec(config.codec, keep=config.keep, block=config.block, sinks=config.sinks,
+                      variant=config.variant, precision_bits=config.precision_bits)
+    verdict = budget_check(codec.declaration, module, policy)
+    if verdict.action is Action.REJECTED:
+        raise ConfigError(f"kernel {config.codec!r} refused by the module: {verdict.describe()} "
+                          f"(policy {policy.value}; use policy 'host' to run it on the host instead)")
+    placement = PLACEMENT_HOST if verdict.action is Action.ON_HOST else PLACEMENT_MODULE
+    return ActiveKernel(config, codec, verdict, placement)
+
+
+class KernelStage:
+    name = "kernel"
+
+    def __init__(self, kernel: ActiveKernel, *, threads: int = 1):
+        self.kernel = kernel
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kernel")
+
+    def describe(self) -> dict:
+        k = self.kernel
+        return {"stage": self.name, **k.config.as_dict(), "placement": k.placement,
+                "budget": None if k.budget is None else k.budget.describe()}
+
+    async def process(self, item: ChunkInFlight, kernel: ActiveKernel) -> ChunkInFlight:
+        """Encode `item` with `kernel` (the one its hand-off started with; a live change applies to the next)."""
+        chunk = item.chunk
+        if kernel.codec is None or chunk.codec_id != IDENTITY_CODEC_ID:
+            return item
+        dtype = NUMPY_DTYPES.get(chunk.dtype)
+        if dtype is None:
+            raise ConfigError(f"kernel {kernel.name!r} cannot take {chunk.dtype.name} chunks "
+                              f"(request {chunk.request_id} chunk {chunk.chunk})")
+        raw = np.frombuffer(chunk.payload, dtype=dtype).reshape(chunk.shape)
+        encoded, seconds = await asyncio.get_running_loop().run_in_executor(
+            self._executor, _timed_encode, kernel.codec, raw)
+        item.chunk = replace(chunk, codec_id=codec_id(kernel.name), codec_header=encoded.header,
+                             payload=byte_view(encoded.payload), payload_crc=None)
+        item.codec, item.placement, item.kernel_compute_s = kernel.name, kernel.placement, seconds
+        return item
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _timed_encode(codec: Codec, raw: np.ndarray):
+    # Measured in the worker thread: this is the real host time the kernel took (exported beside the
+    # module's modelled time, the fidelity guard compares them).
+    start = time.perf_counter()
+    encoded = codec.encode(raw)
+    return encoded, time.perf_counter() - start

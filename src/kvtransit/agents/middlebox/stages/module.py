@@ -1,0 +1,46 @@
+"""Module stage: what the optics would charge for each chunk (REFERENCE §5).
+
+No host work happens here; the stage prices the chunk: operations against the module's budget, the
+modelled compute time `ops / (ops_per_line_byte × link_bw)` (which the link stage turns into a minimum
+occupancy, so a hand-off takes `max(wire / bw, ops / (budget × bw))`), and the energy of the input bits.
+Only chunks the kernel ran on *in the module* are charged; a host or GPU placement costs the module nothing.
+"""
+
+from __future__ import annotations
+
+from kvtransit.model.module import Module
+
+from ..items import ChunkInFlight
+from .kernel import PLACEMENT_MODULE, ActiveKernel
+
+
+class ModuleStage:
+    name = "module"
+
+    def __init__(self, module: Module, *, link_rate_Bps: float, model_bytes_per_byte: float):
+        """`link_rate_Bps`: the shaped (scaled, dilated) rate; `model_bytes_per_byte`: 1 / payload scale, so
+        energy is reported for the modelled bytes, not the scaled-down ones."""
+        self.module = module
+        self.link_rate_Bps = link_rate_Bps
+        self.model_bytes_per_byte = model_bytes_per_byte
+
+    def describe(self) -> dict:
+        m = self.module
+        return {"stage": self.name, "module": m.name, "line_rate_Bps": m.line_rate_Bps,
+                "ops_per_byte_budget": m.ops_per_byte, "pj_per_input_bit": m.pj_per_input_bit,
+                "added_latency_s": m.added_latency_s}
+
+    def process(self, item: ChunkInFlight, kernel: ActiveKernel) -> ChunkInFlight:
+        if item.placement != PLACEMENT_MODULE or kernel.codec is None:
+            return item
+        ops = item.raw_bytes * kernel.codec.declaration.charged_ops_per_byte
+        item.module_ops = ops * self.model_bytes_per_byte
+        item.modelled_compute_s = ops / (self.module.ops_per_byte * self.link_rate_Bps)
+        item.transit_bound = item.modelled_compute_s > item.wire_bytes / self.link_rate_Bps
+        return item
+
+    def energy_j(self, item: ChunkInFlight) -> float:
+        """Stage energy = input bits × pJ per input bit, for the modelled bytes (REFERENCE §5)."""
+        if item.placement != PLACEMENT_MODULE:
+            return 0.0
+        return self.module.energy_j(item.raw_bytes * self.model_bytes_per_byte)

@@ -1,0 +1,81 @@
+"""The scenario flags every serving command shares (`kvtransit up`, `prefill`, `decode`, `loadgen`, `middlebox`).
+
+One argparse group built from `Scenario`'s own fields, so a flag cannot exist for one process and not for
+another, and `Scenario.to_argv()` is always accepted by every one of them. Values are checked by `Scenario`
+itself (one-line `ConfigError` naming the field and the valid choices), not by argparse, so the rules live
+in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, fields
+
+from kvtransit.model.scenario import AUTO, Scenario, flag_for
+
+_HELP = {
+    "model": "model served (catalogue key)",
+    "device": "GPU of every instance",
+    "gpus": "GPUs per instance",
+    "prefill": "prefill instances",
+    "decode": "decode instances",
+    "link": "hand-off link from prefill to decode",
+    "channels": "parallel channels of the hand-off link",
+    "codec": "codec applied to the KV on the hand-off",
+    "keep": "freq-keep-k: share of each block's coefficients kept",
+    "sinks": "freq-keep-k: leading tokens kept exact",
+    "block": "freq-keep-k: tokens per transform block; fp4-block: values per scale",
+    "variant": "freq-keep-k transform",
+    "compress_at": "where the codec runs: in transit (the module) or on the prefill GPU",
+    "module_budget": "the module's ops-per-byte budget (REFERENCE §5)",
+    "policy": "a kernel needing unpublished ops: reject it or run it on the host",
+    "rate": "requests per second",
+    "arrival": "arrival process",
+    "burstiness": "gamma arrivals: shape (1 = Poisson-like, lower = burstier)",
+    "requests": "requests in the run",
+    "prompt_mean": "mean prompt length, tokens",
+    "prompt_cv": "prompt length coefficient of variation",
+    "output_mean": "mean output length, tokens",
+    "output_cv": "output length coefficient of variation",
+    "seed": "workload seed (same seed, same requests as the simulator)",
+    "max_concurrency": "most requests in flight at once (0: unlimited, open loop)",
+    "scale": "payload scale in (0, 1], or 'auto' (largest the host can carry)",
+    "dilation": "time dilation >= 1: modelled durations stretched, link rates divided",
+    "kv_sample": "KV content: synthetic, or a real-KV sample (.npz) to seed it from",
+}
+
+
+def _scale(text: str) -> float | str:
+    if text == AUTO:
+        return AUTO
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] or {AUTO!r}, got {text!r}") from None
+
+
+def _type_for(default):
+    if isinstance(default, bool):
+        raise TypeError("no boolean scenario fields expected")
+    if isinstance(default, int):
+        return int
+    if isinstance(default, float):
+        return float
+    return str
+
+
+def add_scenario_args(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per `Scenario` field, defaulting to the field's default."""
+    group = parser.add_argument_group("scenario (the same flags for every process of a run)")
+    for f in fields(Scenario):
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        kind = _scale if f.name == "scale" else _type_for(default)
+        group.add_argument(
+            flag_for(f.name), dest=f"scenario_{f.name}", type=kind, default=default, metavar=f.name.upper(),
+            help=f"{_HELP.get(f.name, f.name)} (default: {default})",
+        )
+
+
+def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    """The `Scenario` the parsed flags describe (raises ConfigError on a bad value)."""
+    return Scenario(**{f.name: getattr(args, f"scenario_{f.name}") for f in fields(Scenario)})

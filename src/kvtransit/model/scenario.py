@@ -1,0 +1,349 @@
+"""The run's one frozen configuration, built once and passed to every process (uvicorn's `Config` is the model).
+
+A `Scenario` names the model, GPUs, link, codec, module, workload, pool sizes and the emulation's scale and
+dilation. It validates itself on construction (a `ConfigError` naming the field and the valid choices) and
+derives everything the processes need: the scaled KV layout, the scaled link, the workload.
+
+Scale and dilation (DESIGN §2):
+- Scale `s` shrinks each request's KV along the *channel* axis (kv_heads × head_dim), never the token axis,
+  so the codec's transform along tokens stays real. Channels are whole numbers, so the *effective* scale is
+  channels / (kv_heads × head_dim) exactly, and link rates are scaled by that effective figure: transfer
+  times then equal the modelled ones.
+- Dilation `d` ≥ 1 stretches every modelled duration by d and divides link rates by d; reports divide back.
+- `scale="auto"`: the largest scale whose scaled link rate stays within `HOST_BUDGET_BPS`; when even one
+  channel is too fast, dilation grows until it fits.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+from .catalog import MODELS, ModelSpec, model_by_name
+from .codecs import CODEC_NAMES, codec_declaration
+from .cost import StepWork, kv_capacity_tokens, step_time
+from .devices import DEVICES, Device, device_by_name
+from .errors import ConfigError, unknown_name
+from .links import LINKS, Link, link_by_name
+from .module import MODULE_BUDGETS, KernelDeclaration, Module, Policy
+from .workload import ARRIVALS, LengthDist, WorkloadSpec
+
+# What one host can push through loopback for the KV stream, bytes per second, while also generating,
+# framing and checksumming it. PLACEHOLDER: a conservative guess for one core of this 2-core box, to be
+# replaced by the figure `benchmarks/fidelity.py` measures.
+HOST_BUDGET_BPS = 200e6
+# Dilation steps when even one channel is too fast: round up to a tenth so the figure reads cleanly.
+DILATION_QUANTUM = 0.1
+
+COMPRESS_AT = ("transit", "gpu")
+# Band-keep transforms along tokens (DESIGN §4: FFT or DCT-II); the kernels layer implements both.
+BAND_KEEP_VARIANTS = ("dct", "fft")
+POLICIES = tuple(p.value for p in Policy)
+AUTO = "auto"
+SYNTHETIC_KV = "synthetic"
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """The shape of one request's KV cache at scale: per layer, [2 (K, V), kv_heads, tokens, head_dim]."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    bytes_per_value: int = 2  # BF16 on the wire (REFERENCE §1)
+
+    @property
+    def channels(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.layers * self.channels * self.bytes_per_value
+
+    def layer_shape(self, tokens: int) -> tuple[int, int, int, int]:
+        return (2, self.kv_heads, tokens, self.head_dim)
+
+    def layer_bytes(self, tokens: int) -> int:
+        return 2 * self.channels * tokens * self.bytes_per_value
+
+    def request_bytes(self, tokens: int) -> int:
+        return tokens * self.bytes_per_token
+
+
+def scaled_layout(model: ModelSpec, channels: int) -> KvLayout:
+    """Lay `channels` out as heads × head_dim, keeping the model's KV head count whenever it divides them."""
+    if not 1 <= channels <= model.kv_dim:
+        raise ConfigError(f"KV channels at scale must be in 1..{model.kv_dim}, got {channels}")
+    if channels % model.kv_heads == 0:
+        return KvLayout(model.layers, model.kv_heads, channels // model.kv_heads, model.bytes_per_value)
+    return KvLayout(model.layers, 1, channels, model.bytes_per_value)
+
+
+def channels_for_scale(model: ModelSpec, scale: float) -> int:
+    """The channel count closest to `scale × kv_dim` (at least one)."""
+    return max(1, min(model.kv_dim, round(scale * model.kv_dim)))
+
+
+def auto_channels_and_dilation(model: ModelSpec, link: Link, dilation: float, budget_Bps: float) -> tuple[int, float]:
+    """The most channels whose scaled link rate fits `budget_Bps` at `dilation`; more dilation if one does not.
+
+    Prefers a whole number of channels per KV head (the model's head structure kept) when that is possible.
+    """
+    per_channel_Bps = link.bandwidth_Bps / model.kv_dim / dilation
+    most = min(model.kv_dim, math.floor(budget_Bps / per_channel_Bps))
+    if most >= 1:
+        if most >= model.kv_heads:
+            most -= most % model.kv_heads
+        return most, dilation
+    needed = per_channel_Bps * dilation / budget_Bps
+    return 1, math.ceil(needed / DILATION_QUANTUM - 1e-9) * DILATION_QUANTUM
+
+
+def _choice(field_name: str, value: str, choices) -> str:
+    if value not in choices:
+        raise ConfigError(f"{field_name}: unknown value {value!r} (choose from: {', '.join(choices)})")
+    return value
+
+
+def _number(field_name: str, value, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+            integer: bool = False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{field_name}: expected a number, got {value!r}")
+    if integer and not float(value).is_integer():
+        raise ConfigError(f"{field_name}: expected a whole number, got {value!r}")
+    bad_lo = lo is not None and (value <= lo if lo_open else value < lo)
+    bad_hi = hi is not None and value > hi
+    if bad_lo or bad_hi:
+        low = "" if lo is None else f"{'>' if lo_open else '>='} {lo:g}"
+        high = "" if hi is None else f"<= {hi:g}"
+        raise ConfigError(f"{field_name}: must be {' and '.join(x for x in (low, high) if x)}, got {value!r}")
+    return int(value) if integer else value
+
+
+@dataclass(frozen=True)
+class Scenario:
+    # What is served, on what.
+    model: str = "llama3-8b"
+    device: str = "h100"
+    gpus: int = 1
+    prefill: int = 1  # prefill instances
+    decode: int = 1  # decode instances
+    # The hand-off link and what runs on it.
+    link: str = "eth-25g"
+    channels: int = 1  # parallel link channels (REFERENCE §4: one shared FIFO link by default)
+    codec: str = "freq-keep-k"
+    keep: float = 0.5
+    sinks: int = 4  # attention-sink tokens kept exact (REFERENCE §6)
+    block: int = 64  # tokens per transform block (freq-keep-k) or values per scale (fp4-block)
+    variant: str = "dct"
+    compress_at: str = "transit"
+    module_budget: str = "sim"
+    policy: str = "reject"
+    # The workload (REFERENCE §4 definitions; a shorter, lighter default than the simulator's 800 requests so
+    # that `kvtransit up` ends in about a minute).
+    rate: float = 2.0
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    requests: int = 100
+    prompt_mean: float = 2048.0
+    prompt_cv: float = 0.5
+    output_mean: float = 256.0
+    output_cv: float = 0.5
+    seed: int = 1
+    max_concurrency: int = 0  # 0: unlimited (open loop)
+    # Emulation.
+    scale: float | str = AUTO
+    dilation: float = 1.0
+    # KV content: "synthetic" templates, or the path of a real-KV sample (.npz, e.g.
+    # tests/data/smollm2_kv_sample.npz) whose channels seed the templates instead.
+    kv_sample: str = SYNTHETIC_KV
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ConfigError(f"model: {unknown_name('model', self.model, MODELS)}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device: {unknown_name('device', self.device, DEVICES)}")
+        if self.link not in LINKS:
+            raise ConfigError(f"link: {unknown_name('link', self.link, LINKS)}")
+        _choice("codec", self.codec, CODEC_NAMES)
+        _choice("variant", self.variant, BAND_KEEP_VARIANTS)
+        _choice("compress_at", self.compress_at, COMPRESS_AT)
+        _choice("module_budget", self.module_budget, tuple(MODULE_BUDGETS))
+        _choice("policy", self.policy, POLICIES)
+        _choice("arrival", self.arrival, ARRIVALS)
+        for name in ("gpus", "prefill", "decode", "channels", "requests"):
+            object.__setattr__(self, name, _number(name, getattr(self, name), lo=1, integer=True))
+        object.__setattr__(self, "sinks", _number("sinks", self.sinks, lo=0, integer=True))
+        object.__setattr__(self, "block", _number("block", self.block, lo=2, integer=True))
+        object.__setattr__(self, "seed", _number("seed", self.seed, integer=True))
+        object.__setattr__(self, "max_concurrency", _number("max_concurrency", self.max_concurrency, lo=0, integer=True))
+        _number("keep", self.keep, lo=0, hi=1, lo_open=True)
+        for name in ("rate", "burstiness", "prompt_mean", "output_mean"):
+            _number(name, getattr(self, name), lo=0, lo_open=True)
+        for name in ("prompt_cv", "output_cv"):
+            _number(name, getattr(self, name), lo=0)
+        _number("dilation", self.dilation, lo=1)
+        if not self.kv_sample:
+            raise ConfigError(f"kv_sample: expected {SYNTHETIC_KV!r} or the path of a KV sample (.npz), got ''")
+        if self.scale != AUTO:
+            if isinstance(self.scale, str):
+                raise ConfigError(f"scale: expected a number in (0, 1] or {AUTO!r}, got {self.scale!r}")
+            _number("scale", self.scale, lo=0, hi=1, lo_open=True)
+        self.codec_declaration  # noqa: B018 — the codec's own checks (e.g. fp4 block) run now, not mid-run
+        if self.kv_capacity_tokens < 1:
+            raise ConfigError(
+                f"gpus: {self.model} does not fit on {self.gpus}x {self.device} (no room left for KV); give more gpus"
+            )
+
+    # --- catalogue entries ---------------------------------------------------------------------------------
+    @property
+    def model_spec(self) -> ModelSpec:
+        return model_by_name(self.model)
+
+    @property
+    def device_spec(self) -> Device:
+        return device_by_name(self.device)
+
+    @property
+    def link_spec(self) -> Link:
+        """The modelled link (unscaled): what the report's configured figures and energy refer to."""
+        return link_by_name(self.link)
+
+    @property
+    def module(self) -> Module:
+        return Module(ops_per_byte=MODULE_BUDGETS[self.module_budget])
+
+    @property
+    def codec_declaration(self) -> KernelDeclaration:
+        return codec_declaration(self.codec, keep=self.keep, block=self.block, transform_length=self.block)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV tokens one decode instance holds (REFERENCE §3)."""
+        return kv_capacity_tokens(self.model_spec, self.device_spec, self.gpus)
+
+    # --- the codec on the prefill GPU (compress_at="gpu") ------------------------------------------------
+    def gpu_codec_work(self, prompt_tokens: int) -> StepWork:
+        """The all-GPU baseline's codec as GPU work, on the full-size (model) KV of one request.
+
+        A documented model, not from REFERENCE: the GPU pays every operation the declaration lists *and* the
+        transform (no passive optics there), i.e. (ops_per_byte + 1.25·log2 N) per input byte (REFERENCE §5
+        kernel table), and streams the KV through HBM once in and once out (read the input, write the
+        compressed output). The time is then the roofline of that work with no extra step overhead: it is
+        fused into the prefill step that produced the KV.
+        """
+        decl = self.codec_declaration
+        input_bytes = self.model_spec.kv_bytes(prompt_tokens)
+        flops = input_bytes * (decl.ops_per_byte + decl.transform_ops_per_byte)
+        return StepWork(float(flops), float(input_bytes + input_bytes / decl.ratio))
+
+    def gpu_codec_s(self, prompt_tokens: int) -> float:
+        if self.compress_at != "gpu" or self.codec == "none":
+            return 0.0
+        t = step_time(self.gpu_codec_work(prompt_tokens), self.device_spec, self.gpus)
+        return max(t.compute_s, t.memory_s)
+
+    @property
+    def kv_sample_path(self) -> str | None:
+        """The real-KV sample seeding the KV content, or None for synthetic templates."""
+        return None if self.kv_sample == SYNTHETIC_KV else self.kv_sample
+
+    # --- scale and dilation -------------------------------------------------------------------------------
+    def _channels_and_dilation(self) -> tuple[int, float]:
+        model = self.model_spec
+        if self.scale == AUTO:
+            return auto_channels_and_dilation(model, self.link_spec, self.dilation, HOST_BUDGET_BPS)
+        return channels_for_scale(model, self.scale), self.dilation
+
+    @property
+    def kv_layout(self) -> KvLayout:
+        return scaled_layout(self.model_spec, self._channels_and_dilation()[0])
+
+    @property
+    def effective_scale(self) -> float:
+        """channels at scale / (kv_heads × head_dim), exactly."""
+        return self.kv_layout.channels / self.model_spec.kv_dim
+
+    @property
+    def effective_dilation(self) -> float:
+        """The dilation in force: as given, or raised by `scale="auto"` when one channel is too fast."""
+        return self._channels_and_dilation()[1]
+
+    @property
+    def scaled_link(self) -> Link:
+        """The link the emulation shapes: rate × effective scale ÷ dilation, latency × dilation."""
+        link = self.link_spec
+        return Link(
+            name=f"{link.name}@scale",
+            bandwidth_Bps=link.bandwidth_Bps * self.effective_scale / self.effective_dilation,
+            latency_s=link.latency_s * self.effective_dilation,
+            pj_per_bit=link.pj_per_bit,
+        )
+
+    def wall_s(self, model_s: float) -> float:
+        """A modelled duration as held on the wall clock (× dilation)."""
+        return model_s * self.effective_dilation
+
+    def model_s(self, wall_s: float) -> float:
+        """A measured wall-clock duration in model seconds (÷ dilation)."""
+        return wall_s / self.effective_dilation
+
+    # --- workload -----------------------------------------------------------------------------------------
+    @property
+    def workload(self) -> WorkloadSpec:
+        return WorkloadSpec(
+            rate=self.rate,
+            requests=self.requests,
+            prompt=LengthDist(self.prompt_mean, self.prompt_cv),
+            output=LengthDist(self.output_mean, self.output_cv),
+            seed=self.seed,
+            arrival=self.arrival,
+            burstiness=self.burstiness,
+        )
+
+    # --- the same flags for every process -----------------------------------------------------------------
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def to_argv(self) -> list[str]:
+        """Every field as a command-line flag (`--prompt-mean 2048`), so each process sees this exact scenario."""
+        argv: list[str] = []
+        for f in fields(self):
+            argv += [flag_for(f.name), _format_value(getattr(self, f.name))]
+        return argv
+
+    def describe(self) -> dict:
+        """The config block of a report: every field plus what was derived from it."""
+        layout = self.kv_layout
+        return {
+            **self.as_dict(),
+            "effective_scale": self.effective_scale,
+            "effective_dilation": self.effective_dilation,
+            "kv_channels": layout.channels,
+            "kv_layout": [layout.layers, 2, layout.kv_heads, "tokens", layout.head_dim],
+            "scaled_link_Bps": self.scaled_link.bandwidth_Bps,
+            "configured_link_Bps": self.link_spec.bandwidth_Bps,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "codec_ratio": self.codec_declaration.ratio,
+            "host_budget_Bps": HOST_BUDGET_BPS,
+        }
+
+
+# Flags that are not just the field's name: `--prefill` / `--decode` name peer addresses on the agents'
+# command lines (e.g. `kvtransit middlebox --decode HOST:PORT`), so the pool sizes say what they count.
+_FLAG_NAMES = {"prefill": "--prefill-instances", "decode": "--decode-instances"}
+
+
+def flag_for(field_name: str) -> str:
+    return _FLAG_NAMES.get(field_name, "--" + field_name.replace("_", "-"))
+
+
+def _format_value(value) -> str:
+    if isinstance(value, float):
+        return repr(value)  # round-trips exactly
+    return str(value)
+
+
+SCENARIO_FIELDS = tuple(f.name for f in fields(Scenario))
