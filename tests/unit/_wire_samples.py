@@ -15,7 +15,9 @@ def kv_stream(request_id=7, n_chunks=2):
 
 # One example of every frame type a sender may send on each hop (after its Hello).
 HOP_EVENTS = {
-    (Role.LOADGEN, Role.PREFILL): [events.Request(1, prompt_tokens=2048, output_tokens=256, sent_ns=10**15)],
+    (Role.LOADGEN, Role.PREFILL): [events.Request(1, prompt_tokens=2048, output_tokens=256, sent_ns=10**15),
+                                   events.Request(2, prompt_tokens=1100, output_tokens=8, sent_ns=10**15 + 1,
+                                                  hash_ids=(2**63 - 1, 0))],
     (Role.PREFILL, Role.LOADGEN): [events.FirstToken(1, t_ns=10**15 + 5),
                                    events.Error(ErrorCode.REQUEST_FAILED, "queue full", request_id=1)],
     (Role.PREFILL, Role.MIDDLEBOX): kv_stream(),
@@ -27,6 +29,9 @@ HOP_EVENTS = {
     (Role.LOADGEN, Role.DECODE): [],
     (Role.PREFILL, Role.DECODE): kv_stream(3, 1),
     (Role.DECODE, Role.PREFILL): [events.Ack(3, AckStatus.OK)],
+    # The pool path: fetch and write-back through the middlebox, and the pool's answers.
+    (Role.MIDDLEBOX, Role.KVPOOL): [events.PoolFetch(5, (1, 2, 3)), events.PoolPut(7, (4, 5)), *kv_stream()],
+    (Role.KVPOOL, Role.MIDDLEBOX): [events.PoolHit(5, 1, 512), *kv_stream(5, 1), events.Ack(7, AckStatus.OK)],
 }
 
 
@@ -40,7 +45,7 @@ def valid_stream(sender=Role.PREFILL, receiver=Role.MIDDLEBOX):
     out, sent = [], []
     for e in evs:
         if e is None:
-            e = conn.kv_end(sent[1].request_id)
+            e = conn.kv_end(next(s for s in sent if isinstance(s, events.KvBegin)).request_id)
         out.append(conn.send(e))
         sent.append(e)
     out.append(conn.send(events.Bye("done")))

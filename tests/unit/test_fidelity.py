@@ -6,17 +6,26 @@ import math
 
 import pytest
 
-from kvtransit.model.fidelity import assess, handoff_within_target, kernel_gap, lateness_p99, link_gap, timer_gap
+from kvtransit.model.fidelity import (assess, handoff_within_target, kernel_gap, lateness_mean, lateness_p99, link_gap,
+                                      timer_gap)
 
 
 def test_timer_lateness_within_three_percent_of_shortest_step_is_faithful():
-    gap = timer_gap(lateness_p99([0.0001] * 100), shortest_step_wall_s=0.0062, dilation=1.0)
+    gap = timer_gap(lateness_mean([0.0001] * 100), shortest_step_wall_s=0.0062, dilation=1.0)
     assert gap.ok and gap.measured == pytest.approx(0.0001 / 0.0062)
 
 
 def test_late_timers_suggest_a_dilation_that_would_fix_them():
-    gap = timer_gap(lateness_p99([0.0006] * 100), shortest_step_wall_s=0.01, dilation=1.0)  # 6 % late: twice the target
+    gap = timer_gap(lateness_mean([0.0006] * 100), shortest_step_wall_s=0.01, dilation=1.0)  # 6 % late: twice the target
     assert not gap.ok and "--dilation 2" in gap.hint
+
+
+def test_a_few_slow_wake_ups_do_not_make_a_run_unfaithful_but_a_late_habit_does():
+    """Absolute deadlines: a late wake-up shifts its own token only, so the mean is judged, not the p99."""
+    two_spikes = [0.00002] * 98 + [0.004] * 2
+    assert lateness_p99(two_spikes) > 0.001
+    assert timer_gap(lateness_mean(two_spikes), shortest_step_wall_s=0.0062, dilation=1.0).ok
+    assert not timer_gap(lateness_mean([0.0004] * 100), shortest_step_wall_s=0.0062, dilation=1.0).ok
 
 
 def test_slow_link_suggests_smaller_scale():

@@ -138,3 +138,61 @@ def test_a_manifest_that_is_not_ours_is_refused(tmp_path):
     path.write_text(json.dumps({"hello": 1}))
     with pytest.raises(ShapingError, match="not a kvtransit links manifest"):
         Manifest.load(path)
+
+
+# -- the root namespace as an agent ("host") ---------------------------------------------------------------
+
+HOST_LINKS = [LinkPlan("host", "middlebox"), LinkPlan("middlebox", "decode", LinkSpec.parse(rate="200mbit")),
+              LinkPlan("host", "decode")]
+ROOT_ROUTES = "default via 192.0.2.1 dev eth0\n192.0.2.0/24 dev eth0 proto kernel scope link src 192.0.2.2\n"
+
+
+def _build_with_host(runner, tmp_path):
+    return build_testbed(["host", "middlebox", "decode"], HOST_LINKS, runner=runner, capabilities=CAPS,
+                         manifest_path=tmp_path / "m.json", run_id="kvt000010-")
+
+
+def test_the_host_agent_is_the_root_namespace_and_gets_no_namespace(tmp_path):
+    runner = RecordingRunner(outputs={("ip", "-o", "-4", "route", "show"): ROOT_ROUTES})
+    bed = _build_with_host(runner, tmp_path)
+    assert [c for c in runner.calls if c[:3] == ["ip", "netns", "add"]] == [
+        ["ip", "netns", "add", "kvt000010-middlebox"], ["ip", "netns", "add", "kvt000010-decode"]]
+    # The host's end of a veth is born in the root namespace (no `netns`), addressed without `-n`.
+    assert ["ip", "link", "add", "kvt000010-0a", "mtu", "1500", "type", "veth", "peer", "name", "kvt000010-0b",
+            "netns", "kvt000010-middlebox", "mtu", "1500"] in runner.calls
+    assert ["ip", "addr", "add", "10.78.16.1/24", "dev", "kvt000010-0a"] in runner.calls
+    assert bed.namespace("host") is None
+    assert bed.exec_argv("host", ["python"]) == ["python"]
+    # Root links take 10.78.x/24 from the run id's offset (0x10 = 16); namespace-only links keep 10.77.i.
+    assert bed.address("middlebox", "host") == "10.78.16.2"
+    assert bed.address("decode", "middlebox") == "10.77.1.2"
+    assert bed.address("decode", "host") == "10.78.17.2"
+
+
+def test_root_links_skip_every_subnet_a_root_route_overlaps(tmp_path):
+    routes = ROOT_ROUTES + "10.78.16.0/24 dev docker0\n10.78.17.128/25 dev other\n"
+    bed = _build_with_host(RecordingRunner(outputs={("ip", "-o", "-4", "route", "show"): routes}), tmp_path)
+    assert bed.address("middlebox", "host") == "10.78.18.2"
+    assert bed.address("decode", "host") == "10.78.19.2"
+
+
+def test_a_root_route_covering_the_whole_range_is_refused_before_anything_is_made(tmp_path):
+    runner = RecordingRunner(outputs={("ip", "-o", "-4", "route", "show"): "10.0.0.0/8 dev vpn0\n"})
+    with pytest.raises(ShapingError, match="no free /24"):
+        _build_with_host(runner, tmp_path)
+    assert not [c for c in runner.calls if "add" in c]
+
+
+def test_cleanup_deletes_the_root_veth_ends_by_exact_name(tmp_path):
+    bed = _build_with_host(RecordingRunner(outputs={("ip", "-o", "-4", "route", "show"): ROOT_ROUTES}), tmp_path)
+    loaded = Manifest.load(tmp_path / "m.json")
+    assert loaded.resources[2] == {"kind": "veth", "netns": None, "dev": "kvt000010-0a",
+                                   "peer_netns": "kvt000010-middlebox", "peer": "kvt000010-0b"}
+    listing = {("ip", "netns", "list"): "kvt000010-middlebox (id: 0)\nkvt000010-decode (id: 1)\n",
+               ("ip", "-o", "link", "show"): "1: lo: <LOOPBACK>\n7: kvt000010-0a@if2: <UP>\n8: kvt000010-2a@if3: <UP>\n"
+                                              "9: eth0: <UP>\n"}
+    ran = cleanup(loaded, RecordingRunner(outputs=listing))
+    assert ["ip", "link", "del", "kvt000010-2a"] in ran and ["ip", "link", "del", "kvt000010-0a"] in ran
+    assert not any("eth0" in c or "lo" in c for c in ran)
+    assert ran[-2:] == [["ip", "netns", "del", "kvt000010-decode"], ["ip", "netns", "del", "kvt000010-middlebox"]]
+    assert bed.run_id == "kvt000010-"

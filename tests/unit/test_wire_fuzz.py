@@ -1,23 +1,18 @@
 """Fuzz receive_data with random and mutated streams: only RemoteProtocolError, and bounded memory.
 
-Example count: a few hundred by default. A loaded hypothesis profile with more examples wins (a "ci"
-profile of 10,000 is registered here; pytest's --hypothesis-profile needs it registered in a conftest.py
-too), and KVTRANSIT_FUZZ_EXAMPLES=10000 overrides both.
+Example count: tests/unit/_fuzz.py (a few hundred locally; 10,000 when CI=true, so the random-bytes and
+mutated-stream properties each reach 10,000 inputs to the wire parser); KVTRANSIT_FUZZ_EXAMPLES overrides it.
 """
 
-import os
-
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtransit.wire import NEED_DATA, ConnectionClosed, Connection, RemoteProtocolError, Role
 
+from ._fuzz import fuzz_settings
 from ._wire_samples import valid_stream
 
-settings.register_profile("ci", max_examples=10_000, deadline=None)
-# The default run keeps a few hundred examples; the "ci" profile (or KVTRANSIT_FUZZ_EXAMPLES) raises it.
-EXAMPLES = int(os.environ.get("KVTRANSIT_FUZZ_EXAMPLES", max(300, settings().max_examples)))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = fuzz_settings()
 
 _, VALID = valid_stream(Role.PREFILL, Role.MIDDLEBOX)
 READ = 4096

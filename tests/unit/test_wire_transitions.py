@@ -18,7 +18,10 @@ SAMPLE = {FrameType.HELLO: None,  # built per sender role
           FrameType.TOKENS: HOP_EVENTS[(Role.DECODE, Role.LOADGEN)][0],
           FrameType.ACK: events.Ack(7, events.AckStatus.OK),
           FrameType.ERROR: events.Error(ErrorCode.INTERNAL, "x"),
-          FrameType.BYE: events.Bye()}
+          FrameType.BYE: events.Bye(),
+          FrameType.POOL_FETCH: events.PoolFetch(7, (11, 12)),
+          FrameType.POOL_HIT: events.PoolHit(7, 1, 512),
+          FrameType.POOL_PUT: events.PoolPut(7, (11,))}
 
 
 def _raw_frame(frame_type, sender):

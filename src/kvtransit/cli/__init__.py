@@ -19,7 +19,15 @@ SUBCOMMANDS: tuple[str, ...] = (
     "cost",
     "accuracy",
     "links",
+    "up",
+    "chaos",
+    "sweep",
+    "plot",
+    "prefill",
     "middlebox",
+    "decode",
+    "loadgen",
+    "kvpool",
 )
 
 

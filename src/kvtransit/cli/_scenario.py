@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import MISSING, fields
 
+from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import AUTO, Scenario, flag_for
 
 _HELP = {
@@ -42,6 +43,20 @@ _HELP = {
     "scale": "payload scale in (0, 1], or 'auto' (largest the host can carry)",
     "dilation": "time dilation >= 1: modelled durations stretched, link rates divided",
     "kv_sample": "KV content: synthetic, or a real-KV sample (.npz) to seed it from",
+    "trace": "replay this request trace (Mooncake .jsonl or Azure .csv) instead of drawing the workload",
+    "trace_format": "trace format (auto: by file extension)",
+    "trace_sample": "which of the trace's requests to replay: the first N (--requests) or N at random",
+    "time_scale": "trace arrivals x this (0.1 replays ten times faster)",
+    "context_cap": "trace prompts longer than this many tokens are cut to it",
+    "ttft_slo_ms": "SLO: TTFT threshold, ms (REFERENCE §4: 1000)",
+    "tpot_slo_ms": "SLO: TPOT threshold, ms (REFERENCE §4: 25)",
+    "kv_pool": "prefix reuse: off, local (a cache at the prefill, free) or pool (kvtransit kvpool, via the middlebox)",
+    "kv_pool_capacity": "bytes (model size) the KV pool or local cache holds",
+    "prefix_workload": "prompts sharing prefixes: none, system-prompts (N of L tokens) or sessions (multi-turn)",
+    "system_prompts": "system-prompts workload: how many distinct system prompts",
+    "system_prompt_tokens": "system-prompts workload: tokens in each system prompt",
+    "session_turns": "sessions workload: turns per session",
+    "think_time": "sessions workload: mean seconds between a turn and the next",
 }
 
 
@@ -74,8 +89,31 @@ def add_scenario_args(parser: argparse.ArgumentParser) -> None:
             flag_for(f.name), dest=f"scenario_{f.name}", type=kind, default=default, metavar=f.name.upper(),
             help=f"{_HELP.get(f.name, f.name)} (default: {default})",
         )
+    group.add_argument("--goodput", dest="goodput_slo", nargs="+", default=None, metavar="KEY:MS",
+                       help="vllm-bench-serve style SLO: ttft:MS and/or tpot:MS (sets --ttft-slo-ms/--tpot-slo-ms)")
+
+
+# `--goodput` keys (vllm bench serve's names) → the Scenario field each sets.
+_GOODPUT_KEYS = {"ttft": "ttft_slo_ms", "tpot": "tpot_slo_ms"}
+
+
+def parse_goodput(items: list[str]) -> dict[str, float]:
+    """`["ttft:500", "tpot:30"]` → `{"ttft_slo_ms": 500.0, "tpot_slo_ms": 30.0}` (ConfigError naming the bad item)."""
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition(":")
+        if not sep or key not in _GOODPUT_KEYS:
+            raise ConfigError(f"--goodput: expected KEY:MS with KEY one of {', '.join(_GOODPUT_KEYS)}, got {item!r}")
+        try:
+            out[_GOODPUT_KEYS[key]] = float(value)
+        except ValueError:
+            raise ConfigError(f"--goodput: {key} needs a number of milliseconds, got {value!r}") from None
+    return out
 
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     """The `Scenario` the parsed flags describe (raises ConfigError on a bad value)."""
-    return Scenario(**{f.name: getattr(args, f"scenario_{f.name}") for f in fields(Scenario)})
+    values = {f.name: getattr(args, f"scenario_{f.name}") for f in fields(Scenario)}
+    if getattr(args, "goodput_slo", None):
+        values.update(parse_goodput(args.goodput_slo))
+    return Scenario(**values)

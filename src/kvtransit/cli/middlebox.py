@@ -25,6 +25,11 @@ def register(subparsers) -> None:
                    help="what shapes the link's rate: our token bucket (default), or tc on this process's "
                         "egress interface (the launcher's network namespaces, compose); the delay line and the "
                         "module's hold stay here either way")
+    p.add_argument("--kvpool", default=None, metavar="HOST:PORT",
+                   help="the KV pool behind this middlebox (kvtransit kvpool): prefills fetch and write back "
+                        "prefix blocks through --pool-listen, over the module and the link")
+    p.add_argument("--pool-listen", default="127.0.0.1:0", metavar="HOST:PORT",
+                   help="with --kvpool: where prefills reach the pool (default 127.0.0.1:0, any free port)")
     add_common_agent_flags(p, "middlebox")
     p.set_defaults(func=run)
 
@@ -38,5 +43,7 @@ def run(args) -> int:
         decodes=parse_addresses(args.decode, "--decode"),
         metrics_listen=parse_address(args.metrics_listen, "--metrics-listen"),
         control_listen=parse_address(args.control_listen, "--control-listen"),
-        control_token=os.environ.get(args.control_token_env) or None, link_backend=args.link_backend)
+        control_token=os.environ.get(args.control_token_env) or None, link_backend=args.link_backend,
+        kvpool=parse_address(args.kvpool, "--kvpool") if args.kvpool else None,
+        pool_listen=parse_address(args.pool_listen, "--pool-listen"))
     return run_agent(args, lambda: process.run)

@@ -105,3 +105,33 @@ def kv_capacity_tokens(model: ModelSpec, device: Device, n_gpus: int) -> int:
 def step_energy_j(device: Device, work: StepWork) -> float:
     """GPU energy of one step: FLOPs × pJ/FLOP + HBM bytes × pJ/byte (whole step, all GPUs)."""
     return gpu_energy_j(device, work.flops, work.hbm_bytes)
+
+
+def prefill_work_cached(model: ModelSpec, prompts: Sequence[tuple[int, int]]) -> StepWork:
+    """Prefill with a cached prefix: prompts (s_i, c_i), c_i of the s_i tokens already held as KV.
+
+    REFERENCE §3's prefill with the cached tokens' KV re-read, not recomputed. Only the n_i = s_i - c_i new
+    tokens go through the matmuls and write KV; each new token at position p attends to all p tokens before
+    it and itself, so attention FLOPs are Σ_{p=c+1..s} 4·L·d·p = 2·L·d·(s(s+1) − c(c+1)) (which is the full
+    prefill's 2·L·d·s(s+1) at c = 0); bytes = weights_streamed + 2·N·d + N·kv_bytes_per_token (new KV
+    written) + C·kv_bytes_per_token (cached KV read), N = Σ n_i, C = Σ c_i. At c_i = 0 it equals
+    `prefill_work`.
+    """
+    if not prompts:
+        raise ConfigError("a prefill step needs at least one prompt")
+    for s, c in prompts:
+        _require_count("prompt length", s)
+        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < s:
+            raise ConfigError(f"cached tokens must be an integer in [0, prompt length {s}), got {c!r}")
+    new = sum(s - c for s, c in prompts)
+    cached = sum(c for _, c in prompts)
+    L, d = model.layers, model.d_model
+    flops = 2 * model.matmul_params * new + sum(2 * L * d * (s * (s + 1) - c * (c + 1)) for s, c in prompts)
+    nbytes = (model.weights_streamed_bytes + model.bytes_per_value * new * d
+              + (new + cached) * model.kv_bytes_per_token)
+    return StepWork(float(flops), float(nbytes))
+
+
+def prefill_step_cached_s(model: ModelSpec, device: Device, n_gpus: int, prompts: Sequence[tuple[int, int]]) -> float:
+    """Step time of a prefill batch whose prompts (s_i, c_i) start from c_i cached tokens."""
+    return step_time(prefill_work_cached(model, prompts), device, n_gpus).total_s

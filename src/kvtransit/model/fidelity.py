@@ -1,9 +1,11 @@
 """The fidelity guard's judgement (DESIGN §2): did the host emulate what the scenario asked of it?
 
 The agents measure three gaps; this module judges them and says what would fix each:
-- **timer lateness**: how late the step loops woke past their absolute deadlines. It adds straight onto TPOT,
-  so its p99 must stay within `TIMER_TOLERANCE` of the shortest modelled step held (the TPOT target is 3 %).
-  Fix: dilate time (longer steps, same lateness).
+- **timer lateness**: how late the step loops woke past their absolute deadlines. Steps are scheduled on
+  absolute deadlines, so a late wake-up shifts that one token and is not carried into the next: what biases
+  the measured ITL, TPOT and E2E is the *mean* lateness, which must stay within `TIMER_TOLERANCE` of the
+  shortest modelled step held (the TPOT target is 3 %). The p99 (a single slow wake-up on a loaded box) is
+  reported beside it, not judged. Fix: dilate time (longer steps, same lateness).
 - **link rate**: achieved rate while the link was busy vs the configured (scaled) rate. Below
   `LINK_RATE_TOLERANCE` the hand-off runs slow (the hand-off target is 2 %). Fix: a smaller scale (fewer bytes
   per modelled second) or more dilation.
@@ -56,13 +58,18 @@ def lateness_p99(lateness_s: Sequence[float]) -> float | None:
     return _quantile(lateness_s, 0.99) if lateness_s else None
 
 
-def timer_gap(p99_lateness_s: float | None, shortest_step_wall_s: float, dilation: float) -> Gap:
-    """p99 timer lateness as a share of the shortest step held on the wall clock."""
-    if p99_lateness_s is None:
+def lateness_mean(lateness_s: Sequence[float]) -> float | None:
+    """The mean of timer lateness samples (None when there are none)."""
+    return sum(lateness_s) / len(lateness_s) if lateness_s else None
+
+
+def timer_gap(mean_lateness_s: float | None, shortest_step_wall_s: float, dilation: float) -> Gap:
+    """Mean timer lateness as a share of the shortest step held on the wall clock."""
+    if mean_lateness_s is None:
         return Gap(0.0, TIMER_TOLERANCE, True, "no timed steps")
     if not shortest_step_wall_s > 0:
         raise ConfigError(f"shortest step must be > 0 s, got {shortest_step_wall_s!r}")
-    share = max(0.0, p99_lateness_s) / shortest_step_wall_s
+    share = max(0.0, mean_lateness_s) / shortest_step_wall_s
     ok = share <= TIMER_TOLERANCE
     needed = dilation * share / TIMER_TOLERANCE
     hint = "ok" if ok else f"timers late by {share:.1%} of a step: try --dilation {math.ceil(needed * 10) / 10:g}"

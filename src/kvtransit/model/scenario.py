@@ -28,7 +28,10 @@ from .devices import DEVICES, Device, device_by_name
 from .errors import ConfigError, unknown_name
 from .links import LINKS, Link, link_by_name
 from .module import MODULE_BUDGETS, KernelDeclaration, Module, Policy
-from .workload import ARRIVALS, LengthDist, WorkloadSpec
+from .slo import TPOT_SLO_S, TTFT_SLO_S
+from .traces import TRACE_FORMATS, TRACE_SAMPLING
+from .prefix_workloads import PREFIX_WORKLOADS
+from .workload import ARRIVALS, DEFAULT_MAX_TOKENS, LengthDist, WorkloadSpec
 
 # What one host can push through loopback for the KV stream, bytes per second, while also generating,
 # framing and checksumming it. PLACEHOLDER: a conservative guess for one core of this 2-core box, to be
@@ -38,6 +41,7 @@ HOST_BUDGET_BPS = 200e6
 DILATION_QUANTUM = 0.1
 
 COMPRESS_AT = ("transit", "gpu")
+KV_POOL_MODES = ("off", "local", "pool")
 # Band-keep transforms along tokens (DESIGN §4: FFT or DCT-II); the kernels layer implements both.
 BAND_KEEP_VARIANTS = ("dct", "fft")
 POLICIES = tuple(p.value for p in Policy)
@@ -159,6 +163,29 @@ class Scenario:
     # KV content: "synthetic" templates, or the path of a real-KV sample (.npz, e.g.
     # tests/data/smollm2_kv_sample.npz) whose channels seed the templates instead.
     kv_sample: str = SYNTHETIC_KV
+    # A request trace to replay instead of the drawn workload ("" = none; model/traces.py): `requests` of its
+    # requests (the first N, or N at random), arrivals × time_scale, prompts capped at context_cap tokens.
+    trace: str = ""
+    trace_format: str = "auto"
+    trace_sample: str = "first"
+    time_scale: float = 1.0
+    context_cap: int = DEFAULT_MAX_TOKENS
+    # The SLO the report judges by (REFERENCE §4: TTFT 1 s, TPOT 25 ms); `--goodput ttft:MS tpot:MS` sets them.
+    ttft_slo_ms: float = TTFT_SLO_S * 1e3
+    tpot_slo_ms: float = TPOT_SLO_S * 1e3
+    # Prefix reuse (model/prefix.py): "off" (the default: every prompt computed whole), "local" (a cache at the
+    # prefill, no fetch cost) or "pool" (the shared KV pool behind the middlebox: fetches pay link and module).
+    # kv_pool_capacity: model bytes the pool (or local cache) holds.
+    kv_pool: str = "off"
+    kv_pool_capacity: float = 64e9
+    # Workloads that share prefixes (model/prefix_workloads.py): N system prompts of L tokens, or multi-turn
+    # sessions of session_turns turns with think_time seconds between turns; the user's part of each prompt is
+    # drawn from prompt_mean/prompt_cv. A Mooncake trace (--trace) brings its own hash_ids.
+    prefix_workload: str = "none"
+    system_prompts: int = 4
+    system_prompt_tokens: int = 2048
+    session_turns: int = 4
+    think_time: float = 10.0
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -185,6 +212,20 @@ class Scenario:
         for name in ("prompt_cv", "output_cv"):
             _number(name, getattr(self, name), lo=0)
         _number("dilation", self.dilation, lo=1)
+        _choice("trace_format", self.trace_format, TRACE_FORMATS)
+        _choice("trace_sample", self.trace_sample, TRACE_SAMPLING)
+        for name in ("time_scale", "ttft_slo_ms", "tpot_slo_ms"):
+            _number(name, getattr(self, name), lo=0, lo_open=True)
+        object.__setattr__(self, "context_cap", _number("context_cap", self.context_cap, lo=1, integer=True))
+        _choice("kv_pool", self.kv_pool, KV_POOL_MODES)
+        _choice("prefix_workload", self.prefix_workload, PREFIX_WORKLOADS)
+        _number("kv_pool_capacity", self.kv_pool_capacity, lo=0)
+        _number("think_time", self.think_time, lo=0, lo_open=True)
+        for name in ("system_prompts", "system_prompt_tokens", "session_turns"):
+            object.__setattr__(self, name, _number(name, getattr(self, name), lo=1, integer=True))
+        if self.prefix_workload != "none" and self.trace:
+            raise ConfigError(f"prefix_workload: {self.prefix_workload!r} and a trace both name the requests; "
+                              "give one (a Mooncake trace brings its own hash_ids)")
         if not self.kv_sample:
             raise ConfigError(f"kv_sample: expected {SYNTHETIC_KV!r} or the path of a KV sample (.npz), got ''")
         if self.scale != AUTO:

@@ -60,6 +60,9 @@ class RequestRecord:
     # When the producer stamped the first token (prefill's clock), if known. The hand-off is measured between
     # two producer stamps (prefill's first token, decode's KV ready), so client delivery delay stays out of it.
     first_token_stamp_s: float | None = None
+    # The SLO this request is judged by (a scenario may set its own: `--goodput ttft:MS tpot:MS`).
+    ttft_slo_s: float = TTFT_SLO_S
+    tpot_slo_s: float = TPOT_SLO_S
 
     @property
     def first_token_s(self) -> float | None:
@@ -104,7 +107,7 @@ class RequestRecord:
         if not self.finished:
             return False
         tpot = self.tpot_s
-        return self.ttft_s <= TTFT_SLO_S and (tpot is None or tpot <= TPOT_SLO_S)
+        return self.ttft_s <= self.ttft_slo_s and (tpot is None or tpot <= self.tpot_slo_s)
 
     @property
     def outcome(self) -> Outcome:

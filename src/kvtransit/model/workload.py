@@ -59,6 +59,8 @@ class RequestSpec:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    # Ids of the prompt's KV blocks, a hash chain (model/prefix.py); () when the workload names no prefixes.
+    hash_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

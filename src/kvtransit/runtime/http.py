@@ -92,7 +92,9 @@ class HttpServer:
             self.route("GET", "/metrics", metrics, public=True)
 
     def route(self, method: str, path: str, handler: Handler, *, public: bool = False) -> None:
-        """Register `handler` for METHOD path. It returns a JSON-able value (200) or an HttpResponse."""
+        """Register `handler` for METHOD path. It returns a JSON-able value (200) or an HttpResponse.
+        A path ending in "/" (e.g. "/faults/") also serves every path below it ("/faults/NAME"): the handler
+        reads the rest from `request.path`."""
         if not path.startswith("/"):
             raise ValueError(f"route path must start with '/', got {path!r}")
         methods = self._routes.setdefault(path, {})
@@ -172,6 +174,8 @@ class HttpServer:
     async def _dispatch(self, request: HttpRequest) -> HttpResponse:
         methods = self._routes.get(request.path)
         if methods is None:
+            methods = self._subtree_routes(request.path)
+        if methods is None:
             raise HttpError(404, f"no route {request.path}")
         entry = methods.get(request.method)
         if entry is None:
@@ -198,6 +202,11 @@ class HttpServer:
             log.exception("HTTP handler %s %s failed", request.method, request.path)
             raise HttpError(500, f"internal error handling {request.method} {request.path}") from None
         return result if isinstance(result, HttpResponse) else HttpResponse.json(result)
+
+    def _subtree_routes(self, path: str) -> dict | None:
+        """The routes of the longest registered "PREFIX/" that `path` lies below (None: no such prefix)."""
+        prefixes = [p for p in self._routes if p.endswith("/") and path.startswith(p) and len(path) > len(p)]
+        return self._routes[max(prefixes, key=len)] if prefixes else None
 
     @staticmethod
     async def _write(writer: asyncio.StreamWriter, response: HttpResponse) -> None:

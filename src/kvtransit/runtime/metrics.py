@@ -156,6 +156,7 @@ class PrefillMetrics:
     kv_sent_bytes: Counter
     kv_held_bytes: Gauge
     gpu_energy_joules: Counter
+    handoff_retries: Counter
 
 
 def prefill_metrics(registry: CollectorRegistry) -> PrefillMetrics:
@@ -180,6 +181,9 @@ def prefill_metrics(registry: CollectorRegistry) -> PrefillMetrics:
         gpu_energy_joules=_counter(
             registry, "prefill_gpu_energy_joules",
             "Modelled dynamic GPU energy of prefill steps (FLOPs x pJ/FLOP + HBM bytes x pJ/byte)."),
+        handoff_retries=_counter(
+            registry, "prefill_handoff_retries",
+            "KV hand-offs sent again after a link or middlebox failure (the KV was held until acked)."),
     )
 
 
@@ -196,6 +200,7 @@ class DecodeMetrics:
     tokens: Counter
     gpu_energy_joules: Counter
     codec_relative_error: Gauge
+    kv_handoffs: Counter
 
 
 def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
@@ -221,6 +226,11 @@ def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
             registry, "decode_codec_relative_error",
             "Mean relative reconstruction error of the codec on the sampled requests; stage=k or v.",
             ("codec", "stage")),
+        kv_handoffs=_counter(
+            registry, "decode_kv_handoffs",
+            "KV streams that reached decode, by outcome: taken (new request), duplicate (a retry of one already "
+            "taken: dropped and acked), aborted (the stream broke or its sender gave up; dropped, never used).",
+            ("outcome",)),
     )
 
 
@@ -256,6 +266,114 @@ def loadgen_metrics(registry: CollectorRegistry) -> LoadgenMetrics:
     )
 
 
+# A pool fetch spans a few µs (one block over NVLink) to seconds (a 32k-token prefix over eth-25g).
+POOL_FETCH_BUCKETS_S = HANDOFF_BUCKETS_S
+
+
+@dataclass(frozen=True)
+class KvPoolMetrics:
+    """The shared KV pool: blocks held per tier, what it serves, evicts, and refuses (agents/kvpool.py)."""
+
+    blocks: Gauge
+    stored_bytes: Gauge
+    capacity_bytes: Gauge
+    evictions: Counter
+    lookups: Counter
+    blocks_served: Counter
+    served_bytes: Counter
+    blocks_put: Counter
+    bad_blocks: Counter
+
+
+def kvpool_metrics(registry: CollectorRegistry) -> KvPoolMetrics:
+    return KvPoolMetrics(
+        blocks=_gauge(registry, "kvpool_blocks", "KV blocks held, by tier (stage=memory or disk).", ("stage",)),
+        stored_bytes=_gauge(
+            registry, "kvpool_stored_bytes",
+            "Bytes held, by tier (stage=memory or disk), in the stored (compact when the link compresses) form.",
+            ("stage",)),
+        capacity_bytes=_gauge(registry, "kvpool_capacity_bytes", "Capacity of each tier (stage=memory or disk).",
+                              ("stage",)),
+        evictions=_counter(
+            registry, "kvpool_evictions", "Blocks evicted (least recently used first) to make room, by tier.",
+            ("stage",)),
+        lookups=_counter(
+            registry, "kvpool_lookups",
+            "Fetches answered, by outcome: hit (every block asked for), partial (a leading run), miss (none).",
+            ("outcome",)),
+        blocks_served=_counter(
+            registry, "kvpool_blocks_served", "Blocks streamed to fetchers, by the tier they came from.", ("stage",)),
+        served_bytes=_counter(
+            registry, "kvpool_served_bytes", "Payload bytes streamed to fetchers, as stored (compact or raw).",
+            ("codec",)),
+        blocks_put=_counter(
+            registry, "kvpool_blocks_put",
+            "Blocks written back, by outcome: stored, duplicate (already held), failed (stream broke).",
+            ("outcome",)),
+        bad_blocks=_counter(
+            registry, "kvpool_bad_blocks",
+            "Blocks whose CRC32C check failed on read: never served, deleted, reported as a miss.", ("stage",)),
+    )
+
+
+@dataclass(frozen=True)
+class PrefixCacheMetrics:
+    """The prefill's side of prefix reuse: tokens it did not recompute, and what fetching them cost."""
+
+    prompt_tokens: Counter
+    cached_tokens: Counter
+    lookups: Counter
+    fetch_bytes: Counter
+    fetch_seconds: Histogram
+    writeback_bytes: Counter
+
+
+def prefix_cache_metrics(registry: CollectorRegistry) -> PrefixCacheMetrics:
+    return PrefixCacheMetrics(
+        prompt_tokens=_counter(registry, "prefix_prompt_tokens", "Prompt tokens of requests that looked up a prefix."),
+        cached_tokens=_counter(
+            registry, "prefix_cached_tokens",
+            "Prompt tokens whose KV came from the cache (not recomputed); hit rate = this / prompt tokens."),
+        lookups=_counter(
+            registry, "prefix_lookups",
+            "Prefix lookups by outcome: hit, miss, pool-down (no pool: recomputed), fetch-failed (recomputed).",
+            ("outcome",)),
+        fetch_bytes=_counter(
+            registry, "prefix_fetch_bytes",
+            "Fetched KV bytes: stage=raw (what they stand for) or wire (what crossed the link).", ("stage",)),
+        fetch_seconds=_histogram(
+            registry, "prefix_fetch_seconds",
+            "Prefix fetch time, request to last block in (model seconds); part of TTFT.", POOL_FETCH_BUCKETS_S),
+        writeback_bytes=_counter(
+            registry, "prefix_writeback_bytes", "Raw KV bytes of new blocks written back to the pool."),
+    )
+
+
+@dataclass(frozen=True)
+class PoolRelayMetrics:
+    """The middlebox's pool path: write-backs compressed once on the way out, fetches over the link."""
+
+    bytes: Counter
+    transfer_seconds: Histogram
+    requests: Counter
+
+
+def pool_relay_metrics(registry: CollectorRegistry) -> PoolRelayMetrics:
+    return PoolRelayMetrics(
+        bytes=_counter(
+            registry, "pool_relay_bytes",
+            "KV bytes on the pool path by phase (fetch, put) and stage (raw: before the codec; wire: on the link).",
+            ("phase", "stage")),
+        transfer_seconds=_histogram(
+            registry, "pool_relay_transfer_seconds",
+            "Time one fetch or put occupied the pool link (queue + transfer, model seconds), by phase.",
+            POOL_FETCH_BUCKETS_S, ("phase",)),
+        requests=_counter(
+            registry, "pool_relay_requests", "Pool fetches and puts relayed, by phase and outcome (ok, failed).",
+            ("phase", "outcome")),
+    )
+
+
 # Every role's metric factory, for METRICS.md's check (add each new role's here).
 METRIC_FACTORIES = {
     "shared": shared_metrics,
@@ -263,4 +381,7 @@ METRIC_FACTORIES = {
     "prefill": prefill_metrics,
     "decode": decode_metrics,
     "loadgen": loadgen_metrics,
+    "kvpool": kvpool_metrics,
+    "prefix_cache": prefix_cache_metrics,
+    "pool_relay": pool_relay_metrics,
 }

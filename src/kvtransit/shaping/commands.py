@@ -57,18 +57,21 @@ def queue_limit_packets(spec: LinkSpec) -> int:
     return max(1000, math.ceil(queue_limit_bytes(spec, wire) / (spec.mtu + ETHERNET_HEADER_BYTES)))
 
 
-def _tc(namespace: str, *args: str) -> list[str]:
-    return ["tc", "-n", namespace, *args]
+# A namespace of None is the root (the launcher's own) namespace: the command runs there, without `-n`.
 
 
-def _ip(namespace: str, *args: str) -> list[str]:
-    return ["ip", "-n", namespace, *args]
+def _tc(namespace: str | None, *args: str) -> list[str]:
+    return ["tc", *(("-n", namespace) if namespace is not None else ()), *args]
+
+
+def _ip(namespace: str | None, *args: str) -> list[str]:
+    return ["ip", *(("-n", namespace) if namespace is not None else ()), *args]
 
 
 # -- rate -----------------------------------------------------------------------------------------------
 
 
-def rate_argv(namespace: str, dev: str, spec: LinkSpec, qdisc: str = "tbf", verb: str = "add") -> list[list[str]]:
+def rate_argv(namespace: str | None, dev: str, spec: LinkSpec, qdisc: str = "tbf", verb: str = "add") -> list[list[str]]:
     """The root rate limiter. verb "add" builds it; "change" retunes it in place (same qdisc, same handle)."""
     assert spec.rate_Bps is not None, "rate_argv needs a spec with a rate"
     wire = wire_rate_Bps(spec.rate_Bps, spec.mtu)
@@ -88,7 +91,7 @@ def rate_argv(namespace: str, dev: str, spec: LinkSpec, qdisc: str = "tbf", verb
     raise ValueError(f"no rate qdisc {qdisc!r}")
 
 
-def htb_queue_argv(namespace: str, dev: str, spec: LinkSpec, verb: str = "add") -> list[str]:
+def htb_queue_argv(namespace: str | None, dev: str, spec: LinkSpec, verb: str = "add") -> list[str]:
     """htb's leaf queue, bounded in bytes like tbf's limit (htb alone would use txqueuelen packets)."""
     wire = wire_rate_Bps(spec.rate_Bps, spec.mtu)
     return _tc(namespace, "qdisc", verb, "dev", dev, "parent", RATE_CLASS, "handle", NETEM_HANDLE, "bfifo",
@@ -117,12 +120,12 @@ def netem_options(spec: LinkSpec) -> list[str]:
     return opts
 
 
-def netem_argv(namespace: str, dev: str, spec: LinkSpec, *, under_rate: bool, verb: str = "add") -> list[str]:
+def netem_argv(namespace: str | None, dev: str, spec: LinkSpec, *, under_rate: bool, verb: str = "add") -> list[str]:
     where = ["parent", RATE_CLASS, "handle", NETEM_HANDLE] if under_rate else ["root", "handle", ROOT_HANDLE]
     return _tc(namespace, "qdisc", verb, "dev", dev, *where, "netem", *netem_options(spec))
 
 
-def shape_argv(namespace: str, dev: str, spec: LinkSpec, rate_qdisc: str | None, use_netem: bool,
+def shape_argv(namespace: str | None, dev: str, spec: LinkSpec, rate_qdisc: str | None, use_netem: bool,
                verb: str = "add") -> list[list[str]]:
     """Everything that shapes one device's egress, in the order to run it."""
     argvs: list[list[str]] = []
@@ -136,7 +139,7 @@ def shape_argv(namespace: str, dev: str, spec: LinkSpec, rate_qdisc: str | None,
     return argvs
 
 
-def unshape_argv(namespace: str, dev: str) -> list[str]:
+def unshape_argv(namespace: str | None, dev: str) -> list[str]:
     return _tc(namespace, "qdisc", "del", "dev", dev, "root")
 
 
@@ -155,30 +158,39 @@ def netns_list_argv() -> list[str]:
     return ["ip", "netns", "list"]
 
 
-def veth_add_argv(namespace: str, dev: str, peer_namespace: str, peer: str, mtu: int) -> list[str]:
-    """Both ends born inside their namespaces: nothing ever appears in the host's namespace."""
-    return ["ip", "link", "add", dev, "netns", namespace, "mtu", str(mtu), "type", "veth",
-            "peer", "name", peer, "netns", peer_namespace, "mtu", str(mtu)]
+def veth_add_argv(namespace: str | None, dev: str, peer_namespace: str | None, peer: str, mtu: int) -> list[str]:
+    """Both ends born inside their namespaces: nothing appears in the root namespace unless an end is asked
+    for there (namespace None)."""
+    def where(ns: str | None) -> list[str]:
+        return ["netns", ns] if ns is not None else []
+
+    return ["ip", "link", "add", dev, *where(namespace), "mtu", str(mtu), "type", "veth",
+            "peer", "name", peer, *where(peer_namespace), "mtu", str(mtu)]
 
 
-def link_del_argv(namespace: str, dev: str) -> list[str]:
+def link_del_argv(namespace: str | None, dev: str) -> list[str]:
     return _ip(namespace, "link", "del", dev)
 
 
-def link_list_argv(namespace: str) -> list[str]:
+def link_list_argv(namespace: str | None) -> list[str]:
     return _ip(namespace, "-o", "link", "show")
 
 
-def addr_add_argv(namespace: str, dev: str, cidr: str) -> list[str]:
+def addr_add_argv(namespace: str | None, dev: str, cidr: str) -> list[str]:
     return _ip(namespace, "addr", "add", cidr, "dev", dev)
 
 
-def link_set_argv(namespace: str, dev: str, state: str) -> list[str]:
+def link_set_argv(namespace: str | None, dev: str, state: str) -> list[str]:
     if state not in ("up", "down"):
         raise ValueError(f"link state {state!r}")
     return _ip(namespace, "link", "set", dev, state)
 
 
-def exec_argv(namespace: str, argv: list[str]) -> list[str]:
-    """Run a program inside a namespace."""
-    return ["ip", "netns", "exec", namespace, *argv]
+def exec_argv(namespace: str | None, argv: list[str]) -> list[str]:
+    """Run a program inside a namespace (the root namespace: as it is)."""
+    return ["ip", "netns", "exec", namespace, *argv] if namespace is not None else list(argv)
+
+
+def route_list_argv(namespace: str | None) -> list[str]:
+    """IPv4 routes, one per line (`-o`): which subnets a namespace already uses."""
+    return _ip(namespace, "-o", "-4", "route", "show")

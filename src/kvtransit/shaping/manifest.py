@@ -2,6 +2,7 @@
 
 The manifest is a JSON file listing resources in creation order. Cleanup walks it backwards and deletes each
 by its recorded name, skipping what is already gone; it never lists, matches or deletes anything by pattern.
+A veth end or qdisc whose `netns` is null lives in the root namespace (topology.ROOT_AGENT).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def existing_namespaces(runner: Runner) -> set[str]:
     return {line.split()[0] for line in runner(commands.netns_list_argv()).splitlines() if line.strip()}
 
 
-def _existing_links(runner: Runner, namespace: str) -> set[str]:
+def _existing_links(runner: Runner, namespace: str | None) -> set[str]:
     # `ip -o link show` lines: "2: NAME@if3: <...> ..."; the name ends at '@' or ':'.
     names = set()
     for line in runner(commands.link_list_argv(namespace)).splitlines():
@@ -75,8 +76,9 @@ def _existing_links(runner: Runner, namespace: str) -> set[str]:
     return names
 
 
-def cleanup_argv_plan(manifest: Manifest, namespaces: set[str], links: dict[str, set[str]]) -> list[list[str]]:
-    """The delete commands for what still exists, newest first. Pure, so its order can be tested."""
+def cleanup_argv_plan(manifest: Manifest, namespaces: set[str | None], links: dict[str | None, set[str]]) -> list[list[str]]:
+    """The delete commands for what still exists, newest first. Pure, so its order can be tested.
+    `namespaces` holds None when the root namespace's devices are to be considered."""
     argvs = []
     for item in reversed(manifest.resources):
         kind = item["kind"]
@@ -98,7 +100,9 @@ def cleanup(manifest: Manifest, runner: Runner = run_command) -> list[list[str]]
     """Delete everything the manifest lists that still exists (after a crash, some may be gone). Tries every
     item; raises the first failure at the end (with its command and stderr). Returns the commands it ran."""
     ours = {item["name"] for item in manifest.resources if item["kind"] == "netns"}
-    namespaces = existing_namespaces(runner) & ours
+    namespaces: set[str | None] = set(existing_namespaces(runner) & ours)
+    if _touches_root(manifest):
+        namespaces.add(None)
     links = {ns: _existing_links(runner, ns) for ns in namespaces}
     return _run_deletes(cleanup_argv_plan(manifest, namespaces, links), runner)
 
@@ -106,13 +110,20 @@ def cleanup(manifest: Manifest, runner: Runner = run_command) -> list[list[str]]
 def rollback(manifest: Manifest, runner: Runner = run_command) -> list[list[str]]:
     """Undo a build that failed part-way: everything in the manifest was made moments ago by this process, so
     it is deleted without asking the kernel what exists first."""
-    namespaces = {item["name"] for item in manifest.resources if item["kind"] == "netns"}
-    links: dict[str, set[str]] = {}
+    namespaces: set[str | None] = {item["name"] for item in manifest.resources if item["kind"] == "netns"}
+    if _touches_root(manifest):
+        namespaces.add(None)
+    links: dict[str | None, set[str]] = {}
     for item in manifest.resources:
         if item["kind"] == "veth":
             links.setdefault(item["netns"], set()).add(item["dev"])
             links.setdefault(item["peer_netns"], set()).add(item["peer"])
     return _run_deletes(cleanup_argv_plan(manifest, namespaces, links), runner)
+
+
+def _touches_root(manifest: Manifest) -> bool:
+    return any(item["kind"] in ("veth", "qdisc") and None in (item.get("netns", ""), item.get("peer_netns", ""))
+               for item in manifest.resources)
 
 
 # What tc / ip say when the thing is already gone (a veth takes its peer and its root qdisc with it).

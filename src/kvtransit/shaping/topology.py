@@ -13,6 +13,11 @@
     finally:
         bed.cleanup()
 
+The agent named "host" (ROOT_AGENT) is the root namespace itself: no namespace is made for it, its veth ends
+stay in the root namespace (still recorded in the manifest and deleted by exact name), and its links take a
+/24 that no route of the root namespace overlaps (checked before anything is made). That is how processes in
+the root namespace (the launcher, Prometheus) reach agents inside namespaces without forwarding or NAT.
+
 Every name starts with the run id `kvt<6hex>-`, so parallel runs never clash; a namespace that already exists
 is an error before anything is created. Every creation is recorded in the manifest before the next one, and a
 failure part-way rolls back what was made and re-raises the failing command with its stderr.
@@ -20,21 +25,27 @@ failure part-way rolls back what was made and re-raises the failing command with
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import commands
-from .backend import Capabilities, Plan, new_run_id, plan, probe
+from .backend import RUN_ID_PREFIX, Capabilities, Plan, new_run_id, plan, probe
 from .errors import CommandFailed, ShapingError
 from .manifest import Manifest, cleanup, existing_namespaces, rollback
 from .runner import Runner, run_command
 from .spec import LinkSpec
 
-# Private test addresses (RFC 1918 10/8), only ever configured inside this run's own namespaces: link i is
-# 10.SUBNET_OCTET.i.0/24 with the first agent .1 and the second .2.
+# Private test addresses (RFC 1918 10/8). A link between two namespaces is 10.SUBNET_OCTET.i.0/24 (i = its
+# index; only ever configured inside this run's own namespaces), the first agent .1 and the second .2.
 SUBNET_OCTET = 77
+# A link with an end in the root namespace is 10.ROOT_SUBNET_OCTET.x.0/24, x the first /24 (from an offset
+# drawn from the run id, so parallel runs rarely even try the same one) that no root route overlaps.
+ROOT_SUBNET_OCTET = 78
+# The agent that is the root namespace (no namespace is created for it).
+ROOT_AGENT = "host"
 MAX_LINKS = 254
 AGENT_NAME = re.compile(r"^[a-z][a-z0-9]{0,15}$")  # becomes part of a namespace name
 IFNAMSIZ = 15  # Linux interface names: 15 visible characters
@@ -75,15 +86,15 @@ class BuiltLink:
 class Testbed:
     """A built topology: names, addresses, live changes, and cleanup of exactly what was made."""
 
-    def __init__(self, run_id: str, namespaces: dict[str, str], links: list[BuiltLink], manifest: Manifest,
+    def __init__(self, run_id: str, namespaces: dict[str, str | None], links: list[BuiltLink], manifest: Manifest,
                  runner: Runner) -> None:
         self.run_id = run_id
-        self.namespaces = namespaces  # agent -> namespace name
+        self.namespaces = namespaces  # agent -> namespace name (None: the root namespace, ROOT_AGENT)
         self.links = links
         self.manifest = manifest
         self._runner = runner
 
-    def namespace(self, agent: str) -> str:
+    def namespace(self, agent: str) -> str | None:
         try:
             return self.namespaces[agent]
         except KeyError:
@@ -161,6 +172,8 @@ def _validate(agents: Sequence[str], links: Sequence[LinkPlan], run_id: str) -> 
             raise ShapingError("agent", agent, "must be lowercase letters and digits, starting with a letter, <= 16")
     if len(links) > MAX_LINKS:
         raise ShapingError("links", len(links), f"at most {MAX_LINKS} links")
+    if len(agents) == 1 and ROOT_AGENT in agents:
+        raise ShapingError("agents", list(agents), f"{ROOT_AGENT!r} alone makes no namespace to build")
     seen = set()
     for link in links:
         for end in (link.a, link.b):
@@ -171,6 +184,34 @@ def _validate(agents: Sequence[str], links: Sequence[LinkPlan], run_id: str) -> 
         seen.add(frozenset((link.a, link.b)))
     if not re.match(r"^[a-z0-9]{1,9}-$", run_id):
         raise ShapingError("run_id", run_id, "must be 1-9 lowercase letters/digits and a trailing '-'")
+
+
+def _root_subnets(links: Sequence[LinkPlan], run_id: str, runner: Runner) -> dict[int, str]:
+    """link index -> the "10.78.x" prefix of each link with an end in the root namespace: /24s that no route
+    of the root namespace overlaps (a clash would shadow the host's own traffic, so it is refused)."""
+    wanted = [i for i, link in enumerate(links) if ROOT_AGENT in (link.a, link.b)]
+    if not wanted:
+        return {}
+    routes = []
+    for line in runner(commands.route_list_argv(None)).splitlines():
+        words = line.split()
+        if words and words[0] != "default":
+            try:
+                routes.append(ipaddress.ip_network(words[0], strict=False))
+            except ValueError:
+                continue
+    start = int(run_id[len(RUN_ID_PREFIX):-1], 16) % 256 if run_id.startswith(RUN_ID_PREFIX) else 0
+    chosen: dict[int, str] = {}
+    for step in range(256):
+        if len(chosen) == len(wanted):
+            break
+        prefix = f"10.{ROOT_SUBNET_OCTET}.{(start + step) % 256}"
+        if not any(ipaddress.ip_network(f"{prefix}.0/24").overlaps(route) for route in routes):
+            chosen[wanted[len(chosen)]] = prefix
+    if len(chosen) < len(wanted):
+        raise ShapingError("root namespace", f"10.{ROOT_SUBNET_OCTET}.0.0/16",
+                           f"has no free /24 for {len(wanted)} link(s): routes {', '.join(map(str, routes))} overlap it")
+    return chosen
 
 
 def build_testbed(
@@ -192,15 +233,17 @@ def build_testbed(
         raise ShapingError("capabilities", caps.describe(), "namespaces with tc shaping need root, tc and tbf or "
                            "htb; use the user-space shaper (shared loopback) instead")
     plans = [plan(link.spec, caps) if link.spec is not None else None for link in links]  # may raise: nothing made
-    namespaces = {agent: f"{run_id}{agent}" for agent in agents}
-    clashes = sorted(set(namespaces.values()) & existing_namespaces(runner))
+    namespaces = {agent: (None if agent == ROOT_AGENT else f"{run_id}{agent}") for agent in agents}
+    made = [ns for ns in namespaces.values() if ns is not None]
+    clashes = sorted(set(made) & existing_namespaces(runner))
     if clashes:
         raise ShapingError("namespace", clashes[0], "already exists; refusing to touch what this run did not make")
+    root_subnets = _root_subnets(links, run_id, runner)
 
     manifest = Manifest(run_id=run_id, path=Path(manifest_path) if manifest_path else None)
     built: list[BuiltLink] = []
     try:
-        for agent, ns in namespaces.items():
+        for ns in made:
             runner(commands.netns_add_argv(ns))
             manifest.record("netns", name=ns)
             runner(commands.link_set_argv(ns, "lo", "up"))
@@ -211,7 +254,8 @@ def build_testbed(
             ns_a, ns_b = namespaces[link.a], namespaces[link.b]
             runner(commands.veth_add_argv(ns_a, dev_a, ns_b, dev_b, mtu))
             manifest.record("veth", netns=ns_a, dev=dev_a, peer_netns=ns_b, peer=dev_b)
-            addr_a, addr_b = f"10.{SUBNET_OCTET}.{index}.1", f"10.{SUBNET_OCTET}.{index}.2"
+            prefix = root_subnets.get(index, f"10.{SUBNET_OCTET}.{index}")
+            addr_a, addr_b = f"{prefix}.1", f"{prefix}.2"
             for ns, dev, addr in ((ns_a, dev_a, addr_a), (ns_b, dev_b, addr_b)):
                 runner(commands.addr_add_argv(ns, dev, f"{addr}/24"))
                 runner(commands.link_set_argv(ns, dev, "up"))

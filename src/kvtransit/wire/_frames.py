@@ -15,8 +15,8 @@ from operator import index
 from . import events as ev
 from ._crc import crc32c
 from .errors import ErrorCode, ProtocolError
-from .limits import (MAGIC, MAX_CODEC_HEADER, MAX_CODEC_NAME, MAX_MESSAGE, MAX_META, MAX_NAME, MAX_NDIM,
-                     MAX_REASON, MAX_TOKENS_PER_REQUEST, WIRE_VERSION)
+from .limits import (MAGIC, MAX_CODEC_HEADER, MAX_CODEC_NAME, MAX_HASH_IDS, MAX_MESSAGE, MAX_META, MAX_NAME,
+                     MAX_NDIM, MAX_REASON, MAX_TOKENS_PER_REQUEST, WIRE_VERSION)
 
 
 class FrameType(enum.IntEnum):
@@ -30,6 +30,9 @@ class FrameType(enum.IntEnum):
     ACK = 8
     ERROR = 9
     BYE = 10
+    POOL_FETCH = 11
+    POOL_HIT = 12
+    POOL_PUT = 13
 
 
 FLAG_HAS_REQUEST_ID = 0x0001  # Error only: the header's request_id names the failed request
@@ -46,11 +49,13 @@ U64 = 2**64 - 1
 
 EVENT_TYPES = {ev.Hello: FrameType.HELLO, ev.Request: FrameType.REQUEST, ev.FirstToken: FrameType.FIRST_TOKEN,
                ev.KvBegin: FrameType.KV_BEGIN, ev.KvChunk: FrameType.KV_CHUNK, ev.KvEnd: FrameType.KV_END,
-               ev.Tokens: FrameType.TOKENS, ev.Ack: FrameType.ACK, ev.Error: FrameType.ERROR, ev.Bye: FrameType.BYE}
+               ev.Tokens: FrameType.TOKENS, ev.Ack: FrameType.ACK, ev.Error: FrameType.ERROR, ev.Bye: FrameType.BYE,
+               ev.PoolFetch: FrameType.POOL_FETCH, ev.PoolHit: FrameType.POOL_HIT, ev.PoolPut: FrameType.POOL_PUT}
 
 # Which frame types carry a request id in the header (the others must send 0).
 REQUEST_SCOPED = frozenset({FrameType.REQUEST, FrameType.FIRST_TOKEN, FrameType.KV_BEGIN, FrameType.KV_CHUNK,
-                            FrameType.KV_END, FrameType.ACK})
+                            FrameType.KV_END, FrameType.ACK, FrameType.POOL_FETCH, FrameType.POOL_HIT,
+                            FrameType.POOL_PUT})
 ALLOWED_FLAGS = {FrameType.ERROR: FLAG_HAS_REQUEST_ID}
 
 _HELLO = struct.Struct("!HB")  # version, role; then name
@@ -62,6 +67,8 @@ _KV_END = struct.Struct("!IIQ")  # n_chunks, checksum, wire_bytes
 _TOKEN = struct.Struct("!QIQ")  # request_id, token_index, t_ns (one per entry)
 _ACK = struct.Struct("!BQ")  # status, t_ns; then detail
 _ERROR = struct.Struct("!H")  # code; then message
+_HASH_ID = struct.Struct("!Q")  # one block id (Request's tail, PoolFetch, PoolPut)
+_POOL_HIT = struct.Struct("!II")  # blocks, block_tokens
 
 
 class Header:
@@ -133,7 +140,13 @@ def encode(event, err, max_payload: int) -> tuple[bytes, memoryview | None, int,
     elif frame_type == FrameType.REQUEST:
         meta = _REQUEST.pack(_int_in(err, "Request.prompt_tokens", event.prompt_tokens, 1, MAX_TOKENS_PER_REQUEST),
                              _int_in(err, "Request.output_tokens", event.output_tokens, 1, MAX_TOKENS_PER_REQUEST),
-                             _int_in(err, "Request.sent_ns", event.sent_ns, 0, U64))
+                             _int_in(err, "Request.sent_ns", event.sent_ns, 0, U64)) + _pack_hash_ids(
+            err, "Request.hash_ids", event.hash_ids, allow_empty=True)
+    elif frame_type in (FrameType.POOL_FETCH, FrameType.POOL_PUT):
+        meta = _pack_hash_ids(err, f"{type(event).__name__}.hash_ids", event.hash_ids, allow_empty=False)
+    elif frame_type == FrameType.POOL_HIT:
+        meta = _POOL_HIT.pack(_int_in(err, "PoolHit.blocks", event.blocks, 0, MAX_HASH_IDS),
+                              _int_in(err, "PoolHit.block_tokens", event.block_tokens, 1, MAX_TOKENS_PER_REQUEST))
     elif frame_type == FrameType.FIRST_TOKEN:
         meta = _FIRST_TOKEN.pack(_int_in(err, "FirstToken.t_ns", event.t_ns, 0, U64))
     elif frame_type == FrameType.KV_BEGIN:
@@ -204,6 +217,25 @@ def encode(event, err, max_payload: int) -> tuple[bytes, memoryview | None, int,
                              meta_crc)
     head = body + crc32c(body).to_bytes(4, "big") + codec_header + meta
     return head, payload, payload_crc, payload_length
+
+
+def _pack_hash_ids(err, name: str, hash_ids, *, allow_empty: bool) -> bytes:
+    ids = tuple(hash_ids)
+    if not ids and not allow_empty:
+        raise _fail(err, f"{name} is empty (a pool frame names at least one block)")
+    if len(ids) > MAX_HASH_IDS:
+        raise _fail(err, f"{name} has {len(ids)} ids, exceeds MAX_HASH_IDS {MAX_HASH_IDS}")
+    return b"".join(_HASH_ID.pack(_int_in(err, f"{name}[{i}]", h, 0, U64)) for i, h in enumerate(ids))
+
+
+def _unpack_hash_ids(err, name: str, data: bytes, where: str, *, allow_empty: bool) -> tuple[int, ...]:
+    if len(data) % _HASH_ID.size:
+        raise _fail(err, f"{name} on {where}: {len(data)} bytes is not a whole number of 8-byte ids",
+                    ErrorCode.MALFORMED_META)
+    n = len(data) // _HASH_ID.size
+    if n > MAX_HASH_IDS or (n == 0 and not allow_empty):
+        raise _fail(err, f"{name} on {where}: {n} ids, must be {0 if allow_empty else 1}..{MAX_HASH_IDS}")
+    return tuple(h for (h,) in _HASH_ID.iter_unpack(data))
 
 
 def _check_chunk_sizes(err, where: str, dtype, dims, raw_bytes: int, codec_id: int, payload_length: int,
@@ -298,10 +330,21 @@ def decode_body(h: Header, buf, offset: int, err, payload_view):
         return ev.Hello(role=_enum(err, "Hello.role", ev.Role, role), version=version,
                         name=_decode_text(meta[_HELLO.size:], "Hello.name", MAX_NAME, err))
     if t == FrameType.REQUEST:
-        prompt, output, sent_ns = _unpack_exact(_REQUEST, meta, where, err)
+        prompt, output, sent_ns = _unpack_head(_REQUEST, meta, where, err)
         _int_in(err, "Request.prompt_tokens", prompt, 1, MAX_TOKENS_PER_REQUEST)
         _int_in(err, "Request.output_tokens", output, 1, MAX_TOKENS_PER_REQUEST)
-        return ev.Request(request_id=h.request_id, prompt_tokens=prompt, output_tokens=output, sent_ns=sent_ns)
+        hash_ids = _unpack_hash_ids(err, "Request.hash_ids", meta[_REQUEST.size:], where, allow_empty=True)
+        return ev.Request(request_id=h.request_id, prompt_tokens=prompt, output_tokens=output, sent_ns=sent_ns,
+                          hash_ids=hash_ids)
+    if t in (FrameType.POOL_FETCH, FrameType.POOL_PUT):
+        cls = ev.PoolFetch if t == FrameType.POOL_FETCH else ev.PoolPut
+        return cls(request_id=h.request_id,
+                   hash_ids=_unpack_hash_ids(err, f"{cls.__name__}.hash_ids", meta, where, allow_empty=False))
+    if t == FrameType.POOL_HIT:
+        blocks, block_tokens = _unpack_exact(_POOL_HIT, meta, where, err)
+        _int_in(err, "PoolHit.blocks", blocks, 0, MAX_HASH_IDS)
+        _int_in(err, "PoolHit.block_tokens", block_tokens, 1, MAX_TOKENS_PER_REQUEST)
+        return ev.PoolHit(request_id=h.request_id, blocks=blocks, block_tokens=block_tokens)
     if t == FrameType.FIRST_TOKEN:
         (t_ns,) = _unpack_exact(_FIRST_TOKEN, meta, where, err)
         return ev.FirstToken(request_id=h.request_id, t_ns=t_ns)

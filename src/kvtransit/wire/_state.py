@@ -14,13 +14,19 @@ from .limits import MAX_OPEN_KV_STREAMS
 
 F = FrameType
 _KV = {F.KV_BEGIN, F.KV_CHUNK, F.KV_END}
+_POOL_ASK = {F.POOL_FETCH, F.POOL_PUT}  # a pool client's requests (a put's KV stream follows it)
 
 # (sender, receiver) → frame types the sender may send on that hop. A pair not listed has no connection.
 ROLE_FRAMES: dict[tuple[Role, Role], frozenset[FrameType]] = {
     (Role.LOADGEN, Role.PREFILL): frozenset({F.HELLO, F.REQUEST, F.BYE}),
     (Role.PREFILL, Role.LOADGEN): frozenset({F.HELLO, F.FIRST_TOKEN, F.ERROR, F.BYE}),
-    (Role.PREFILL, Role.MIDDLEBOX): frozenset({F.HELLO, *_KV, F.ERROR, F.BYE}),
-    (Role.MIDDLEBOX, Role.PREFILL): frozenset({F.HELLO, F.ACK, F.ERROR, F.BYE}),
+    # The same hop carries the prefill's pool traffic (on its own connection to the middlebox's pool port):
+    # fetches and write-backs out, PoolHit and the fetched blocks' KV stream back.
+    (Role.PREFILL, Role.MIDDLEBOX): frozenset({F.HELLO, *_KV, *_POOL_ASK, F.ERROR, F.BYE}),
+    (Role.MIDDLEBOX, Role.PREFILL): frozenset({F.HELLO, F.ACK, F.POOL_HIT, *_KV, F.ERROR, F.BYE}),
+    # The KV pool sits behind the middlebox: what reaches it crossed the module and the shaped link.
+    (Role.MIDDLEBOX, Role.KVPOOL): frozenset({F.HELLO, *_POOL_ASK, *_KV, F.ERROR, F.BYE}),
+    (Role.KVPOOL, Role.MIDDLEBOX): frozenset({F.HELLO, F.POOL_HIT, *_KV, F.ACK, F.ERROR, F.BYE}),
     (Role.MIDDLEBOX, Role.DECODE): frozenset({F.HELLO, *_KV, F.ERROR, F.BYE}),
     (Role.DECODE, Role.MIDDLEBOX): frozenset({F.HELLO, F.ACK, F.ERROR, F.BYE}),
     # Direct hand-off without a module (the baseline): prefill speaks to decode as it would to a middlebox.

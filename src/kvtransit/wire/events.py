@@ -19,6 +19,7 @@ class Role(enum.IntEnum):
     PREFILL = 2
     MIDDLEBOX = 3
     DECODE = 4
+    KVPOOL = 5  # the shared KV pool (prefix blocks by content hash), reached through the middlebox
 
 
 class DType(enum.IntEnum):
@@ -60,12 +61,16 @@ class Hello:
 
 @dataclass(frozen=True)
 class Request:
-    """loadgen → prefill: one inference request. sent_ns: shared CLOCK_MONOTONIC ns at send."""
+    """loadgen → prefill: one inference request. sent_ns: shared CLOCK_MONOTONIC ns at send.
+
+    hash_ids: the ids of the prompt's KV blocks, a hash chain (model/prefix.py), for prefix reuse; () when the
+    workload names none. At most MAX_HASH_IDS."""
 
     request_id: int
     prompt_tokens: int
     output_tokens: int
     sent_ns: int
+    hash_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,33 @@ class Error:
 
 
 @dataclass(frozen=True)
+class PoolFetch:
+    """→ kvpool: send the longest leading run of these blocks you hold. Answered by a PoolHit and, when
+    blocks > 0, a KV stream (KvBegin, each block's chunks in order, KvEnd) under the same request id."""
+
+    request_id: int
+    hash_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PoolHit:
+    """kvpool →: how many leading blocks of a PoolFetch it holds (and will stream next), block_tokens each."""
+
+    request_id: int
+    blocks: int
+    block_tokens: int
+
+
+@dataclass(frozen=True)
+class PoolPut:
+    """→ kvpool: the KV stream that follows under this request id holds these blocks, in order, each
+    n_chunks / len(hash_ids) consecutive chunks. Answered by an Ack once stored (detail: how many were new)."""
+
+    request_id: int
+    hash_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Bye:
     """Last frame in its direction: the sender will send nothing more."""
 
@@ -186,4 +218,5 @@ class _NeedData:
 
 NEED_DATA = _NeedData()
 
-Event = Hello | Request | FirstToken | KvBegin | KvChunk | KvEnd | Tokens | Ack | Error | Bye
+Event = (Hello | Request | FirstToken | KvBegin | KvChunk | KvEnd | Tokens | Ack | Error | Bye | PoolFetch | PoolHit
+         | PoolPut)

@@ -40,6 +40,10 @@ MAX_REASON = 256
 MAX_TOKENS_PER_REQUEST = 1 << 20
 """prompt_tokens / output_tokens: the workload caps lengths at 32,768 (REFERENCE §4); 2^20 allows 32× that."""
 
+MAX_HASH_IDS = 4096
+"""Block ids in a Request, PoolFetch or PoolPut (8 B each, 32 KiB of meta): at 512-token blocks (the Mooncake
+traces' block size) that is 2M tokens, twice MAX_TOKENS_PER_REQUEST."""
+
 MAX_OPEN_KV_STREAMS = 4096
 """KV streams begun and not yet ended on one connection. A prefill holds at most a batch of 8,192 tokens
 (REFERENCE §4), i.e. ≤ 8,192 requests in the degenerate 1-token case; 4,096 in flight bounds the

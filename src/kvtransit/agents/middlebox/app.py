@@ -5,8 +5,14 @@ and forwards the (smaller) frames over the shaped link to a decode instance. Dec
 through it to the prefill that owns the request, so the prefill can release its KV.
 
 Every accepted hand-off ends with an outcome (counted in `kvtransit_middlebox_requests_total`):
-ok (decode acked), failed (with a reason the prefill is told through a FAILED ack), never silently lost.
-A peer that breaks the protocol loses its own connection only.
+ok (decode acked), failed (with a reason the prefill is told), never silently lost. A failure the prefill
+may retry (the link or decode failed behind us) is an Error naming the request; a final one (decode or the
+kernel refused the KV) is a FAILED Ack. A peer that breaks the protocol loses its own connection only.
+
+Recovery. Hand-offs are idempotent by request id: a KvBegin for a request still open from another (dead)
+prefill connection supersedes it. A decode connection that drops is dialled again, for as long as we run,
+so a restarted decode is picked up. Faults (faults/, the control API's /faults) sit in the write path to
+each decode instance.
 
 Ordering and memory. Each prefill connection sends one request's KV at a time (the prefill agent does),
 and may run at most `inflight_bytes` ahead of the link: past that, the middlebox stops reading from it and
@@ -34,6 +40,7 @@ from kvtransit.wire import WIRE_VERSION, ErrorCode
 from kvtransit.wire.errors import ProtocolError
 from kvtransit.wire.events import (Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, Role)
 
+from .faults import FaultChain, FaultedEndpoint
 from .items import ChunkInFlight
 from .stages import KernelConfig, KernelStage, LinkStage, ModuleStage
 from .stages.kernel import ActiveKernel, activate
@@ -161,6 +168,8 @@ class Middlebox:
                                     model_link=scenario.link_spec, dilation=self.dilation)
         self.decodes = [DecodePeer(f"decode-{i}", host, port) for i, (host, port) in enumerate(decode_addresses)]
         self._owners: dict[int, Endpoint] = {}  # request id → the prefill connection to ack
+        self.faults = FaultChain()
+        self._closing = False
         self._open: dict[int, Handoff] = {}
         self._tasks: set[asyncio.Task] = set()
         self.totals = {"kv_in_bytes": 0, "wire_bytes": 0, "frames_in": 0, "frames_out": 0, "handoffs_ok": 0,
@@ -252,9 +261,21 @@ class Middlebox:
                     raise ConfigError(f"cannot reach {peer.name} at {peer.host}:{peer.port} (--decode) after "
                                       f"{timeout_s:.0f} s: {exc}") from None
                 await asyncio.sleep(CONNECT_RETRY_S)
+        endpoint = FaultedEndpoint(endpoint, self.faults)
         await endpoint.send(Hello(role=Role.MIDDLEBOX, version=WIRE_VERSION, name=self.name))
         peer.endpoint = endpoint
         peer.reader = self._spawn(self._read_decode(peer), f"read {peer.name}")
+
+    async def _redial(self, peer: DecodePeer) -> None:
+        """A decode connection dropped (decode restarted, the link reset): dial it again while we run."""
+        while not self._closing:
+            try:
+                await self._connect(peer, timeout_s=DEFAULT_CONNECT_TIMEOUT_S)
+                log.warning("%s is connected again", peer.name)
+                return
+            except (ConfigError, ConnectionError, OSError, ProtocolError) as exc:
+                log.info("%s not reachable yet: %s", peer.name, exc)
+                await asyncio.sleep(CONNECT_RETRY_S)
 
     async def _read_decode(self, peer: DecodePeer) -> None:
         endpoint = peer.endpoint
@@ -269,7 +290,7 @@ class Middlebox:
                     log.warning("%s reports: %s (request %s)", peer.name, event.message, event.request_id)
                     if event.request_id is not None and event.request_id in peer.unacked:
                         handoff = peer.unacked.pop(event.request_id)
-                        await self._fail(handoff, f"{peer.name}: {event.message}")
+                        await self._fail(handoff, f"{peer.name}: {event.message}", retryable=True)
                 elif isinstance(event, Bye):
                     break
         except (ProtocolError, ConnectionError) as exc:
@@ -277,10 +298,13 @@ class Middlebox:
             log.warning(reason)
         finally:
             endpoint.abort()
-            # Everything sent there and not yet acked is lost with the connection: say so, per request.
+            # Everything sent there and not yet acked is lost with the connection: say so, per request (its
+            # prefill still holds the KV and sends it again).
             for handoff in list(peer.unacked.values()):
-                await self._fail(handoff, reason)
+                await self._fail(handoff, reason, retryable=True)
             peer.unacked.clear()
+            if not self._closing:
+                self._spawn(self._redial(peer), f"redial {peer.name}")
 
     def _pick_decode(self) -> DecodePeer | None:
         """The connected decode instance with the fewest hand-offs not yet acked (REFERENCE §4's router sees
@@ -318,6 +342,11 @@ class Middlebox:
 
     def _begin(self, begin: KvBegin, source: Endpoint, budget: ByteBudget) -> Handoff:
         kernel = self.kernel
+        stale = self._open.get(begin.request_id)
+        if stale is not None and stale.source is not source:
+            # A retry from a reconnected prefill: the old attempt's connection is gone (or going). End it, so
+            # decode drops its partial stream, and carry the new one. Idempotent by request id.
+            stale.queue.put_nowait(_Abort("superseded by a retry of the same request"))
         handoff = Handoff(begin=begin, source=source, kernel=kernel, budget=budget, arrived_ns=self.clock.now_ns())
         self._owners[begin.request_id] = source
         self._open[begin.request_id] = handoff
@@ -364,12 +393,13 @@ class Middlebox:
             if refused is not None:
                 await self._fail(handoff, refused)
         except (ConnectionError, ProtocolError) as exc:
-            await self._fail(handoff, f"link to {peer.name if peer else 'decode'} failed: {exc}")
+            await self._fail(handoff, f"link to {peer.name if peer else 'decode'} failed: {exc}", retryable=True)
         except Exception as exc:  # a bug must still end the request with a reason, and be seen
             log.exception("forwarding request %d failed", rid)
             await self._fail(handoff, f"middlebox error: {type(exc).__name__}: {exc}")
         finally:
-            self._open.pop(rid, None)
+            if self._open.get(rid) is handoff:
+                del self._open[rid]
             await self._drain(handoff)
 
     async def _transfer(self, handoff: Handoff, peer: DecodePeer) -> str | None:
@@ -464,26 +494,36 @@ class Middlebox:
         ok = ack.status == AckStatus.OK
         self._count(OUTCOME_OK if ok else OUTCOME_FAILED, None if ok else f"decode: {ack.detail or 'refused'}")
         owner = self._owners.pop(ack.request_id, None)
+        if handoff is not None:
+            owner = handoff.source
         if owner is None or owner.is_closing:
             log.info("ack for request %d: its prefill is gone", ack.request_id)
             return
         with contextlib.suppress(ConnectionError, ProtocolError):
             await owner.send(ack)
 
-    async def _fail(self, handoff: Handoff, reason: str) -> None:
-        """End a hand-off as failed: count it, tell its prefill (FAILED ack with the reason). Once only."""
+    async def _fail(self, handoff: Handoff, reason: str, *, retryable: bool = False) -> None:
+        """End a hand-off as failed: count it, tell its prefill. Once only. `retryable`: the link or decode
+        failed, not the request: an Error naming the request says "send it again" (the prefill decides, by
+        its deadline); otherwise a FAILED Ack says it is over."""
         if handoff.failed:
             return
         handoff.failed = reason
-        log.warning("request %d failed: %s", handoff.request_id, reason)
+        log.warning("request %d failed%s: %s", handoff.request_id, " (retryable)" if retryable else "", reason)
         for peer in self.decodes:
-            peer.unacked.pop(handoff.request_id, None)
+            if peer.unacked.get(handoff.request_id) is handoff:
+                del peer.unacked[handoff.request_id]
         self._count(OUTCOME_FAILED, reason)
-        owner = self._owners.pop(handoff.request_id, None)
+        if self._owners.get(handoff.request_id) is handoff.source:
+            del self._owners[handoff.request_id]
+        owner = handoff.source
         if owner is not None and not owner.is_closing:
+            message = (Error(code=ErrorCode.REQUEST_FAILED, message=reason[:1000], request_id=handoff.request_id)
+                       if retryable else
+                       Ack(request_id=handoff.request_id, status=AckStatus.FAILED, t_ns=self.clock.now_ns(),
+                           detail=reason[:200]))
             with contextlib.suppress(ConnectionError, ProtocolError):
-                await owner.send(Ack(request_id=handoff.request_id, status=AckStatus.FAILED,
-                                     t_ns=self.clock.now_ns(), detail=reason[:200]))
+                await owner.send(message)
 
     def _count(self, outcome: str, reason: str | None) -> None:
         self.metrics.requests.labels(outcome=outcome).inc()
@@ -518,9 +558,12 @@ class Middlebox:
                     "shaped_achieved_Bps": shaper.achieved_rate_Bps} if self.link_backend == "userspace" else {}),
             },
             "chain": self.describe_chain(),
+            "faults": self.faults.describe(),
         }
 
     async def close(self) -> None:
+        self._closing = True
+        self.faults.clear()
         for peer in self.decodes:
             if peer.connected:
                 with contextlib.suppress(Exception):

@@ -5,6 +5,9 @@
     PUT  /kernel   {"codec": "fp8", "keep": 0.5, "block": 64, "sinks": 4, "variant": "dct",
                     "precision_bits": null}   (any subset; the rest keeps its value)
     PUT  /link     {"rate_Bps": 1e8, "latency_s": 0.001, "jitter_s": 0}   (shaped figures, any subset)
+    GET  /faults            the active faults on the link to decode (faults/)
+    PUT  /faults/NAME       {"type": "corrupt", "probability": 0.2}   add or replace a fault
+    DELETE /faults/NAME     remove it (404 if there is none)
 
 JSON in and out. A bad body is a 400 that names the field and the value; an unknown kernel is a 400 with
 the valid choices; the chain is unchanged after any error. A kernel change applies to hand-offs that start
@@ -19,10 +22,16 @@ from dataclasses import replace
 from kvtransit.runtime.http import HttpError, HttpRequest, HttpServer
 
 from .app import Middlebox
+from .faults import make_fault
+
+FAULTS_PREFIX = "/faults/"
 
 KERNEL_FIELDS = {"codec": str, "keep": (int, float), "block": int, "sinks": int, "variant": str,
                  "precision_bits": (int, type(None))}
 LINK_FIELDS = ("rate_Bps", "latency_s", "jitter_s")
+# Integer kernel fields beyond the longest prompt (REFERENCE §4: lengths are capped at 32,768 tokens) mean
+# nothing, and a huge transform block would make the kernel allocate without bound: refused at the API.
+MAX_KERNEL_TOKENS = 32_768
 
 
 def _object_body(request: HttpRequest) -> dict:
@@ -32,20 +41,24 @@ def _object_body(request: HttpRequest) -> dict:
     return body
 
 
-def _kernel_update(body: dict) -> dict:
-    unknown = sorted(set(body) - set(KERNEL_FIELDS))
+def _reject_unknown(body: dict, kind: str, known) -> None:
+    unknown = sorted(set(body) - set(known))
     if unknown:
-        raise HttpError(400, f"unknown kernel field {unknown[0]!r} (fields: {', '.join(KERNEL_FIELDS)})")
+        raise HttpError(400, f"unknown {kind} field {unknown[0]!r} (fields: {', '.join(known)})")
+
+
+def _kernel_update(body: dict) -> dict:
+    _reject_unknown(body, "kernel", KERNEL_FIELDS)
     for name, value in body.items():
         if isinstance(value, bool) or not isinstance(value, KERNEL_FIELDS[name]):
             raise HttpError(400, f"kernel field {name!r}: bad value {value!r}")
+        if name in ("block", "sinks") and not 0 <= value <= MAX_KERNEL_TOKENS:
+            raise HttpError(400, f"kernel field {name!r} must be in 0..{MAX_KERNEL_TOKENS}, got {value!r}")
     return body
 
 
 def _link_update(body: dict) -> dict:
-    unknown = sorted(set(body) - set(LINK_FIELDS))
-    if unknown:
-        raise HttpError(400, f"unknown link field {unknown[0]!r} (fields: {', '.join(LINK_FIELDS)})")
+    _reject_unknown(body, "link", LINK_FIELDS)
     for name, value in body.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise HttpError(400, f"link field {name!r}: expected a finite number, got {value!r}")
@@ -75,6 +88,27 @@ def register_control_routes(http: HttpServer, middlebox: Middlebox) -> None:
         middlebox.set_link(**update)
         return middlebox.describe_chain()
 
+    async def get_faults(_request: HttpRequest) -> list:
+        return middlebox.faults.describe()
+
+    def fault_name(request: HttpRequest) -> str:
+        return request.path[len(FAULTS_PREFIX):]
+
+    async def put_fault(request: HttpRequest) -> list:
+        # make_fault raises ConfigError (a ValueError: a 400 naming the field) for a bad type or parameter.
+        middlebox.faults.put(make_fault(fault_name(request), _object_body(request)))
+        return middlebox.faults.describe()
+
+    async def delete_fault(request: HttpRequest) -> list:
+        name = fault_name(request)
+        if not middlebox.faults.delete(name):
+            raise HttpError(404, f"no fault named {name[:80]!r} (active: "
+                                 f"{', '.join(f['name'] for f in middlebox.faults.describe()) or 'none'})")
+        return middlebox.faults.describe()
+
+    http.route("GET", "/faults", get_faults)
+    http.route("PUT", FAULTS_PREFIX, put_fault)
+    http.route("DELETE", FAULTS_PREFIX, delete_fault)
     http.route("GET", "/chain", get_chain)
     http.route("GET", "/stats", get_stats)
     http.route("PUT", "/kernel", put_kernel)

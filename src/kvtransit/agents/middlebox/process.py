@@ -10,16 +10,22 @@ from kvtransit.wire.events import Role
 
 from .._process import Address, _port_in_use, announce_ready, listen, new_registry, start_http
 from .app import Middlebox
+from .pool import PoolRelay
 from .control import register_control_routes
 
 
 class MiddleboxProcess:
     def __init__(self, scenario: Scenario, *, name: str, listen: Address, decodes: list[Address],
                  metrics_listen: Address, control_listen: Address, control_token: str | None = None,
-                 link_backend: str = "userspace"):
+                 link_backend: str = "userspace", kvpool: Address | None = None,
+                 pool_listen: Address | None = None):
+        """`kvpool`: the KV pool behind us; prefills then reach it through `pool_listen` (pool.py)."""
         self.registry, _shared = new_registry("middlebox")
         self.middlebox = Middlebox(scenario, [(a.host, a.port) for a in decodes], registry=self.registry,
                                    name=name, link_backend=link_backend)
+        self.pool_relay = (PoolRelay(self.middlebox, kvpool.host, kvpool.port, registry=self.registry)
+                           if kvpool is not None else None)
+        self.pool_listen = pool_listen or Address("127.0.0.1", 0)
         self.listen_address = listen
         self.metrics_listen = metrics_listen
         self.control_listen = control_listen
@@ -29,7 +35,11 @@ class MiddleboxProcess:
         mb = self.middlebox
         await mb.connect_decodes()
         server = await listen(self.listen_address, "--listen", mb.handle_prefill, Role.MIDDLEBOX, Role.PREFILL)
-        http = await start_http(self.metrics_listen, self.registry, mb.stats)
+        relay = self.pool_relay
+        pool_server = (await listen(self.pool_listen, "--pool-listen", relay.handle_prefill, Role.MIDDLEBOX,
+                                    Role.PREFILL) if relay is not None else None)
+        stats = mb.stats if relay is None else (lambda: {**mb.stats(), "pool_relay": relay.stats()})
+        http = await start_http(self.metrics_listen, self.registry, stats)
         control = HttpServer(token=self.control_token)
         register_control_routes(control, mb)
         try:
@@ -37,11 +47,15 @@ class MiddleboxProcess:
         except OSError as exc:
             raise _port_in_use(self.control_listen, "--control-listen", exc) from None
         announce_ready("middlebox", mb.name, listen_port=server.port, metrics_port=http.port,
-                       control_port=control.port, link_backend=mb.link_backend)
+                       control_port=control.port, link_backend=mb.link_backend,
+                       **({"pool_port": pool_server.port} if pool_server is not None else {}))
         try:
             await stop.wait()
         finally:
             await server.shutdown(2.0)
+            if pool_server is not None:
+                await pool_server.shutdown(1.0)
+                await relay.close()
             await mb.close()
             await control.close()
             await http.close()

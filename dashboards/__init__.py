@@ -1,0 +1,1 @@
+"""kvtransit's Grafana dashboards: generate.py (needs the `dashboards` extra) and queries.py (stdlib only)."""

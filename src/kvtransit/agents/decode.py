@@ -1,0 +1,410 @@
+"""The decode agent: one decode instance (REFERENCE §4).
+
+It reassembles each request's KV from the link (the wire checks every chunk's CRC32C and the whole request's
+checksum; a request whose stream breaks is a failed request with the reason, never used), acks it back to
+the sender, tells the load generator when the KV was ready, admits requests into the continuous batch
+(`DecodeBatcher`, KV reserved up front from `kv_capacity_tokens`), holds each step for the roofline decode
+time × dilation on absolute deadlines, and streams the step's tokens to every connected load generator.
+
+"KV ready" reaches the load generator as a Tokens entry with token_index 0 stamped at the KvEnd's arrival:
+token 0 is the prefill's first token, and this entry says when decode came to hold it (with the KV behind
+it). Entries with index ≥ 1 are decode's own tokens.
+
+For the first `accuracy_sample` requests it also inverts the codec and compares with the same synthetic KV
+regenerated here, so the report carries the codec's real error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvtransit.kernels.registry import decode as codec_decode
+from kvtransit.kernels.synthetic_kv import SyntheticKv
+from kvtransit.model.cost import decode_step_s, decode_work, step_energy_j
+from kvtransit.model.fidelity import lateness_mean, lateness_p99
+from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving import DecodeBatcher, ServingRequest
+from kvtransit.runtime import metrics as runtime_metrics
+from kvtransit.runtime.clock import MonotonicClock
+from kvtransit.runtime.transport import Endpoint
+from kvtransit.wire.errors import ErrorCode, RemoteProtocolError
+from kvtransit.wire.events import (Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, Role, TokenEntry,
+                                   Tokens)
+from kvtransit.wire.limits import MAX_META, WIRE_VERSION
+
+from . import kvframes
+from ._process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
+
+log = logging.getLogger(__name__)
+
+# Request ids this instance has taken, remembered so a retried hand-off (the sender never saw our Ack) is
+# dropped and acked instead of decoded twice. Bounded: the oldest are forgotten first; 65,536 is far more
+# hand-offs than can be in retry at once (a retry comes within the prefill's hand-off deadline).
+KNOWN_REQUESTS = 65_536
+
+# A Tokens frame carries 20 B per entry in a 64 KiB meta block (wire/limits.py): split larger steps.
+TOKENS_PER_FRAME = MAX_META // 32
+
+
+@dataclass
+class _Incoming:
+    begin: KvBegin
+    began_ns: int
+    wire_bytes: int = 0
+    sampled: bool = False
+    duplicate: bool = False  # a retry of a request already taken: its bytes are drained, never used
+    chunks: list = field(default_factory=list)  # (layer, codec_id, header, payload bytes, shape) when sampled
+
+
+class LinkMeter:
+    """What the receiving end of the link saw: bytes and the time the link was busy delivering them.
+
+    A request occupies the link from its KvBegin to its KvEnd; busy time is the union of those intervals,
+    so idle gaps between hand-offs do not dilute the achieved rate.
+    """
+
+    def __init__(self) -> None:
+        self.wire_bytes = 0
+        self.raw_bytes = 0
+        self.busy_ns = 0
+        self._open = 0
+        self._busy_since = 0
+        self.transfers = 0
+
+    def begin(self, t_ns: int) -> None:
+        if self._open == 0:
+            self._busy_since = t_ns
+        self._open += 1
+
+    def end(self, t_ns: int, wire_bytes: int, raw_bytes: int) -> None:
+        self._open -= 1
+        if self._open == 0:
+            self.busy_ns += t_ns - self._busy_since
+        self.wire_bytes += wire_bytes
+        self.raw_bytes += raw_bytes
+        self.transfers += 1
+
+    def abandon(self, t_ns: int) -> None:
+        self._open -= 1
+        if self._open == 0:
+            self.busy_ns += t_ns - self._busy_since
+
+    @property
+    def achieved_Bps(self) -> float:
+        return self.wire_bytes / (self.busy_ns / 1e9) if self.busy_ns else float("nan")
+
+
+class AccuracyMeter:
+    """Relative reconstruction error of K and V, over the sampled requests: ‖x̂ − x‖ / ‖x‖ over all values."""
+
+    def __init__(self) -> None:
+        self.err2 = {"k": 0.0, "v": 0.0}
+        self.ref2 = {"k": 0.0, "v": 0.0}
+        self.requests = 0
+
+    def add(self, reference: np.ndarray, decoded: np.ndarray, heads: int) -> None:
+        ref = reference.astype(np.float32).reshape(2, heads, *reference.shape[-2:])
+        got = decoded.astype(np.float32).reshape(ref.shape)
+        for i, part in enumerate(("k", "v")):
+            self.err2[part] += float(np.sum((got[i] - ref[i]) ** 2))
+            self.ref2[part] += float(np.sum(ref[i] ** 2))
+
+    def relative(self, part: str) -> float:
+        return (self.err2[part] / self.ref2[part]) ** 0.5 if self.ref2[part] else float("nan")
+
+
+class DecodeAgent:
+    def __init__(self, scenario: Scenario, *, name: str, listen: Address, client_listen: Address,
+                 metrics_listen: Address, accuracy_sample: int = 8, link_backend: str = "userspace"):
+        """`link_backend` "tc": the kernel shapes the link's rate, so the middlebox cannot see what crossed it;
+        this receiving end then exports the link's achieved rate (model units) from its own measurement."""
+        self.scenario = scenario
+        self.name = name
+        self.listen_address, self.client_listen, self.metrics_listen = listen, client_listen, metrics_listen
+        self.registry, shared = new_registry("decode")
+        self.metrics = runtime_metrics.decode_metrics(self.registry)
+        self.lateness: list[float] = []
+        self.clock = MonotonicClock(observe_lateness=lateness_observer(shared, "decode", self.lateness))
+        self.batcher = DecodeBatcher(scenario.kv_capacity_tokens)
+        self.layout = scenario.kv_layout
+        self.accuracy_sample = accuracy_sample
+        # The reference KV for the accuracy sample: built now, not on the first sampled request, so the bank's
+        # construction never delays a decode step.
+        self._kv = SyntheticKv(self.layout.layers, self.layout.kv_heads, self.layout.head_dim, scenario.seed,
+                               sample_path=scenario.kv_sample_path) if accuracy_sample else None
+        self._clients: set[Endpoint] = set()
+        self._work = asyncio.Event()
+        self.link = LinkMeter()
+        if link_backend == "tc":
+            model_per_wall = scenario.effective_dilation / scenario.effective_scale
+            runtime_metrics.link_achieved_rate_gauge(self.registry).labels(link=scenario.link).set_function(
+                lambda: self.link.achieved_Bps * model_per_wall)
+        self.accuracy = AccuracyMeter()
+        self.codecs_seen: set[str] = set()
+        self.steps = 0
+        self.tokens = 0
+        self.shortest_step_wall_s = float("inf")
+        self.gpu_energy_j = 0.0
+        self.outcomes = {"ok": 0, "failed": 0}
+        self.failed_reasons: dict[str, int] = {}
+        self._sampled = 0
+        self._stopping = False
+        self._taken: OrderedDict[int, AckStatus] = OrderedDict()  # request id -> the Ack it got (dedup)
+        self.handoffs = {"taken": 0, "duplicate": 0, "aborted": 0}
+        self.kv_content_mismatches = 0  # sampled raw KV that differed from what the prefill made, yet was used
+        # Where hand-off time goes, summed (wall seconds): first token → KvBegin here (sender side and link
+        # queue), KvBegin → KvEnd here (the transfer).
+        self.phase_s = {"first_token_to_begin": 0.0, "begin_to_end": 0.0, "handoffs": 0}
+
+    # -- to the load generators ----------------------------------------------------------------------------
+
+    async def _serve_client(self, endpoint: Endpoint) -> None:
+        await endpoint.send(Hello(role=Role.DECODE, version=WIRE_VERSION, name=self.name))
+        self._clients.add(endpoint)
+        try:
+            while (event := await endpoint.next_event()) is not None:
+                if isinstance(event, Bye):
+                    break
+        finally:
+            self._clients.discard(endpoint)
+
+    async def _to_clients(self, event) -> None:
+        for client in list(self._clients):
+            try:
+                await client.send(event)
+            except (ConnectionError, RuntimeError) as exc:
+                log.warning("dropping load generator %s: %s", client.peername, exc)
+                self._clients.discard(client)
+
+    async def _tokens(self, entries: list[TokenEntry]) -> None:
+        for start in range(0, len(entries), TOKENS_PER_FRAME):
+            await self._to_clients(Tokens(entries=tuple(entries[start:start + TOKENS_PER_FRAME])))
+
+    async def _fail(self, request_id: int, reason: str) -> None:
+        self.outcomes["failed"] += 1
+        self.failed_reasons[reason] = self.failed_reasons.get(reason, 0) + 1
+        self.metrics.requests.labels(outcome="failed").inc()
+        await self._to_clients(Error(code=ErrorCode.REQUEST_FAILED, message=reason, request_id=request_id))
+
+    # -- from the link ---------------------------------------------------------------------------------------
+
+    async def _serve_kv(self, endpoint: Endpoint) -> None:
+        await endpoint.send(Hello(role=Role.DECODE, version=WIRE_VERSION, name=self.name))
+        incoming: dict[int, _Incoming] = {}
+        reason = "kv link closed mid-stream"
+        try:
+            while (event := await endpoint.next_event()) is not None:
+                if isinstance(event, KvBegin):
+                    now = self.clock.now_ns()
+                    duplicate = event.request_id in self._taken
+                    sampled = not duplicate and self._sampled < self.accuracy_sample
+                    if sampled:
+                        self._sampled += 1
+                    incoming[event.request_id] = _Incoming(event, now, sampled=sampled, duplicate=duplicate)
+                    self.link.begin(now)
+                elif isinstance(event, KvChunk):
+                    item = incoming[event.request_id]
+                    item.wire_bytes += len(event.payload)
+                    if item.sampled:
+                        item.chunks.append((event.layer, event.codec_id, bytes(event.codec_header),
+                                            bytes(event.payload), event.shape))
+                elif isinstance(event, KvEnd):
+                    item = incoming.pop(event.request_id)
+                    if item.duplicate or item.begin.request_id in self._taken:
+                        await self._duplicate(endpoint, item)
+                    elif self._stopping:
+                        # Going away: an Ack now would make the sender release KV no one will decode. Drop
+                        # it; the sender sends it again to whoever serves next.
+                        self._abort(item, "decode is stopping")
+                    else:
+                        await self._kv_ready(endpoint, item)
+                elif isinstance(event, Error) and event.request_id in incoming:
+                    # The sender gave up on this stream (the wire has closed it): drop what arrived.
+                    self._abort(incoming.pop(event.request_id), f"sender gave up: {event.message}")
+                elif isinstance(event, Bye):
+                    break
+        except RemoteProtocolError as exc:
+            reason = f"kv stream broken ({exc.code.name.lower().replace('_', ' ')})"
+            raise
+        finally:
+            # Whatever was mid-stream when the connection broke or closed is dropped, never used. The request
+            # is not failed here: its sender holds the KV until acked and sends it again (or gives up and
+            # says so to the client), so the outcome is the sender's to decide.
+            for request_id in list(incoming):
+                self._abort(incoming.pop(request_id), reason)
+
+    def _abort(self, item: _Incoming, reason: str) -> None:
+        self.link.abandon(self.clock.now_ns())
+        self.handoffs["aborted"] += 1
+        self.metrics.kv_handoffs.labels(outcome="aborted").inc()
+        log.info("dropped the partial KV of request %d: %s", item.begin.request_id, reason)
+
+    async def _duplicate(self, endpoint: Endpoint, item: _Incoming) -> None:
+        """A hand-off we already took, sent again (our Ack was lost with a link or middlebox): drop it and
+        answer as we did the first time, so the sender can release it. Idempotent by request id."""
+        now = self.clock.now_ns()
+        self.link.abandon(now)
+        self.handoffs["duplicate"] += 1
+        self.metrics.kv_handoffs.labels(outcome="duplicate").inc()
+        status = self._taken.get(item.begin.request_id, AckStatus.OK)
+        await endpoint.send(Ack(request_id=item.begin.request_id, status=status, t_ns=now, detail="duplicate"))
+
+    def _remember(self, request_id: int, status: AckStatus) -> None:
+        self._taken[request_id] = status
+        self.handoffs["taken"] += 1
+        self.metrics.kv_handoffs.labels(outcome="taken").inc()
+        while len(self._taken) > KNOWN_REQUESTS:
+            self._taken.popitem(last=False)
+
+    async def _kv_ready(self, endpoint: Endpoint, item: _Incoming) -> None:
+        ready_ns = self.clock.now_ns()
+        begin = item.begin
+        self.link.end(ready_ns, item.wire_bytes, begin.raw_bytes)
+        if begin.first_token_ns:
+            self.phase_s["first_token_to_begin"] += (item.began_ns - begin.first_token_ns) / 1e9
+            self.phase_s["begin_to_end"] += (ready_ns - item.began_ns) / 1e9
+            self.phase_s["handoffs"] += 1
+        self.codecs_seen.add(begin.codec)
+        self.metrics.kv_received_bytes.labels(stage="wire").inc(item.wire_bytes)
+        self.metrics.kv_received_bytes.labels(stage="raw").inc(begin.raw_bytes)
+        request = ServingRequest(begin.request_id, begin.prompt_tokens, begin.output_tokens)
+        if not self.batcher.fits_ever(request):
+            reason = (f"needs {request.kv_reservation_tokens} KV tokens, more than decode holds "
+                      f"({self.batcher.kv_capacity_tokens})")
+            self._remember(begin.request_id, AckStatus.FAILED)
+            await endpoint.send(Ack(request_id=begin.request_id, status=AckStatus.FAILED, t_ns=ready_ns, detail=reason[:200]))
+            await self._fail(begin.request_id, "kv does not fit decode")
+            return
+        self._remember(begin.request_id, AckStatus.OK)
+        # The client hears that we hold the KV before the sender may release it (the Ack): if we die between
+        # the two, the client knows whom to blame, and the sender still holds the KV.
+        await self._tokens([TokenEntry(request_id=begin.request_id, token_index=0, t_ns=ready_ns)])
+        await endpoint.send(Ack(request_id=begin.request_id, status=AckStatus.OK, t_ns=ready_ns))
+        self.batcher.enqueue(request)
+        self.metrics.waiting.set(self.batcher.waiting)
+        self._work.set()
+        if item.sampled:
+            # Off the event loop: inverting the codec takes milliseconds a layer, which would make steps late.
+            await asyncio.to_thread(self._measure_accuracy, item)
+
+    def _measure_accuracy(self, item: _Incoming) -> None:
+        layout, tokens = self.layout, item.begin.prompt_tokens
+        layers: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        for layer, codec_id, header, payload, shape in item.chunks:
+            if codec_id == kvframes.IDENTITY_CODEC_ID:
+                from ml_dtypes import bfloat16
+
+                decoded = np.frombuffer(payload, dtype=bfloat16).reshape(shape)
+            else:
+                decoded = codec_decode(header, payload)
+            layers.setdefault(layer, []).append(decoded)
+        raw = all(codec_id == kvframes.IDENTITY_CODEC_ID for _, codec_id, *_ in item.chunks)
+        for layer, pieces in layers.items():
+            decoded = np.concatenate(pieces, axis=0)
+            reference = kvframes.as_rows(self._kv.layer(item.begin.request_id, layer, tokens))
+            if raw and decoded.tobytes() != np.ascontiguousarray(reference).tobytes():
+                # Raw KV must arrive bit for bit: a difference is corruption the wire's CRCs missed, and it was
+                # used. The ledger reports this count (model/ledger.py: corrupted), once per request.
+                raw = False
+                self.kv_content_mismatches += 1
+                log.error("request %d layer %d: raw KV differs from what the prefill made", item.begin.request_id,
+                          layer)
+            self.accuracy.add(reference, decoded, layout.kv_heads)
+        self.accuracy.requests += 1
+        for part in ("k", "v"):
+            self.metrics.codec_relative_error.labels(codec=item.begin.codec, stage=part).set(self.accuracy.relative(part))
+
+    # -- the step loop -----------------------------------------------------------------------------------
+
+    async def _step_loop(self) -> None:
+        scenario, model, device = self.scenario, self.scenario.model_spec, self.scenario.device_spec
+        last_deadline_ns: int | None = None  # None: idle, the next step starts now
+        while True:
+            self.batcher.admit()
+            self.metrics.waiting.set(self.batcher.waiting)
+            self.metrics.running.set(self.batcher.running)
+            self.metrics.kv_reserved_tokens.set(self.batcher.reserved_tokens)
+            if not self.batcher.running:
+                last_deadline_ns = None
+                self._work.clear()
+                await self._work.wait()
+                continue
+            batch, context = self.batcher.running, self.batcher.context_tokens
+            model_s = decode_step_s(model, device, scenario.gpus, batch, context)
+            # Back-to-back steps start at the previous deadline, not at the (late) wake-up: step k is due at
+            # t0 + Σ durations, so timer lateness never accumulates into TPOT (DESIGN §2).
+            start_ns = self.clock.now_ns() if last_deadline_ns is None else last_deadline_ns
+            deadline_ns = start_ns + round(scenario.wall_s(model_s) * 1e9)
+            await self.clock.sleep_until(deadline_ns)
+            last_deadline_ns = deadline_ns
+            result = self.batcher.step()
+            t_ns = self.clock.now_ns()
+            self.steps += 1
+            self.tokens += len(result.tokens)
+            self.shortest_step_wall_s = min(self.shortest_step_wall_s, scenario.wall_s(model_s))
+            self.metrics.step_seconds.observe(model_s)
+            self.metrics.tokens.inc(len(result.tokens))
+            energy = step_energy_j(device, decode_work(model, batch, context))
+            self.gpu_energy_j += energy
+            self.metrics.gpu_energy_joules.inc(energy)
+            for _ in result.finished:
+                self.outcomes["ok"] += 1
+                self.metrics.requests.labels(outcome="ok").inc()
+            await self._tokens([TokenEntry(request_id=rid, token_index=index, t_ns=t_ns) for rid, index in result.tokens])
+
+    # -- stats ---------------------------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        link = self.link
+        return {
+            "role": "decode",
+            "name": self.name,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "gpu_energy_j": self.gpu_energy_j,
+            "requests": dict(self.outcomes),
+            "kv_handoffs": dict(self.handoffs),
+            "kv_content_mismatches": self.kv_content_mismatches,
+            "failed_reasons": dict(self.failed_reasons),
+            "link": {"wire_bytes": link.wire_bytes, "raw_bytes": link.raw_bytes, "busy_s": link.busy_ns / 1e9,
+                     "transfers": link.transfers, "achieved_Bps": link.achieved_Bps},
+            "accuracy": {"codecs": sorted(self.codecs_seen), "sampled_requests": self.accuracy.requests,
+                         "k_relative_error": self.accuracy.relative("k"),
+                         "v_relative_error": self.accuracy.relative("v")},
+            "timer_lateness_p99_s": lateness_p99(self.lateness),
+            "timer_lateness_mean_s": lateness_mean(self.lateness),
+            "timer_wakeups": len(self.lateness),
+            "handoff_phases_s": dict(self.phase_s),
+            "shortest_step_wall_s": self.shortest_step_wall_s if self.steps else None,
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        kv_server = await listen(self.listen_address, "--listen", self._serve_kv, Role.DECODE, Role.MIDDLEBOX)
+        client_server = await listen(self.client_listen, "--client-listen", self._serve_client, Role.DECODE,
+                                     Role.LOADGEN)
+        http = await start_http(self.metrics_listen, self.registry, self.stats)
+        announce_ready("decode", self.name, listen_port=kv_server.port, client_port=client_server.port,
+                       metrics_port=http.port)
+        step = asyncio.create_task(self._step_loop(), name="decode step loop")
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait([step, stopper], return_when=asyncio.FIRST_COMPLETED)
+            if step in done and step.exception() is not None:
+                raise step.exception()
+        finally:
+            self._stopping = True  # from here no KV is acked (see _kv_ready)
+            for task in (step, stopper):
+                task.cancel()
+            await asyncio.gather(step, stopper, return_exceptions=True)
+            await kv_server.shutdown(1.0)
+            for client in list(self._clients):
+                client.abort()
+            await client_server.shutdown(1.0)
+            await http.close()

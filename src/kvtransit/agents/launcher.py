@@ -1,0 +1,377 @@
+"""`kvtransit up`: start a run's processes, supervise them, stop them, and show the report.
+
+Order: decode(s) → middlebox → prefill(s) → loadgen, each `sys.executable -m kvtransit.cli <role> <scenario
+flags> …` with every port 0, its ports learnt from its `KVTRANSIT-READY` line (no races, no guessing). Each
+child runs in its own session, so a terminal's Ctrl-C reaches only the launcher, which then stops the run in
+order: the load generator first (it writes the report of what completed), then the rest, each by its pid
+(SIGTERM, then SIGKILL after a grace period).
+
+A child that exits while the run is on is a crash: the launcher names it, shows its last stderr lines,
+stops the run the same way, and still leaves the report of what completed.
+
+Links (`links.py`): with `--links auto|netns` on a host that can, the middlebox and the decode pool run in
+network namespaces and tc shapes the middlebox → decode veth; the namespaces, veths and qdiscs are removed by
+exact name when the run ends, fails or is interrupted (the manifest in the run dir lists them for
+`kvtransit links clean --manifest` after a crash of the launcher itself).
+
+Prometheus (`--prometheus`): started once every agent is ready, scraping each one's /metrics; after a run that
+ends normally the agents and Prometheus are kept up PROMETHEUS_LINGER_SCRAPES scrape intervals, so the run's
+last figures are scraped too, then the agents stop, then Prometheus (by its pid, also on error or Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvtransit.model.scenario import Scenario
+
+from ._process import SUPERVISED_ENV, parse_ready_line
+from .links import LinkSetup, choose_links
+from .loadgen import http_get_json
+
+READY_TIMEOUT_S = 60.0  # a cold start imports numpy, scipy, prometheus_client: seconds on a busy box
+STOP_GRACE_S = 5.0
+STDERR_TAIL_LINES = 12
+AGENT_MODULE = [sys.executable, "-m", "kvtransit.cli"]
+
+
+ANY_PORT = "127.0.0.1:0"
+# After a normal end with --prometheus: keep agents and Prometheus up this many scrape intervals, so the
+# run's last figures are scraped (one interval may just have begun when the run ended; two cover it).
+PROMETHEUS_LINGER_SCRAPES = 2
+PROMETHEUS_SCRAPE_INTERVAL_S = 1.0  # prometheus/prometheus.yml: global.scrape_interval
+
+
+def _any_port(host: str) -> str:
+    return f"{host}:0"
+
+
+def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_PORT, middlebox_kv: str = ANY_PORT,
+                   prefills: str = ANY_PORT, decode_clients: str = ANY_PORT, stats: str = "",
+                   report: str = "kvtransit-report.json", accuracy_sample: int = 8, drain_timeout_s: float | None = None,
+                   middlebox_command: list[str] | None = None, link_backend: str = "userspace",
+                   hosts: Callable[[str, str], str] | None = None) -> dict[str, list[str]]:
+    """The argv of each role's process (instance `index`), as the launcher runs them: the scenario's flags, then
+    the role's own. Peer addresses are what is known so far (the launcher learns them from readiness lines);
+    the compose file runs the very same commands (tests/unit/test_compose_config.py holds the two together).
+    `link_backend` "tc": the kernel shapes the link's rate (middlebox and decode are told); `hosts(role,
+    socket)` is where a role's sockets listen ("kv": decode's KV ingress, "front": the rest; default loopback)."""
+    scenario_argv = scenario.to_argv()
+    host = hosts or (lambda _role, _socket="front": "127.0.0.1")
+
+    def agent(role: str, *extra: str) -> list[str]:
+        return [*AGENT_MODULE, role, *scenario_argv, "--name", f"{role}-{index}",
+                "--metrics-listen", _any_port(host(role, "front")), *extra]
+
+    loadgen = agent("loadgen", "--prefill", prefills, "--decode-clients", decode_clients, "--report", report)
+    if stats:
+        loadgen += ["--stats", stats]
+    if drain_timeout_s is not None:
+        loadgen += ["--drain-timeout", repr(float(drain_timeout_s))]
+    backend = ["--link-backend", link_backend] if link_backend != "userspace" else []
+    middlebox_host = host("middlebox", "front")
+    return {
+        "decode": agent("decode", "--listen", _any_port(host("decode", "kv")),
+                        "--client-listen", _any_port(host("decode", "front")),
+                        "--accuracy-sample", str(accuracy_sample), *backend),
+        "middlebox": [*(middlebox_command or [*AGENT_MODULE, "middlebox"]), *scenario_argv, "--name", f"middlebox-{index}",
+                      "--listen", _any_port(middlebox_host), "--decode", decode_kv,
+                      "--metrics-listen", _any_port(middlebox_host), "--control-listen", _any_port(middlebox_host),
+                      *backend],
+        "prefill": agent("prefill", "--listen", ANY_PORT, "--kv-to", middlebox_kv),
+        "loadgen": loadgen,
+    }
+
+
+class RunFailed(Exception):
+    """A child process failed; the message names it and quotes its last error lines."""
+
+
+@dataclass
+class Child:
+    name: str
+    role: str
+    argv: list[str]
+    process: asyncio.subprocess.Process | None = None
+    ready: dict | None = None
+    ready_event: asyncio.Event = field(default_factory=asyncio.Event)
+    stderr_tail: deque = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
+    readers: list = field(default_factory=list)
+    host: str = "127.0.0.1"  # where the root namespace reaches its ports
+    kv_host: str = "127.0.0.1"  # decode: where its KV port listens (over the shaped link in netns mode)
+
+    def address(self, port_key: str) -> str:
+        return f"{self.kv_host if port_key == 'listen_port' and self.role == 'decode' else self.host}:" \
+               f"{self.ready[port_key]}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def describe_exit(self) -> str:
+        code = self.process.returncode if self.process else None
+        tail = "\n".join(f"    {line}" for line in self.stderr_tail) or "    (no stderr output)"
+        how = f"exited with status {code}" if code is not None and code >= 0 else f"was killed by signal {-code}" \
+            if code is not None else "did not start"
+        return f"{self.name} (pid {self.pid}) {how}; its last stderr lines:\n{tail}"
+
+
+class Launcher:
+    def __init__(self, scenario: Scenario, *, report_path: Path, middlebox_command: list[str] | None = None,
+                 accuracy_sample: int = 8, drain_timeout_s: float | None = None,
+                 on_progress: Callable[[dict], None] | None = None, log: Callable[[str], None] = print,
+                 links: str = "loopback", prometheus: bool = False, run_dir: Path | None = None):
+        """`links`: "auto" | "netns" | "loopback" (links.py). `prometheus`: start a real one once every agent is
+        ready. `run_dir` holds the links manifest and Prometheus's config (default: REPORT.run/ beside the
+        report)."""
+        self.scenario = scenario
+        self.report_path = Path(report_path)
+        self.links_mode = links
+        self.want_prometheus = prometheus
+        self.run_dir = Path(run_dir) if run_dir is not None else self.report_path.with_suffix(".run")
+        self.link_setup: LinkSetup | None = None
+        self.prometheus = None  # runtime.prometheus.PrometheusProcess while it runs
+        self.middlebox_command = middlebox_command or [*AGENT_MODULE, "middlebox"]
+        self.accuracy_sample = accuracy_sample
+        self.drain_timeout_s = drain_timeout_s
+        self.on_progress = on_progress
+        self.log = log
+        self.children: list[Child] = []
+        self.crashed: Child | None = None
+
+    # -- processes -----------------------------------------------------------------------------------------
+
+    async def _start(self, child: Child) -> dict:
+        self.children.append(child)
+        child.process = await asyncio.create_subprocess_exec(
+            *child.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            env={**os.environ, SUPERVISED_ENV: str(os.getpid())})
+        child.readers = [asyncio.create_task(self._read_stdout(child)), asyncio.create_task(self._read_stderr(child))]
+        ready = asyncio.create_task(child.ready_event.wait())
+        exited = asyncio.create_task(child.process.wait())
+        done, _ = await asyncio.wait([ready, exited], timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        if child.ready is not None:
+            exited.cancel()
+            return child.ready
+        if exited in done:
+            await asyncio.gather(*child.readers, return_exceptions=True)
+            raise RunFailed(f"{child.name} failed to start: {child.describe_exit()}")
+        exited.cancel()
+        raise RunFailed(f"{child.name} (pid {child.pid}) was not ready after {READY_TIMEOUT_S:.0f} s")
+
+    async def _read_stdout(self, child: Child) -> None:
+        while line := await child.process.stdout.readline():
+            text = line.decode(errors="replace").rstrip()
+            info = parse_ready_line(text)
+            if info is not None and child.ready is None:
+                child.ready = info
+                child.ready_event.set()
+
+    async def _read_stderr(self, child: Child) -> None:
+        while line := await child.process.stderr.readline():
+            child.stderr_tail.append(line.decode(errors="replace").rstrip())
+
+    async def _stop(self, child: Child) -> None:
+        """SIGTERM by pid, then SIGKILL after the grace period."""
+        process = child.process
+        if process is None or process.returncode is not None:
+            return
+        try:
+            os.kill(process.pid, signal.SIGTERM)
+            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+        except ProcessLookupError:
+            pass
+        except asyncio.TimeoutError:
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            await process.wait()
+
+    async def stop_all(self) -> None:
+        """The load generator first (it writes the report), then the rest in reverse start order."""
+        loadgens = [c for c in self.children if c.role == "loadgen"]
+        for child in loadgens:
+            await self._stop(child)
+        for child in reversed([c for c in self.children if c.role != "loadgen"]):
+            await self._stop(child)
+        for child in self.children:
+            await asyncio.gather(*child.readers, return_exceptions=True)
+
+    # -- the run -------------------------------------------------------------------------------------------
+
+    def _command(self, role: str, index: int = 0, **known: str) -> list[str]:
+        setup = self.link_setup
+        argv = agent_commands(self.scenario, index=index, report=str(self.report_path),
+                              accuracy_sample=self.accuracy_sample, drain_timeout_s=self.drain_timeout_s,
+                              middlebox_command=self.middlebox_command, link_backend=setup.link_backend,
+                              hosts=setup.host, **known)[role]
+        return setup.wrap(role, argv)
+
+    def _child(self, name: str, role: str, argv: list[str]) -> Child:
+        setup = self.link_setup
+        return Child(name, role, argv, host=setup.host(role, "front"), kv_host=setup.host(role, "kv"))
+
+    async def _start_prometheus(self, ready: list[Child]) -> None:
+        from kvtransit.runtime.prometheus import ScrapeTarget, start_prometheus
+
+        targets = [ScrapeTarget(child.role, child.address("metrics_port")) for child in ready]
+        run_id = self.link_setup.testbed.run_id if self.link_setup.testbed is not None else None
+        # Blocking (it waits for /-/ready): in a thread, so the children's output keeps being read meanwhile.
+        self.prometheus = await asyncio.to_thread(start_prometheus, self.run_dir, targets, run_id=run_id)
+        self.log(self.prometheus.announcement())
+        self.log(f"kvtransit up: Prometheus at {self.prometheus.url} scraping {len(targets)} targets "
+                 f"(it stops with the run)")
+
+    def _stop_prometheus(self) -> None:
+        if self.prometheus is not None:
+            self.prometheus.stop()
+
+    def _annotate_report(self) -> None:
+        """Join what only the launcher knows (the links' back-ends, Prometheus's URL) into the report."""
+        if not self.report_path.exists():
+            return
+        import json
+
+        from .report import annotate_report, write_report
+
+        report = json.loads(self.report_path.read_text())
+        annotate_report(report, links=self.link_setup.describe() if self.link_setup else None,
+                        prometheus_url=self.prometheus.url if self.prometheus is not None else None)
+        write_report(report, self.report_path)
+
+    async def _progress(self, loadgen: Child, decodes: list[Child]) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                snapshot = await http_get_json(loadgen.host, loadgen.ready["metrics_port"], "/stats", 2.0)
+                link_bytes = 0.0
+                busy = 0.0
+                for decode in decodes:
+                    stats = await http_get_json(decode.host, decode.ready["metrics_port"], "/stats", 2.0)
+                    link_bytes += stats["link"]["wire_bytes"]
+                    busy += stats["link"]["busy_s"]
+            except (OSError, ConnectionError, asyncio.TimeoutError, ValueError, KeyError):
+                continue
+            snapshot["link_Bps"] = (link_bytes / busy / self.scenario.effective_scale * self.scenario.effective_dilation
+                                    if busy else None)
+            if self.on_progress is not None:
+                self.on_progress(snapshot)
+
+    async def run(self, stop: asyncio.Event | None = None) -> Path | None:
+        """Run to the end (or until `stop`); returns the report path if one was written. Raises RunFailed."""
+        stop = stop or asyncio.Event()
+        scenario = self.scenario
+        if self.want_prometheus:
+            from kvtransit.runtime.prometheus import config_source_dir, find_prometheus
+
+            find_prometheus()  # missing: a one-line error with the install hint, before anything starts
+            config_source_dir()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Blocking ip/tc calls (well under a second); nothing else runs yet.
+        self.link_setup = choose_links(scenario, self.links_mode, manifest_path=self.run_dir / "links.json")
+        self.log(self.link_setup.summary())
+        for note in self.link_setup.notes:
+            self.log(f"links: {note}")
+        try:
+            try:
+                decode_children = [self._child(f"decode-{i}", "decode", self._command("decode", i))
+                                   for i in range(scenario.decode)]
+                for child in decode_children:
+                    await self._start(child)
+                middlebox_child = self._child("middlebox-0", "middlebox", self._command(
+                    "middlebox", decode_kv=_addresses(decode_children, "listen_port")))
+                await self._start(middlebox_child)
+                prefill_children = []
+                for i in range(scenario.prefill):
+                    prefill_children.append(self._child(f"prefill-{i}", "prefill", self._command(
+                        "prefill", i, middlebox_kv=_addresses([middlebox_child], "listen_port"))))
+                    await self._start(prefill_children[-1])
+                loadgen_child = self._child("loadgen-0", "loadgen", self._command(
+                    "loadgen", prefills=_addresses(prefill_children, "listen_port"),
+                    decode_clients=_addresses(decode_children, "client_port"),
+                    stats=_addresses([*decode_children, middlebox_child, *prefill_children], "metrics_port")))
+                await self._start(loadgen_child)
+                if self.want_prometheus:
+                    await self._start_prometheus(self.children)
+                progress = asyncio.create_task(self._progress(loadgen_child, decode_children))
+                try:
+                    await self._supervise(loadgen_child, stop)
+                    if self.prometheus is not None and self.crashed is None and not stop.is_set():
+                        await self._linger(stop)
+                finally:
+                    progress.cancel()
+                    await asyncio.gather(progress, return_exceptions=True)
+            finally:
+                await self.stop_all()
+                self._stop_prometheus()
+        except BaseException:
+            self._cleanup_links(failing=True)
+            raise
+        self._cleanup_links(failing=False)
+        self._annotate_report()
+        if self.crashed is not None:
+            raise RunFailed(self.crashed.describe_exit())
+        loadgen_exit = loadgen_child.process.returncode
+        if loadgen_exit not in (0, -signal.SIGTERM) and not self.report_path.exists():
+            raise RunFailed(loadgen_child.describe_exit())
+        return self.report_path if self.report_path.exists() else None
+
+    async def _linger(self, stop: asyncio.Event) -> None:
+        """Keep the agents (and Prometheus) up a couple of scrape intervals after the load generator is done."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), PROMETHEUS_LINGER_SCRAPES * PROMETHEUS_SCRAPE_INTERVAL_S)
+
+    def _cleanup_links(self, *, failing: bool) -> None:
+        """Every namespace, veth and qdisc of the run, by exact name. A failure here is loud and says how to
+        finish the job; on the way out of another failure it must not hide that one."""
+        setup = self.link_setup
+        if setup is None:
+            return
+        try:
+            setup.cleanup()
+        except Exception as exc:
+            message = f"kvtransit up: removing the run's network namespaces failed: {exc}; {setup.clean_hint()}"
+            if failing:
+                self.log(message)
+            else:
+                raise RunFailed(message) from exc
+        else:
+            if failing and setup.manifest_path is not None:
+                self.log(f"kvtransit up: the run's namespaces and veths were removed ({setup.clean_hint()})")
+
+    async def _supervise(self, loadgen: Child, stop: asyncio.Event) -> None:
+        """Until the load generator exits: any other child's exit is a crash; `stop` ends the run early."""
+        waits = {asyncio.create_task(c.process.wait()): c for c in self.children}
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            while True:
+                done, _ = await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
+                if stopper in done:
+                    return
+                for task in done:
+                    child = waits.pop(task)
+                    if child is loadgen:
+                        return
+                    self.crashed = child
+                    self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: stopping the run; the report "
+                             "will hold what completed")
+                    return
+        finally:
+            stopper.cancel()
+            for task in waits:
+                task.cancel()
+
+
+def _addresses(children: list[Child], port_key: str) -> str:
+    return ",".join(child.address(port_key) for child in children)

@@ -1,0 +1,355 @@
+"""The load generator: replays the scenario's workload and measures what a client sees (REFERENCE §4).
+
+- The request stream is `workload_source.requests_for(scenario)`: `model.workload.generate` of the scenario's
+  workload (the same seed gives the simulator's requests, arrival for arrival), or a trace replayed.
+- Open loop: request k is sent at t0 + its arrival time (× dilation) on an absolute deadline, whatever is
+  in flight; with `max_concurrency` > 0 it also waits for a free slot (its arrival is then when it was sent).
+- Routing to prefill instances is here (`PrefillRouter`: fewest queued prompt tokens), since the load
+  generator knows what it sent where.
+- Every request ends with an outcome: ok, slo-miss, failed (with the reason a peer gave, or the connection
+  that was lost), or timed out (the drain deadline passed). None vanish.
+
+Times: token arrivals are stamped on receipt at the client; "KV ready" is decode's stamp (a Tokens entry
+with index 0); the first token's producer stamp (prefill) is kept for the hand-off. All on the host's shared
+CLOCK_MONOTONIC, reported in model seconds (÷ dilation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving import PrefillRouter, ServingRequest
+from kvtransit.model.slo import RequestRecord, percentile
+from kvtransit.runtime import metrics as runtime_metrics
+from kvtransit.runtime.clock import MonotonicClock
+from kvtransit.runtime.transport import Endpoint, open_endpoint
+from kvtransit.wire.events import Bye, Error, FirstToken, Hello, Request, Role, Tokens
+from kvtransit.wire.limits import WIRE_VERSION
+
+from kvtransit.model.ledger import LEDGER_FILE
+
+from . import report as run_report
+from .ledger import LedgerWriter
+from ._process import Address, announce_ready, new_registry, start_http
+from .workload_source import new_record, requests_for
+
+log = logging.getLogger(__name__)
+
+# How long after the last arrival the run waits for stragglers before calling them timed out, at least, in
+# model seconds; the actual allowance also grows with the run's own length (see `drain_timeout_s`).
+MIN_DRAIN_S = 30.0
+
+Progress = Callable[[dict], None]
+# A decode instance that went away (restarted) is dialled again this often, doubling up to the max.
+RECONNECT_MIN_S = 0.1
+RECONNECT_MAX_S = 1.0
+
+
+async def http_get_json(host: str, port: int, path: str, timeout_s: float = 5.0) -> dict:
+    """GET a JSON route of a local agent (its /stats)."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout_s)
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1] if b" " in head else b"?"
+    if status != b"200":
+        raise ConnectionError(f"GET http://{host}:{port}{path} answered {status.decode(errors='replace')}")
+    return json.loads(body)
+
+
+class LoadGenerator:
+    def __init__(self, scenario: Scenario, *, name: str, prefills: list[Address], decodes: list[Address],
+                 metrics_listen: Address, stats_from: list[Address] = (), report_path: Path | None = None,
+                 drain_timeout_s: float | None = None, progress: Progress | None = None,
+                 ledger_path: Path | None = None):
+        """`ledger_path`: the request ledger (agents/ledger.py); default `ledger.jsonl` in the run directory
+        beside the report (REPORT.run/, the launcher's default run dir)."""
+        self.scenario = scenario
+        self.name = name
+        self.prefill_addresses, self.decode_addresses = list(prefills), list(decodes)
+        self.metrics_listen = metrics_listen
+        self.stats_from = list(stats_from)
+        self.report_path = report_path
+        self.registry, _ = new_registry("loadgen")
+        self.metrics = runtime_metrics.loadgen_metrics(self.registry)
+        self.clock = MonotonicClock()
+        self.workload = requests_for(scenario)
+        self.records: dict[int, RequestRecord] = {}
+        self.router = PrefillRouter(len(prefills))
+        self.tokens_delivered = 0
+        last_arrival = self.workload[-1].arrival_s if self.workload else 0.0
+        self.drain_timeout_s = drain_timeout_s if drain_timeout_s is not None else max(MIN_DRAIN_S, last_arrival)
+        self.progress = progress
+        if ledger_path is None and report_path is not None:
+            ledger_path = Path(report_path).with_suffix(".run") / LEDGER_FILE
+        self.ledger_path = ledger_path
+        self.ledger: LedgerWriter | None = None
+        self._running = False
+        self._t0_ns = 0
+        self._open: set[int] = set()  # sent, not yet finished or failed
+        self._all_sent = False
+        self._done = asyncio.Event()
+        self._slots: asyncio.Semaphore | None = (asyncio.Semaphore(scenario.max_concurrency)
+                                                 if scenario.max_concurrency else None)
+        self._prefill_of: dict[int, int] = {}
+        self._decode_of: dict[int, int] = {}
+
+    # -- times ---------------------------------------------------------------------------------------------
+
+    def _model_s(self, t_ns: int) -> float:
+        """A monotonic stamp as model seconds since the run's start."""
+        return self.scenario.model_s((t_ns - self._t0_ns) / 1e9)
+
+    # -- outcomes --------------------------------------------------------------------------------------------
+
+    def _settle(self, request_id: int) -> None:
+        """The request is over (finished or failed): count it, free its slot."""
+        if request_id not in self._open:
+            return
+        self._open.discard(request_id)
+        if self._slots is not None:
+            self._slots.release()
+        record = self.records[request_id]
+        self.metrics.requests.labels(outcome=record.outcome.value).inc()
+        if self.ledger is not None:
+            self.ledger.outcome(request_id, record.outcome.value, record.failure)
+        if record.finished:
+            self.metrics.ttft_seconds.observe(record.ttft_s)
+            self.metrics.e2e_seconds.observe(record.e2e_s)
+            if record.tpot_s is not None:
+                self.metrics.tpot_seconds.observe(record.tpot_s)
+            for gap in record.itl_s:
+                self.metrics.itl_seconds.observe(gap)
+        if record.handoff_s is not None:
+            self.metrics.handoff_seconds.labels(phase="total").observe(record.handoff_s)
+        self.metrics.in_flight.set(len(self._open))
+        if self._all_sent and not self._open:
+            self._done.set()
+
+    def _fail(self, request_id: int, reason: str) -> None:
+        record = self.records.get(request_id)
+        if record is None or request_id not in self._open:
+            return
+        record.failure = reason
+        self.router.complete(request_id)
+        self._settle(request_id)
+
+    def _token(self, request_id: int, index: int, t_ns: int) -> None:
+        record = self.records.get(request_id)
+        if record is None or request_id not in self._open:
+            return
+        if index != len(record.token_times_s):
+            self._fail(request_id, f"token {index} arrived out of order (expected {len(record.token_times_s)})")
+            return
+        record.token_times_s.append(self._model_s(t_ns))
+        self.tokens_delivered += 1
+        if record.finished:
+            self._settle(request_id)
+
+    # -- readers ---------------------------------------------------------------------------------------------
+
+    async def _read_prefill(self, index: int, endpoint: Endpoint) -> None:
+        try:
+            while (event := await endpoint.next_event()) is not None:
+                if isinstance(event, FirstToken):
+                    rid = event.request_id
+                    self.router.complete(rid)
+                    record = self.records.get(rid)
+                    if record is not None:
+                        record.first_token_stamp_s = self._model_s(event.t_ns)
+                    if self.ledger is not None:
+                        self.ledger.tokens(f"prefill-{index}", [[rid, 0]])
+                    self._token(rid, 0, self.clock.now_ns())
+                elif isinstance(event, Error):
+                    if event.request_id is not None:
+                        self._fail(event.request_id, event.message)
+                    else:
+                        log.warning("prefill %d reported: %s", index, event.message)
+                elif isinstance(event, Bye):
+                    break
+        finally:
+            for rid in [r for r in self._open if self._prefill_of.get(r) == index and not self.records[r].token_times_s]:
+                self._fail(rid, f"prefill {self.prefill_addresses[index]} connection lost")
+
+    async def _read_decode(self, index: int, endpoint: Endpoint) -> None:
+        try:
+            while (event := await endpoint.next_event()) is not None:
+                if isinstance(event, Tokens):
+                    now = self.clock.now_ns()
+                    self._ledger_tokens(index, event)
+                    for entry in event.entries:
+                        if entry.token_index == 0:  # decode holds the KV: the hand-off is over
+                            record = self.records.get(entry.request_id)
+                            if record is not None:
+                                record.kv_ready_s = self._model_s(entry.t_ns)
+                                self._decode_of[entry.request_id] = index
+                        else:
+                            self._token(entry.request_id, entry.token_index, now)
+                elif isinstance(event, Error):
+                    if event.request_id is not None:
+                        self._fail(event.request_id, event.message)
+                    else:
+                        log.warning("decode %d reported: %s", index, event.message)
+                elif isinstance(event, Bye):
+                    break
+        finally:
+            lost = f"decode {self.decode_addresses[index]} connection lost"
+            for rid in [r for r in self._open if self._decode_of.get(r) == index]:
+                self._fail(rid, lost)
+
+    def _ledger_tokens(self, index: int, event: Tokens) -> None:
+        """Every entry as received, before any filtering here: the ledger is the raw history."""
+        if self.ledger is None:
+            return
+        source = f"decode-{index}"
+        for entry in event.entries:
+            if entry.token_index == 0:
+                self.ledger.kv_ready(entry.request_id, source)
+        self.ledger.tokens(source, [[e.request_id, e.token_index] for e in event.entries if e.token_index])
+
+    async def _follow_decode(self, index: int, endpoint: Endpoint, endpoints: list[Endpoint]) -> None:
+        """Read a decode instance's tokens; when it goes away (a restart), reconnect while the run is on."""
+        delay = RECONNECT_MIN_S
+        while True:
+            await self._read_decode(index, endpoint)
+            while self._running:
+                await asyncio.sleep(delay)
+                try:
+                    endpoint = await self._connect(self.decode_addresses[index], Role.DECODE)
+                except (OSError, ConnectionError) as exc:
+                    delay = min(delay * 2, RECONNECT_MAX_S)
+                    log.info("decode %s not back yet: %s", self.decode_addresses[index], exc)
+                    continue
+                endpoints[index] = endpoint
+                delay = RECONNECT_MIN_S
+                break
+            else:
+                return
+
+    # -- the run ---------------------------------------------------------------------------------------------
+
+    async def _connect(self, address: Address, their_role: Role) -> Endpoint:
+        endpoint = await open_endpoint(address.host, address.port, Role.LOADGEN, their_role)
+        await endpoint.send(Hello(role=Role.LOADGEN, version=WIRE_VERSION, name=self.name))
+        first = await endpoint.next_event()
+        if not isinstance(first, Hello):
+            raise ConnectionError(f"{their_role.name.lower()} at {address} did not say Hello (got {first!r})")
+        return endpoint
+
+    async def _dispatch(self, prefills: list[Endpoint]) -> None:
+        for spec in self.workload:
+            deadline = self._t0_ns + round(self.scenario.wall_s(spec.arrival_s) * 1e9)
+            await self.clock.sleep_until(deadline)
+            if self._slots is not None:
+                await self._slots.acquire()
+            request = ServingRequest(spec.request_id, spec.prompt_tokens, spec.output_tokens)
+            instance = self.router.assign(request)
+            sent_ns = self.clock.now_ns()
+            self.records[spec.request_id] = new_record(self.scenario, spec, self._model_s(sent_ns))
+            self._open.add(spec.request_id)
+            self._prefill_of[spec.request_id] = instance
+            if self.ledger is not None:
+                self.ledger.sent(spec.request_id, spec.output_tokens, instance)
+            self.metrics.in_flight.set(len(self._open))
+            try:
+                await prefills[instance].send(Request(request_id=spec.request_id, prompt_tokens=spec.prompt_tokens,
+                                                      output_tokens=spec.output_tokens, sent_ns=sent_ns,
+                                                      hash_ids=spec.hash_ids))
+            except (ConnectionError, RuntimeError) as exc:
+                self._fail(spec.request_id, f"could not send to prefill {self.prefill_addresses[instance]}: {exc}")
+        self._all_sent = True
+        if not self._open:
+            self._done.set()
+
+    async def _report_progress(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            if self.progress is not None:
+                self.progress(self.snapshot())
+
+    def snapshot(self) -> dict:
+        """Progress so far (the launcher's live bar polls it as /stats)."""
+        ttfts = [r.ttft_s for r in self.records.values() if r.ttft_s is not None]
+        tpots = [r.tpot_s for r in self.records.values() if r.tpot_s is not None]
+        return {"role": "loadgen", "total": len(self.workload), "sent": len(self.records),
+                "in_flight": len(self._open), "done": len(self.records) - len(self._open),
+                "ttft_p99_s": percentile(ttfts, 99) if ttfts else None,
+                "tpot_p99_s": percentile(tpots, 99) if tpots else None}
+
+    async def collect_stats(self) -> list[dict]:
+        stats = []
+        for address in self.stats_from:
+            try:
+                stats.append(await http_get_json(address.host, address.port, "/stats"))
+            except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as exc:
+                log.warning("no stats from %s: %s", address, exc)
+        return stats
+
+    async def run(self, stop: asyncio.Event | None = None) -> dict:
+        stop = stop or asyncio.Event()
+        http = await start_http(self.metrics_listen, self.registry, self.snapshot)
+        if self.ledger_path is not None:
+            self.ledger = LedgerWriter(self.ledger_path)
+        self._running = True
+        prefills = [await self._connect(a, Role.PREFILL) for a in self.prefill_addresses]
+        decodes = [await self._connect(a, Role.DECODE) for a in self.decode_addresses]
+        announce_ready("loadgen", self.name, metrics_port=http.port)
+        readers = [asyncio.create_task(self._read_prefill(i, e)) for i, e in enumerate(prefills)]
+        readers += [asyncio.create_task(self._follow_decode(i, e, decodes)) for i, e in enumerate(decodes)]
+        started = time.monotonic()
+        self._t0_ns = self.clock.now_ns()
+        dispatch = asyncio.create_task(self._dispatch(prefills))
+        progress = asyncio.create_task(self._report_progress())
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait([dispatch, stopper], return_when=asyncio.FIRST_COMPLETED)
+            if dispatch.done() and dispatch.exception() is not None:
+                raise dispatch.exception()
+            if not stop.is_set():
+                done = asyncio.create_task(self._done.wait())
+                await asyncio.wait([done, stopper], timeout=self.scenario.wall_s(self.drain_timeout_s),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                done.cancel()
+        finally:
+            self._running = False
+            for task in (dispatch, progress, stopper):
+                task.cancel()
+            run_wall_s = time.monotonic() - started
+            for rid in list(self._open):  # the deadline passed (or the run was stopped) with these unfinished
+                self.records[rid].timed_out = True
+                self._settle(rid)
+            for endpoint in [*prefills, *decodes]:
+                try:
+                    await asyncio.wait_for(endpoint.send(Bye(reason="run over")), 1.0)
+                except (ConnectionError, RuntimeError, asyncio.TimeoutError):
+                    pass
+            for task in readers:
+                task.cancel()
+            await asyncio.gather(*readers, dispatch, progress, stopper, return_exceptions=True)
+        # Requests never sent (stopped early) are part of the run too: timed out, not vanished.
+        for spec in self.workload[len(self.records):]:
+            self.records[spec.request_id] = new_record(self.scenario, spec, spec.arrival_s, timed_out=True)
+        peer_stats = await self.collect_stats()
+        if self.ledger is not None:
+            for stats in peer_stats:
+                self.ledger.peer(stats)
+            self.ledger.counters(self.registry)
+            self.ledger.close()
+        result = run_report.build_report(self.scenario, sorted(self.records.values(), key=lambda r: r.request_id),
+                                         peer_stats, run_wall_s=run_wall_s, tokens_delivered=self.tokens_delivered)
+        if self.report_path is not None:
+            run_report.write_report(result, self.report_path)
+        for endpoint in [*prefills, *decodes]:
+            endpoint.abort()
+        await http.close()
+        return result

@@ -1,0 +1,47 @@
+"""What every fault is: a name, validated parameters, a write hook and an optional frame hook."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Sequence
+
+from kvtransit.model.errors import ConfigError
+from kvtransit.runtime.transport import Part
+
+
+class Fault:
+    kind = "fault"
+    # parameter -> (default, minimum, maximum); every parameter is a finite number in range
+    params: dict[str, tuple[float, float, float]] = {}
+
+    def __init__(self, name: str, **values) -> None:
+        self.name = name
+        unknown = sorted(set(values) - set(self.params))
+        if unknown:
+            raise ConfigError(f"fault {name!r} ({self.kind}): unknown parameter {unknown[0]!r} "
+                              f"(parameters: {', '.join(self.params) or 'none'})")
+        for param, (default, low, high) in self.params.items():
+            value = values.get(param, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not low <= value <= high:
+                raise ConfigError(f"fault {name!r} ({self.kind}): {param} must be a number in [{low}, {high}], "
+                                  f"got {value!r}")
+            setattr(self, param, value)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "type": self.kind, **{p: getattr(self, p) for p in self.params}}
+
+    def frame(self, event, parts: list[Part]) -> list[Part]:
+        """Called with each frame's bytes right after encoding (CRCs computed). Default: unchanged."""
+        return parts
+
+    async def write(self, parts: Sequence[Part], next_write: Callable[[Sequence[Part]], Awaitable[None]],
+                    endpoint) -> None:
+        await next_write(parts)
+
+    def close(self) -> None:
+        """The fault was removed (or replaced): release anything it holds back."""
+
+
+def nbytes(parts: Sequence[Part]) -> int:
+    return sum(memoryview(p).nbytes for p in parts)

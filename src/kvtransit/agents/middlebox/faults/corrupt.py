@@ -1,0 +1,35 @@
+"""corrupt: flip one bit in a KV chunk's payload, with probability `probability` per chunk, AFTER the frame's
+CRC32C was computed: the bytes on the wire no longer match their CRC, so the next hop's check must catch it
+(decode drops the connection with PAYLOAD_CRC_MISMATCH; nothing corrupted is ever used)."""
+
+from __future__ import annotations
+
+import random
+
+from kvtransit.wire.events import KvChunk
+
+from .base import Fault
+
+
+class Corrupt(Fault):
+    kind = "corrupt"
+    params = {"probability": (1.0, 0.0, 1.0), "seed": (0, 0, 2**32)}
+
+    def __init__(self, name: str, **values) -> None:
+        super().__init__(name, **values)
+        self._rng = random.Random(int(self.seed))
+        self.corrupted = 0
+
+    def describe(self) -> dict:
+        return {**super().describe(), "corrupted": self.corrupted}
+
+    def frame(self, event, parts):
+        if not isinstance(event, KvChunk) or len(parts) < 2 or self._rng.random() >= self.probability:
+            return parts
+        payload = bytearray(parts[-1])  # our own copy: the original belongs to the chunk (and its CRC)
+        if not payload:
+            return parts
+        bit = self._rng.randrange(len(payload) * 8)
+        payload[bit // 8] ^= 1 << (bit % 8)
+        self.corrupted += 1
+        return [*parts[:-1], bytes(payload)]

@@ -1,0 +1,29 @@
+"""latency: hold each write `latency_s` (± uniform `jitter_s`) before passing it on.
+
+Writes are serial, so a held write also holds the ones behind it: this is a slow, laggy peer (its rate falls
+to one write per latency), not a pure delay line. For propagation delay use the link's own delay line
+(`PUT /link {"latency_s": ...}`), which pipelines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from .base import Fault
+
+MAX_S = 60.0
+
+
+class Latency(Fault):
+    kind = "latency"
+    params = {"latency_s": (0.01, 0.0, MAX_S), "jitter_s": (0.0, 0.0, MAX_S)}
+
+    def __init__(self, name: str, **values) -> None:
+        super().__init__(name, **values)
+        self._rng = random.Random(name)
+
+    async def write(self, parts, next_write, endpoint) -> None:
+        jitter = self._rng.uniform(-self.jitter_s, self.jitter_s) if self.jitter_s else 0.0
+        await asyncio.sleep(max(0.0, self.latency_s + jitter))
+        await next_write(parts)

@@ -1,0 +1,26 @@
+"""reset_peer: after `after_bytes` more bytes on a connection, reset it (TCP RST: abort, unwritten data
+dropped), like a peer or middlebox crashing mid-transfer. Every connection is reset while the fault is on."""
+
+from __future__ import annotations
+
+from .base import Fault, nbytes
+
+MAX_BYTES = float(1 << 40)
+
+
+class ResetPeer(Fault):
+    kind = "reset_peer"
+    params = {"after_bytes": (0, 0, MAX_BYTES)}
+
+    def __init__(self, name: str, **values) -> None:
+        super().__init__(name, **values)
+        self._seen: dict[int, int] = {}  # id(endpoint) -> bytes passed on it
+
+    async def write(self, parts, next_write, endpoint) -> None:
+        passed = self._seen.get(id(endpoint), 0)
+        if passed >= self.after_bytes:
+            self._seen.pop(id(endpoint), None)
+            endpoint.abort()
+            raise ConnectionResetError(f"fault {self.name!r}: connection reset after {int(passed)} bytes")
+        self._seen[id(endpoint)] = passed + nbytes(parts)
+        await next_write(parts)

@@ -1,0 +1,32 @@
+"""slicer: cut every write into small pieces (about `average_bytes` ± `size_variation_bytes`), `delay_s`
+apart: the receiver sees frames arrive in many short reads, split anywhere (its parser must not care)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from .base import Fault
+
+MAX_BYTES = float(1 << 24)
+
+
+class Slicer(Fault):
+    kind = "slicer"
+    params = {"average_bytes": (1024, 1, MAX_BYTES), "size_variation_bytes": (512, 0, MAX_BYTES),
+              "delay_s": (0.0, 0.0, 1.0)}
+
+    def __init__(self, name: str, **values) -> None:
+        super().__init__(name, **values)
+        self._rng = random.Random(name)
+
+    async def write(self, parts, next_write, endpoint) -> None:
+        for part in parts:
+            view = memoryview(part).cast("B")
+            start = 0
+            while start < len(view):
+                size = max(1, int(self.average_bytes + self._rng.uniform(-1, 1) * self.size_variation_bytes))
+                await next_write([bytes(view[start:start + size])])
+                start += size
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)

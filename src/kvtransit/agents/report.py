@@ -1,0 +1,201 @@
+"""The run report: what the client measured, joined with what each agent measured (`/stats`).
+
+Keys (binding, from the issue): `config`; `ttft_s`, `tpot_s`, `itl_s`, `e2e_s`, `handoff_s` each
+`{mean, p50, p90, p99, max}`; `slo_attainment`; `goodput_rps`; `requests` `{total, ok, slo_miss, failed,
+failed_reasons}`; `link` `{busy, configured_Bps, achieved_Bps, kv_bytes, wire_bytes}`; `energy_j` `{link,
+module, gpu}` and `j_per_token`; `accuracy`; `faithful` and `fidelity`.
+
+All timings and rates are in model terms: seconds ÷ dilation, bytes ÷ the payload scale (what the modelled,
+full-size system would have moved). A figure nobody could measure is null, never invented.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from kvtransit.model import fidelity
+from kvtransit.model.energy import link_energy_j, module_energy_j
+from kvtransit.model.scenario import Scenario
+from kvtransit.model.slo import RequestRecord, summarise
+
+from ._process import finite_json
+from .workload_source import workload_description
+
+REPORT_KEYS = ("config", "ttft_s", "tpot_s", "itl_s", "e2e_s", "handoff_s", "slo_attainment", "goodput_rps",
+               "requests", "link", "energy_j", "j_per_token", "accuracy", "faithful", "fidelity")
+
+
+def _sum(stats: list[dict], *path: str) -> float:
+    total = 0.0
+    for s in stats:
+        value = s
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        total += value or 0.0
+    return total
+
+
+def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: list[dict], *, run_wall_s: float,
+                 tokens_delivered: int, middlebox_stats: list[dict] | None = None) -> dict:
+    summary = summarise(records)
+    scale, dilation = scenario.effective_scale, scenario.effective_dilation
+    decodes = [s for s in peer_stats if s.get("role") == "decode"]
+    prefills = [s for s in peer_stats if s.get("role") == "prefill"]
+    middleboxes = middlebox_stats if middlebox_stats is not None else [s for s in peer_stats if s.get("role") == "middlebox"]
+    link_spec = scenario.link_spec
+
+    # The link as the decode end received it, scaled back to the modelled system.
+    wire_bytes_scaled = _sum(decodes, "link", "wire_bytes")
+    raw_bytes_scaled = _sum(decodes, "link", "raw_bytes")
+    busy_wall_s = _sum(decodes, "link", "busy_s")
+    has_link = bool(decodes)
+    wire_bytes = wire_bytes_scaled / scale if has_link else None
+    kv_bytes = raw_bytes_scaled / scale if has_link else None
+    achieved_model_Bps = (wire_bytes / (busy_wall_s / dilation)) if has_link and busy_wall_s > 0 else None
+    link = {
+        "busy": (busy_wall_s / run_wall_s) if has_link and run_wall_s > 0 else None,
+        "configured_Bps": link_spec.bandwidth_Bps,
+        "achieved_Bps": achieved_model_Bps,
+        "kv_bytes": kv_bytes,
+        "wire_bytes": wire_bytes,
+        "scaled_configured_Bps": scenario.scaled_link.bandwidth_Bps,
+        "scaled_achieved_Bps": (wire_bytes_scaled / busy_wall_s) if has_link and busy_wall_s > 0 else None,
+        "measured_at": "decode",
+    }
+    # The link's sender knows its serialising time exactly (the receiver's view also holds the kernel's and
+    # the sender's delays): when a middlebox reports its shaper, its rate and busy figures are the link's.
+    shapers = [m["link"] for m in middleboxes if isinstance(m.get("link"), dict) and m["link"].get("shaped_achieved_Bps")]
+    if shapers:
+        link.update(achieved_Bps=sum(x["achieved_Bps"] for x in shapers) / len(shapers),
+                    scaled_achieved_Bps=sum(x["shaped_achieved_Bps"] for x in shapers) / len(shapers),
+                    busy=max(x["busy"] for x in shapers), measured_at="middlebox")
+
+    in_transit = scenario.compress_at == "transit" and scenario.codec != "none"
+    energy = {
+        "link": link_energy_j(link_spec, wire_bytes) if wire_bytes is not None else None,
+        "module": (module_energy_j(scenario.module, kv_bytes) if in_transit else 0.0) if kv_bytes is not None else None,
+        "gpu": _sum(prefills, "gpu_energy_j") + _sum(decodes, "gpu_energy_j") if (prefills or decodes) else None,
+    }
+    parts = [v for v in energy.values() if v is not None]
+    j_per_token = (math.fsum(parts) / tokens_delivered) if parts and tokens_delivered else None
+
+    sampled = int(_sum(decodes, "accuracy", "sampled_requests"))
+    accuracy = {"codec": scenario.codec, "sampled_requests": sampled,
+                "k_relative_error": None, "v_relative_error": None}
+    if sampled:  # one decode's figures, or the worst over several (an error must never be averaged away)
+        for part in ("k", "v"):
+            values = [s["accuracy"][f"{part}_relative_error"] for s in decodes
+                      if s["accuracy"]["sampled_requests"] and s["accuracy"][f"{part}_relative_error"] is not None]
+            accuracy[f"{part}_relative_error"] = max(values) if values else None
+
+    gaps: dict[str, fidelity.Gap] = {}
+    for s in [*prefills, *decodes]:
+        if s.get("shortest_step_wall_s"):
+            gaps[f"timer_{s['name']}"] = fidelity.timer_gap(s.get("timer_lateness_mean_s"), s["shortest_step_wall_s"], dilation)
+    if has_link:
+        gaps["link_rate"] = fidelity.link_gap(link["scaled_achieved_Bps"] or 0.0, scenario.scaled_link.bandwidth_Bps,
+                                              scale, dilation)
+    kernel_s = _sum(middleboxes, "kernel_compute_s")  # the middlebox's /stats: real and modelled kernel time
+    modelled_s = _sum(middleboxes, "modelled_compute_s")
+    if middleboxes:
+        if modelled_s <= 0:
+            # A free transform (passive optics) models no compute time; the host kernel must still keep up
+            # with the link, so it is held against the link time of the bytes it produced.
+            modelled_s = _sum(middleboxes, "wire_bytes") / scenario.scaled_link.bandwidth_Bps
+        gaps["kernel_time"] = fidelity.kernel_gap(kernel_s, modelled_s, scale, dilation)
+    faithful, fidelity_dict = fidelity.assess(gaps)
+    if not middleboxes:
+        fidelity_dict["kernel_time"] = {"measured": None, "target": fidelity.KERNEL_TOLERANCE, "ok": True,
+                                        "hint": "not measured: no middlebox stats"}
+
+    report = {
+        "config": scenario.describe(),
+        "workload": workload_description(scenario),  # for a trace: sampling, time scale, context cap applied
+        **summary.as_dict(),
+        "link": link,
+        "energy_j": energy,
+        "j_per_token": j_per_token,
+        "accuracy": accuracy,
+        "faithful": faithful,
+        "fidelity": fidelity_dict,
+        "per_request": [
+            {"id": r.request_id, "arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens,
+             "output_tokens": r.output_tokens, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s,
+             "handoff_s": r.handoff_s, "outcome": r.outcome.value, "failure": r.failure}
+            for r in records],
+        "run": {"wall_s": run_wall_s, "model_s": run_wall_s / dilation, "tokens_delivered": tokens_delivered,
+                "agents": peer_stats},
+    }
+    return finite_json(report)
+
+
+def annotate_report(report: dict, *, links: dict | None = None, prometheus_url: str | None = None) -> dict:
+    """What only the launcher knows, joined in after the load generator wrote the report: how the links were
+    built (`config.links`) and which back-end shaped each link property (`link.backends`, e.g. rate "tc tbf",
+    delay "userspace"), and the run's Prometheus (`prometheus.url`)."""
+    if links is not None:
+        report["config"]["links"] = links
+        report["link"]["backends"] = dict(links["backends"])
+    if prometheus_url is not None:
+        report["prometheus"] = {"url": prometheus_url}
+    return report
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value * 1e3:.2f}"
+
+
+def table_rows(report: dict) -> list[tuple[str, str, str, str, str, str]]:
+    """(metric, mean, p50, p90, p99, max) in milliseconds."""
+    rows = []
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "handoff_s"):
+        d = report[key]
+        rows.append((key[:-2].upper(), _ms(d["mean"]), _ms(d["p50"]), _ms(d["p90"]), _ms(d["p99"]), _ms(d["max"])))
+    return rows
+
+
+def headline(report: dict) -> list[str]:
+    req, link, energy = report["requests"], report["link"], report["energy_j"]
+
+    def num(value, fmt="{:.3g}"):
+        return "-" if value is None else fmt.format(value)
+
+    return [
+        f"requests {req['total']}: ok {req['ok']}, slo-miss {req['slo_miss']}, failed {req['failed']}, "
+        f"timed out {req.get('timed_out', 0)}" + (f" ({req['failed_reasons']})" if req["failed_reasons"] else ""),
+        f"SLO attainment {num(report['slo_attainment'], '{:.1%}')}, goodput {num(report['goodput_rps'])} req/s",
+        f"link {report['config']['link']}: configured {num(link['configured_Bps'])} B/s, achieved "
+        f"{num(link['achieved_Bps'])} B/s, busy {num(link['busy'], '{:.1%}')}, KV {num(link['kv_bytes'])} B, "
+        f"wire {num(link['wire_bytes'])} B" + (
+            f"; rate by {link['backends']['rate']}, delay by {link['backends']['delay']}" if link.get("backends") else ""),
+        f"energy J: link {num(energy['link'])}, module {num(energy['module'])}, gpu {num(energy['gpu'])}; "
+        f"{num(report['j_per_token'])} J/token",
+        f"accuracy ({report['accuracy']['codec']}, {report['accuracy']['sampled_requests']} sampled): "
+        f"K {num(report['accuracy']['k_relative_error'])}, V {num(report['accuracy']['v_relative_error'])}",
+        "faithful: " + ("yes" if report["faithful"] else "NO: " + "; ".join(
+            f"{k}: {v['hint']}" for k, v in report["fidelity"].items() if not v["ok"])),
+    ] + ([f"Prometheus: {report['prometheus']['url']} (stopped with the run)"] if report.get("prometheus") else [])
+
+
+def to_markdown(report: dict) -> str:
+    lines = ["# kvtransit run report", ""]
+    cfg = report["config"]
+    lines.append(f"{cfg['model']} on {cfg['gpus']}x {cfg['device']}, {cfg['prefill']}P{cfg['decode']}D, link "
+                 f"{cfg['link']}, codec {cfg['codec']} at {cfg['compress_at']}, scale {cfg['effective_scale']:.4g}, "
+                 f"dilation {cfg['effective_dilation']:g}. Times in model seconds.")
+    lines += ["", "| metric (ms) | mean | p50 | p90 | p99 | max |", "|---|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(row)} |" for row in table_rows(report)]
+    lines += [""] + [f"- {line}" for line in headline(report)] + [""]
+    return "\n".join(lines)
+
+
+def write_report(report: dict, path: Path) -> tuple[Path, Path]:
+    """`path` (JSON) and the same name with .md."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    markdown = path.with_suffix(".md")
+    markdown.write_text(to_markdown(report))
+    return path, markdown

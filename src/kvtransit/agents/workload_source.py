@@ -1,0 +1,58 @@
+"""Where a run's requests come from: the scenario's drawn workload, or a trace file replayed (model/traces.py).
+
+The one place that opens a trace: the parsers are pure and take lines. `requests_for` is what the load
+generator replays; `workload_description` is what the report says about it (for a trace: which file, how
+many of its requests, the time scale, how many prompts the context cap cut).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvtransit.model.scenario import Scenario
+from kvtransit.model.slo import RequestRecord
+from kvtransit.model.traces import TraceError, TraceReplay, detect_format, parse_trace, replay
+from kvtransit.model.prefix_workloads import prefix_requests
+from kvtransit.model.workload import RequestSpec, generate
+
+
+def load_trace(scenario: Scenario) -> TraceReplay:
+    path = Path(scenario.trace)
+    fmt = detect_format(scenario.trace) if scenario.trace_format == "auto" else scenario.trace_format
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            records = parse_trace(handle, fmt, source=str(path))
+    except OSError as exc:
+        raise TraceError(f"trace: cannot read {path}: {exc.strerror or exc}") from None
+    return replay(records, requests=scenario.requests, time_scale=scenario.time_scale,
+                  sampling=scenario.trace_sample, context_cap=scenario.context_cap, seed=scenario.seed,
+                  source=str(path))
+
+
+def requests_for(scenario: Scenario) -> list[RequestSpec]:
+    """The requests the load generator sends, in arrival order."""
+    if scenario.trace:
+        return load_trace(scenario).requests
+    if scenario.prefix_workload != "none":
+        return prefix_requests(scenario)
+    return generate(scenario.workload)
+
+
+def workload_description(scenario: Scenario) -> dict:
+    """The report's `workload` block: the source and, for a trace, what was applied to it."""
+    if scenario.trace:
+        return {"source": "trace", **load_trace(scenario).applied}
+    if scenario.prefix_workload == "system-prompts":
+        return {"source": "system-prompts", "system_prompts": scenario.system_prompts,
+                "system_prompt_tokens": scenario.system_prompt_tokens, "rate_rps": scenario.rate,
+                "requests": scenario.requests}
+    if scenario.prefix_workload == "sessions":
+        return {"source": "sessions", "session_turns": scenario.session_turns, "think_time_s": scenario.think_time,
+                "rate_sessions_per_s": scenario.rate, "requests": scenario.requests}
+    return {"source": "drawn", "arrival": scenario.arrival, "rate_rps": scenario.rate, "requests": scenario.requests}
+
+
+def new_record(scenario: Scenario, spec: RequestSpec, arrival_s: float, **extra) -> RequestRecord:
+    """A client's record of one request, judged by the scenario's SLO."""
+    return RequestRecord(spec.request_id, arrival_s, spec.prompt_tokens, spec.output_tokens,
+                         ttft_slo_s=scenario.ttft_slo_ms / 1e3, tpot_slo_s=scenario.tpot_slo_ms / 1e3, **extra)

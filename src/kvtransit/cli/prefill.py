@@ -1,0 +1,29 @@
+"""`kvtransit prefill`: one prefill instance (queue, batch, hold the roofline step, stream the KV)."""
+
+from __future__ import annotations
+
+from ._agent import add_common_agent_flags, run_agent
+from ._scenario import add_scenario_args, scenario_from_args
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("prefill", help="run one prefill instance", description=__doc__)
+    add_scenario_args(p)
+    p.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
+                   help="where load generators connect (default 127.0.0.1:0, any free port)")
+    p.add_argument("--kv-to", required=True, metavar="HOST:PORT", help="the middlebox that carries the KV to decode")
+    p.add_argument("--kv-pool-via", default=None, metavar="HOST:PORT",
+                   help="with --kv-pool pool: the middlebox's pool port (its --pool-listen), the way to the KV pool")
+    add_common_agent_flags(p, "prefill")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from kvtransit.agents._process import parse_address
+    from kvtransit.agents.prefill import PrefillAgent
+
+    agent = PrefillAgent(scenario_from_args(args), name=args.name, listen=parse_address(args.listen, "--listen"),
+                         kv_to=parse_address(args.kv_to, "--kv-to"),
+                         metrics_listen=parse_address(args.metrics_listen, "--metrics-listen"),
+                         pool_via=parse_address(args.kv_pool_via, "--kv-pool-via") if args.kv_pool_via else None)
+    return run_agent(args, lambda: agent.run)

@@ -1,0 +1,204 @@
+"""`kvtransit sweep`: a grid of live runs (links × codecs × where the codec runs × request rates, or any
+other scenario field), one row per point in OUT/results.json and OUT/results.csv, the Markdown tables in
+OUT/results.md (rows = load, columns = codecs, one table per link × metric) and the plots as OUT/*.png.
+
+    kvtransit sweep --out runs/s1 --grid rate=8,10 --grid codec=none,freq-keep-k --requests 40
+    kvtransit sweep --out runs/deck --preset handoff-25g
+    kvtransit sweep --out runs/gp --goodput-search --grid codec=none,fp8 --rate-lo 4 --rate-hi 16
+
+Every point is a real run of the testbed (the same Launcher as `kvtransit up`). Resumable: a point already in
+OUT/results.json with the same scenario is not run again unless --rerun. With --preset, the preset fixes the
+scenario; a scenario flag given with a value other than its default overrides the preset's (e.g. --requests
+80 for a short pass). `--goodput-search`: per link × codec of the grid, DistServe's goodput (the highest rate
+whose SLO attainment reaches --target) by bisection between --rate-lo and --rate-hi, --iterations midpoints
+at most; each run is a row of the same results file.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+from ._common import CliError, add_json_flag, print_json, print_table
+from ._scenario import add_scenario_args, scenario_from_args
+
+
+def register(subparsers) -> None:
+    from kvtransit.model.sweep import DEFAULT_GOODPUT_TARGET, PRESETS
+
+    p = subparsers.add_parser("sweep", help="run a grid of live runs (links x codecs x rates ...) and tabulate",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="results directory (resumed if it exists)")
+    p.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...",
+                   help="an axis: a scenario field and its values (repeat; the last varies fastest)")
+    p.add_argument("--preset", choices=tuple(PRESETS), default=None,
+                   help="; ".join(f"{name}: {text}" for name, (text, _) in PRESETS.items()))
+    p.add_argument("--rerun", action="store_true", help="run points already in the results file again")
+    p.add_argument("--links", choices=("auto", "netns", "loopback"), default="loopback",
+                   help="how each run's link is built (as `kvtransit up --links`; default loopback)")
+    p.add_argument("--accuracy-sample", type=int, default=2, metavar="N", help="requests whose codec error decode "
+                   "measures, per point (default 2)")
+    p.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
+                   help="model seconds to wait for stragglers after the last arrival, per point")
+    p.add_argument("--no-plots", action="store_true", help="results and tables only (no matplotlib needed)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    p.add_argument("--verbose", action="store_true", help="show each run's launcher lines (links, failures)")
+    g = p.add_argument_group("goodput search")
+    g.add_argument("--goodput-search", action="store_true", help="bisect for the goodput per link x codec")
+    g.add_argument("--rate-lo", type=float, default=1.0, metavar="RPS", help="low end of the bracket (default 1)")
+    g.add_argument("--rate-hi", type=float, default=16.0, metavar="RPS", help="high end of the bracket (default 16)")
+    g.add_argument("--target", type=float, default=DEFAULT_GOODPUT_TARGET, metavar="ATTAINMENT",
+                   help=f"SLO attainment the goodput must reach (default {DEFAULT_GOODPUT_TARGET})")
+    g.add_argument("--iterations", type=int, default=4, metavar="N", help="most bisection midpoints (default 4)")
+    add_scenario_args(p)
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def _explicit_overrides(args) -> dict:
+    """Scenario flags whose value differs from the field's default (what a user asked for over a preset)."""
+    from kvtransit.model.scenario import Scenario
+
+    given = scenario_from_args(args).as_dict()
+    defaults = {f.name: f.default for f in fields(Scenario) if f.default is not MISSING}
+    return {k: v for k, v in given.items() if defaults.get(k) != v}
+
+
+def _grids(args):
+    from kvtransit.model.sweep import Grid, parse_axis, preset
+
+    axes = dict(parse_axis(spec) for spec in args.grid)
+    if args.preset:
+        overrides = _explicit_overrides(args)
+        grids = [Grid({**grid.base, **overrides}, {**grid.axes, **axes}) for grid in preset(args.preset)]
+    else:
+        grids = [Grid(scenario_from_args(args).as_dict(), axes)]
+    return grids
+
+
+def run(args) -> int:
+    import sys
+
+    from kvtransit.agents.sweep import PointRunner, ResultsStore, run_sweep, search_goodput, sweep_points
+    from kvtransit.agents.sweep_report import write_plots, write_tables
+
+    if args.accuracy_sample < 0:
+        raise CliError(f"--accuracy-sample must be >= 0, got {args.accuracy_sample}")
+    grids = _grids(args)
+    store = ResultsStore(args.out)
+
+    def log(line: str) -> None:
+        if args.verbose:
+            (bar.print if bar else lambda text: print(text, file=sys.stderr))(line)
+
+    bar = None if args.no_progress or args.json else _SweepProgress()
+    runner = PointRunner(args.out, links=args.links, accuracy_sample=args.accuracy_sample,
+                         drain_timeout_s=args.drain_timeout, log=log, on_progress=bar.requests if bar else None)
+    searches = []
+    # Every point built (and checked) before anything runs or draws.
+    bases = _goodput_bases(grids) if args.goodput_search else []
+    points = [] if args.goodput_search else sweep_points(grids)
+    try:
+        if bar:
+            bar.start()
+        if args.goodput_search:
+            for base in bases:
+                if bar:
+                    bar.begin_search(f"{base.link} {base.codec}@{base.compress_at}", args.iterations + 2)
+                search = search_goodput(base, store, runner, lo=args.rate_lo, hi=args.rate_hi, target=args.target,
+                                        iterations=args.iterations, rerun=args.rerun,
+                                        on_start=bar.point if bar else None)
+                searches.append((base, search))
+        else:
+            if bar:
+                bar.begin_grid(len(points))
+            run_sweep(points, store, runner, rerun=args.rerun, on_start=bar.point if bar else None,
+                      on_done=bar.done if bar else None)
+    finally:
+        if bar:
+            bar.stop()
+    rows = list(store.rows.values())
+    tables = write_tables(rows, store.directory / "results.md")
+    plots = [] if args.no_plots else write_plots(rows, store.directory)
+    if args.json:
+        print_json({"results": str(store.json_path), "rows": rows, "goodput": [
+            {"link": b.link, "codec": b.codec, "compress_at": b.compress_at, "goodput_rps": s.goodput_rps,
+             "bracket": [s.good, s.bad], "evaluations": s.evaluations} for b, s in searches]})
+        return 0
+    if searches:
+        print_table(f"goodput (attainment >= {args.target:g})", ("link", "codec", "goodput req/s", "bracket", "runs"),
+                    [(b.link, f"{b.codec}@{b.compress_at}", "-" if s.goodput_rps is None else f"{s.goodput_rps:g}",
+                      s.bracket(), str(len(s.evaluations))) for b, s in searches])
+    else:
+        print_table("sweep", ("point", "status", "SLO att.", "TTFT p99 ms", "TPOT p99 ms", "hand-off p99 ms",
+                              "link busy", "faithful", "wall s"), [_summary_row(r) for r in rows])
+    print(f"results: {store.json_path}, {store.csv_path}, {tables}" + (f"; plots: {', '.join(p.name for p in plots)}"
+                                                                      if plots else ""))
+    print(f"points run now: {runner.runs}; already in the results file: {len(rows) - runner.runs}")
+    return 1 if any(r["status"] != "ok" for r in rows) else 0
+
+
+def _goodput_bases(grids):
+    """One base scenario per distinct link × codec × compress_at of the grids (the rate axis is the search's)."""
+    from kvtransit.agents.sweep import sweep_points
+
+    bases, seen = [], set()
+    for _, scenario in sweep_points(grids):
+        ident = (scenario.link, scenario.codec, scenario.compress_at)
+        if ident not in seen:
+            seen.add(ident)
+            bases.append(scenario)
+    return bases
+
+
+def _summary_row(row: dict) -> tuple:
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    return (row["key"], row["status"] if row["status"] == "ok" else f"failed: {row['error'][:60]}",
+            fmt(row["slo_attainment"], ".1%"), fmt(row["ttft_p99_ms"], ".1f"), fmt(row["tpot_p99_ms"], ".2f"),
+            fmt(row["handoff_p99_ms"], ".1f"), fmt(row["link_busy"], ".1%"),
+            "-" if row["faithful"] is None else ("yes" if row["faithful"] else "NO"), fmt(row["wall_s"], ".1f"))
+
+
+class _SweepProgress:
+    """Two bars: points of the grid (the current point's key), and requests of the running point."""
+
+    def __init__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
+        self._points = self._progress.add_task("points", total=1, detail="")
+        self._requests = self._progress.add_task("requests", total=1, detail="", visible=False)
+
+    def start(self) -> None:
+        self._progress.start()
+
+    def stop(self) -> None:
+        self._progress.stop()
+
+    def print(self, line: str) -> None:
+        self._progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def begin_grid(self, total: int) -> None:
+        self._progress.update(self._points, total=total, completed=0, description="points")
+
+    def begin_search(self, label: str, most_runs: int) -> None:
+        self._progress.update(self._points, total=most_runs, completed=0, description=f"goodput {label}")
+
+    def point(self, index: int, key: str, scenario, skipped: bool) -> None:
+        self._progress.update(self._points, completed=index, detail=key + (" (in results, skipped)" if skipped else ""))
+        self._progress.update(self._requests, total=scenario.requests, completed=0, visible=not skipped,
+                              detail="starting…")
+
+    def done(self, index: int, row: dict) -> None:
+        self._progress.update(self._points, completed=index + 1)
+
+    def requests(self, snapshot: dict) -> None:
+        def ms(value):
+            return "-" if value is None else f"{value * 1e3:.1f} ms"
+
+        self._progress.update(self._requests, completed=snapshot["done"],
+                              detail=f"TTFT p99 {ms(snapshot.get('ttft_p99_s'))}  TPOT p99 {ms(snapshot.get('tpot_p99_s'))}")

@@ -1,0 +1,141 @@
+"""`kvtransit up`: one run end to end: decode(s), the middlebox, prefill(s) and the load generator as
+separate processes on this host, supervised, with a live progress bar and the run report at the end
+(table here; JSON and Markdown files). Ctrl-C stops every process and still writes what completed.
+
+Links: `--links auto` (default) runs the middlebox and decode in network namespaces with tc shaping the
+middlebox → decode veth when this host can (root, tc/ip, tbf or htb), else everything on loopback with the
+middlebox's user-space shaper; `netns` insists (fails loudly), `loopback` never tries. The output and the report
+say which back-end shaped each property. `--prometheus` runs a real Prometheus scraping every process.
+
+Defaults: llama3-8b on 1x h100 per instance, 1 prefill + 1 decode, eth-25g, freq-keep-k keep 0.5 in transit,
+100 requests at 2/s (about a minute). Every scenario flag is shared with the agent commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ._common import CliError, add_json_flag, print_json, print_table
+from ._scenario import add_scenario_args, scenario_from_args
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("up", help="run prefill, middlebox, decode and a load generator, and report",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_scenario_args(p)
+    p.add_argument("--report", type=Path, default=Path("kvtransit-report.json"), metavar="PATH",
+                   help="report JSON path; the Markdown goes beside it (default kvtransit-report.json)")
+    p.add_argument("--accuracy-sample", type=int, default=8, metavar="N",
+                   help="requests whose codec error decode measures (default 8)")
+    p.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
+                   help="model seconds to wait for stragglers after the last arrival")
+    p.add_argument("--links", choices=("auto", "netns", "loopback"), default="auto",
+                   help="network namespaces + tc (netns), loopback + the user-space shaper, or netns when this host "
+                        "can (auto, the default)")
+    p.add_argument("--prometheus", action="store_true",
+                   help="start a real Prometheus (a `prometheus` binary on PATH) scraping every process; its URL is "
+                        "printed and put in the report; it stops with the run")
+    p.add_argument("--run-dir", type=Path, default=None, metavar="DIR",
+                   help="where the links manifest and Prometheus's config go (default: REPORT.run/ beside the report)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import asyncio
+    import json
+    import sys
+
+    from kvtransit.agents.launcher import Launcher, RunFailed
+    from kvtransit.agents.report import headline, table_rows
+
+    scenario = scenario_from_args(args)
+    if args.accuracy_sample < 0:
+        raise CliError(f"--accuracy-sample must be >= 0, got {args.accuracy_sample}")
+    progress_bar = None if args.no_progress or args.json else _ProgressBar(scenario.requests)
+
+    def log(line: str) -> None:
+        # Announcements (links, Prometheus, failures) go to stdout (stderr under --json, which owns stdout),
+        # through the progress bar's console when there is one.
+        if progress_bar is not None:
+            progress_bar.print(line)
+        else:
+            print(line, flush=True, file=sys.stderr if args.json else sys.stdout)
+
+    launcher = Launcher(scenario, report_path=args.report, accuracy_sample=args.accuracy_sample,
+                        drain_timeout_s=args.drain_timeout,
+                        on_progress=progress_bar.update if progress_bar else None, log=log,
+                        links=args.links, prometheus=args.prometheus, run_dir=args.run_dir)
+
+    async def main():
+        from kvtransit.runtime.transport import Shutdown
+
+        with Shutdown() as shutdown:
+            stop = asyncio.Event()
+
+            async def relay():
+                await shutdown.wait()
+                stop.set()
+
+            relay_task = asyncio.create_task(relay())
+            try:
+                return await launcher.run(stop), stop.is_set()
+            finally:
+                relay_task.cancel()
+
+    failure = None
+    try:
+        if progress_bar:
+            progress_bar.start()
+        try:
+            path, interrupted = asyncio.run(main())
+        except RunFailed as exc:
+            failure, path, interrupted = str(exc), (args.report if args.report.exists() else None), False
+    finally:
+        if progress_bar:
+            progress_bar.stop()
+    if path is None:
+        raise CliError(failure or "the run ended without a report")
+    report = json.loads(Path(path).read_text())
+    if args.json:
+        print_json(report)
+    else:
+        print_table("kvtransit run (model time, ms)", ("metric", "mean", "p50", "p90", "p99", "max"), table_rows(report))
+        for line in headline(report):
+            print(line)
+        print(f"report: {path} and {Path(path).with_suffix('.md')}")
+    if failure:
+        sys.stderr.write(f"kvtransit up: error: {failure}\n")
+        return 1
+    return 130 if interrupted else 0
+
+
+class _ProgressBar:
+    """requests done, in flight, TTFT/TPOT p99 so far, link rate (model terms)."""
+
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), transient=True)
+        self._task = self._progress.add_task("run", total=total, detail="starting…")
+
+    def start(self) -> None:
+        self._progress.start()
+
+    def stop(self) -> None:
+        self._progress.stop()
+
+    def print(self, line: str) -> None:
+        self._progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def update(self, snapshot: dict) -> None:
+        def ms(value):
+            return "-" if value is None else f"{value * 1e3:.1f} ms"
+
+        rate = snapshot.get("link_Bps")
+        detail = (f"in flight {snapshot['in_flight']}  TTFT p99 {ms(snapshot.get('ttft_p99_s'))}  "
+                  f"TPOT p99 {ms(snapshot.get('tpot_p99_s'))}  link {'-' if rate is None else f'{rate / 1e9:.2f} GB/s'}")
+        self._progress.update(self._task, completed=snapshot["done"], detail=detail)

@@ -1,0 +1,238 @@
+"""Sweeps, as data: a grid of scenario overrides, the presets, and the goodput search's bisection.
+
+- A **grid** is a base scenario (field → value) and axes (field → values); its points are the cross product,
+  in axis order, with duplicates dropped: codec "none" runs nowhere, so "none at the GPU" is "none in
+  transit" and is run once.
+- A point's **key** names it by its overrides only (`link=eth-25g,codec=fp8,compress_at=gpu,rate=8.0`): the
+  results file is resumed by key.
+- **Goodput** is DistServe's per-instance goodput: the highest request rate whose SLO attainment is at least
+  the target (0.9 by default). `bisect_goodput` brackets it between a rate that meets the target and one that
+  does not, halving the bracket a bounded number of times; the function that measures attainment at a rate
+  is passed in (a live run in `agents/sweep.py`, a formula in the unit tests).
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+
+from .errors import ConfigError
+from .catalog import model_by_name
+from .links import link_by_name
+from .scenario import Scenario, auto_channels_and_dilation
+
+DEFAULT_GOODPUT_TARGET = 0.9  # DistServe's attainment target (Zhong et al., OSDI '24, §2.2: "90% SLO attainment")
+
+
+def _field_types() -> dict[str, type]:
+    types = {}
+    for f in fields(Scenario):
+        default = f.default
+        types[f.name] = str if f.name == "scale" else type(default)
+    return types
+
+
+SCENARIO_TYPES = _field_types()
+
+
+def parse_value(name: str, text: str):
+    """One grid value of scenario field `name`, typed as the field is (ConfigError naming the field)."""
+    if name not in SCENARIO_TYPES:
+        raise ConfigError(f"grid: unknown scenario field {name!r} (choose from: {', '.join(SCENARIO_TYPES)})")
+    kind = SCENARIO_TYPES[name]
+    text = text.strip()
+    if name == "scale":
+        if text == "auto":
+            return text
+        kind = float
+    try:
+        return kind(text) if kind is not str else text
+    except ValueError:
+        raise ConfigError(f"grid: {name} expects {kind.__name__} values, got {text!r}") from None
+
+
+def parse_axis(spec: str) -> tuple[str, list]:
+    """`"rate=8,10,12"` → `("rate", [8.0, 10.0, 12.0])` (scenario field names, `-` or `_`)."""
+    name, sep, values = spec.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or not values.strip():
+        raise ConfigError(f"grid: expected FIELD=V1,V2,... (e.g. rate=8,10,12), got {spec!r}")
+    return name, [parse_value(name, v) for v in values.split(",")]
+
+
+# Every key names these first (whether the grid varies them or not), so keys of different grids line up.
+KEY_FIELDS = ("link", "codec", "compress_at", "rate")
+
+
+def point_key(overrides: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in overrides.items())
+
+
+def canonical_key(scenario: Scenario, axes: dict) -> str:
+    """`link=…,codec=…,compress_at=…,rate=…` then the grid's other axes, all read from the scenario."""
+    names = [*KEY_FIELDS, *(n for n in axes if n not in KEY_FIELDS)]
+    return point_key({n: getattr(scenario, n) for n in names})
+
+
+def codec_label(codec: str, compress_at: str) -> str:
+    """How a codec column is headed: `none`, `fp8@transit`, `freq-keep-k@gpu`."""
+    return codec if codec == "none" else f"{codec}@{compress_at}"
+
+
+@dataclass(frozen=True)
+class Grid:
+    base: dict = field(default_factory=dict)  # scenario fields every point shares
+    axes: dict = field(default_factory=dict)  # field → values, in the order they vary (last fastest)
+
+    def __post_init__(self) -> None:
+        for name in [*self.base, *self.axes]:
+            if name not in SCENARIO_TYPES:
+                raise ConfigError(f"grid: unknown scenario field {name!r} (choose from: {', '.join(SCENARIO_TYPES)})")
+        for name, values in self.axes.items():
+            if not values:
+                raise ConfigError(f"grid: axis {name} has no values")
+
+    def points(self) -> list[dict]:
+        """Each point's overrides (base excluded), duplicates dropped, in grid order."""
+        seen, out = set(), []
+        names = list(self.axes)
+        for combo in itertools.product(*(self.axes[n] for n in names)):
+            point = dict(zip(names, combo))
+            codec = point.get("codec", self.base.get("codec"))
+            if codec == "none" and "compress_at" in point:
+                point["compress_at"] = "transit"  # nothing to compress: where is moot
+            key = point_key(point)
+            if key not in seen:
+                seen.add(key)
+                out.append(point)
+        return out
+
+    def scenario(self, point: dict) -> Scenario:
+        return Scenario(**{**self.base, **point})
+
+
+# --- presets (the deck's hand-off study) -----------------------------------------------------------------
+# The deck's workload: Llama-3-8B, 1 H100 per instance, 1P1D, 2,048-token prompts cv 0.5, 256-token outputs
+# cv 0.5, 800 requests, seed 1 (REFERENCE §4 defaults).
+DECK_WORKLOAD = dict(model="llama3-8b", device="h100", gpus=1, prefill=1, decode=1, prompt_mean=2048.0,
+                     prompt_cv=0.5, output_mean=256.0, output_cv=0.5, requests=800, seed=1)
+# Emulation for this 2-core host, measured (benchmarks/sweep.py; RESULTS.md "## Sweep"): eth-25g at the
+# deck's heaviest load (14 req/s, freq-keep-k in transit) stays faithful with the scaled link at ~40 MB/s of
+# real bytes and dilation 2 (scale 0.025); `scale="auto"` aims at HOST_BUDGET_BPS (200 MB/s), which this host
+# cannot hold beside the agents. Each link gets the most KV channels that fit this budget at dilation 2, and
+# more dilation where even one channel is too fast (nvlink4).
+PRESET_HOST_BUDGET_BPS = 40e6
+PRESET_DILATION = 2.0
+
+
+def preset_emulation(link: str, model: str = "llama3-8b") -> dict:
+    """`{"scale", "dilation"}` for `link` within PRESET_HOST_BUDGET_BPS (at least PRESET_DILATION)."""
+    spec = model_by_name(model)
+    channels, dilation = auto_channels_and_dilation(spec, link_by_name(link), PRESET_DILATION, PRESET_HOST_BUDGET_BPS)
+    return {"scale": channels / spec.kv_dim, "dilation": dilation}
+
+
+DECK_CODECS = ("none", "fp8", "freq-keep-k")
+DECK_LINKS = ("nvlink4", "ib-ndr", "eth-100g", "eth-25g")
+# fp8 needs rounding, which the module does not publish (REFERENCE §5): in transit it runs on the host.
+DECK_POLICY = {"policy": "host"}
+
+
+def _link_grid(link: str, axes: dict, **base) -> Grid:
+    return Grid({**DECK_WORKLOAD, **DECK_POLICY, **preset_emulation(link), "link": link, **base}, axes)
+
+
+PRESETS: dict[str, tuple[str, list[Grid]]] = {
+    "handoff-25g": (
+        "the deck's hand-off study: loads 8/10/12/14 req/s x codecs none/fp8/freq-keep-k in transit and at the "
+        "GPU, over eth-25g",
+        [_link_grid("eth-25g", {"rate": [8.0, 10.0, 12.0, 14.0], "codec": list(DECK_CODECS),
+                                "compress_at": ["transit", "gpu"]})]),
+    "links-8rps": (
+        "the deck's link comparison at 8 req/s: nvlink4, ib-ndr, eth-100g, eth-25g x codecs none/fp8/freq-keep-k "
+        "in transit",
+        [_link_grid(link, {"codec": list(DECK_CODECS)}, rate=8.0, compress_at="transit") for link in DECK_LINKS]),
+}
+PRESETS["deck"] = ("both deck studies: handoff-25g then links-8rps",
+                   PRESETS["handoff-25g"][1] + PRESETS["links-8rps"][1])
+
+# The KV tier (issue 10): 4 shared 2,048-token system prompts (+ ~256-token user parts), light load, over the
+# slow eth-25g; no cache, a local cache (no fetch cost), and the pool behind the middlebox without and with
+# the band-keep kernel. TTFT excludes the hand-off (REFERENCE §4), so the codec moves only the fetch's share.
+KVPOOL_WORKLOAD = dict(model="llama3-8b", device="h100", gpus=1, prefill=1, decode=1,
+                       prefix_workload="system-prompts", system_prompts=4, system_prompt_tokens=2048,
+                       prompt_mean=256.0, prompt_cv=0.5, output_mean=64.0, output_cv=0.5, requests=60, rate=2.0,
+                       seed=1, link="eth-25g")
+PRESETS["kvpool"] = (
+    "prefix reuse over eth-25g, 4 shared 2,048-token system prompts: no cache, local cache, pool without and "
+    "with freq-keep-k",
+    [Grid({**KVPOOL_WORKLOAD, **preset_emulation("eth-25g")}, {"kv_pool": ["off", "local", "pool"], "codec": ["none"]}),
+     Grid({**KVPOOL_WORKLOAD, **preset_emulation("eth-25g")}, {"kv_pool": ["pool"], "codec": ["freq-keep-k"]})])
+
+
+def preset(name: str) -> list[Grid]:
+    if name not in PRESETS:
+        raise ConfigError(f"preset: unknown value {name!r} (choose from: {', '.join(PRESETS)})")
+    return PRESETS[name][1]
+
+
+# --- goodput search ----------------------------------------------------------------------------------------
+
+@dataclass
+class GoodputSearch:
+    target: float
+    good: float | None = None  # the highest rate measured to meet the target
+    bad: float | None = None  # the lowest rate measured to miss it
+    evaluations: list[tuple[float, float]] = field(default_factory=list)  # (rate, attainment) in run order
+
+    @property
+    def goodput_rps(self) -> float | None:
+        """The answer: the highest rate known to meet the target (None: not even the lowest did)."""
+        return self.good
+
+    def bracket(self) -> str:
+        low = "none met the target" if self.good is None else f"{self.good:g}"
+        high = "none missed it" if self.bad is None else f"{self.bad:g}"
+        return f"[{low}, {high}) req/s"
+
+
+def bisect_goodput(attainment_at: Callable[[float], float], lo: float, hi: float, *,
+                   target: float = DEFAULT_GOODPUT_TARGET, iterations: int = 4,
+                   rel_tolerance: float = 0.05) -> GoodputSearch:
+    """Measure `hi`, then `lo`, then halve the bracket until `iterations` midpoints were run or it is within
+    `rel_tolerance` of its upper end. If `hi` meets the target, that is the answer (the search says the
+    bracket is open above); if `lo` misses, there is no goodput in the range."""
+    if not (0 < lo < hi and math.isfinite(hi)):
+        raise ConfigError(f"goodput search: need 0 < low rate < high rate, got {lo!r}, {hi!r}")
+    if not 0 < target <= 1:
+        raise ConfigError(f"goodput search: target attainment must be in (0, 1], got {target!r}")
+    if iterations < 0:
+        raise ConfigError(f"goodput search: iterations must be >= 0, got {iterations!r}")
+    search = GoodputSearch(target)
+
+    def meets(rate: float) -> bool:
+        attainment = attainment_at(rate)
+        search.evaluations.append((rate, attainment))
+        return not math.isnan(attainment) and attainment >= target
+
+    if meets(hi):
+        search.good = hi
+        return search
+    search.bad = hi
+    if not meets(lo):
+        search.bad = lo
+        return search
+    search.good = lo
+    for _ in range(iterations):
+        if (search.bad - search.good) <= rel_tolerance * search.bad:
+            break
+        mid = (search.good + search.bad) / 2
+        if meets(mid):
+            search.good = mid
+        else:
+            search.bad = mid
+    return search

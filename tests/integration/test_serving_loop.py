@@ -1,0 +1,291 @@
+"""The serving loop end to end: real decode, prefill and load-generator processes on loopback.
+
+Every process is the real one, the middlebox included. Workloads are short (seconds) and light, so nothing
+queues and the measured figures can be held against the analytic ones. Tolerances are generous: the 2-core
+box is shared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvtransit.agents import kvframes
+from kvtransit.agents.launcher import Launcher, RunFailed
+from kvtransit.agents.report import REPORT_KEYS
+from kvtransit.kernels.synthetic_kv import SyntheticKv
+from kvtransit.model.cost import decode_step_s
+from kvtransit.model.scenario import Scenario
+
+pytestmark = pytest.mark.timeout(120)
+
+# Light: one request every 0.5 s on average, short outputs; a hand-off of a 2,048-token prompt takes 86 ms
+# on eth-25g and a lone decode of 32 tokens ~0.2 s, so requests rarely meet.
+LIGHT = dict(rate=2.0, requests=10, output_mean=32.0, output_cv=0.5, prompt_mean=1024.0, prompt_cv=0.5)
+
+
+def _run(tmp_path: Path, name: str, stop_after_s: float | None = None, on_started=None, middlebox=None,
+         **fields) -> tuple[Launcher, dict | None]:
+    scenario = Scenario(**fields)
+    launcher = Launcher(scenario, report_path=tmp_path / f"{name}.json", middlebox_command=middlebox,
+                        drain_timeout_s=20.0, accuracy_sample=4, log=lambda _msg: None)
+
+    async def main():
+        stop = asyncio.Event()
+        if stop_after_s is not None:
+            asyncio.get_running_loop().call_later(stop_after_s, stop.set)
+        if on_started is not None:
+            asyncio.create_task(on_started(launcher))
+        return await launcher.run(stop)
+
+    path = asyncio.run(main())
+    return launcher, (json.loads(path.read_text()) if path else None)
+
+
+@pytest.fixture(scope="module")
+def light_run(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("light"), "light", codec="none", **LIGHT)[1]
+
+
+def _simulator_stream(seed: int, rate: float, n: int, prompt=(1024.0, 0.5), output=(32.0, 0.5)):
+    """REFERENCE §4's generator, written out again here independently of model.workload."""
+    rng = random.Random(seed)
+
+    def lognormal(mean, cv):
+        s2 = math.log(1 + cv * cv)
+        return int(min(32768, max(1, round(rng.lognormvariate(math.log(mean) - s2 / 2, math.sqrt(s2))))))
+
+    t, out = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        out.append((i, t, lognormal(*prompt), lognormal(*output)))
+    return out
+
+
+def test_every_request_is_accounted_for(light_run):
+    req = light_run["requests"]
+    assert req["total"] == LIGHT["requests"]
+    assert req["ok"] + req["slo_miss"] + req["failed"] + req["timed_out"] == req["total"]
+    assert [r["id"] for r in light_run["per_request"]] == list(range(LIGHT["requests"]))
+    assert req["failed"] == 0 and req["timed_out"] == 0, req
+
+
+def test_report_has_every_key(light_run):
+    assert set(REPORT_KEYS) <= set(light_run)
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "handoff_s"):
+        assert set(light_run[key]) == {"mean", "p50", "p90", "p99", "max"}
+    assert set(light_run["requests"]) >= {"total", "ok", "slo_miss", "failed", "failed_reasons"}
+    assert set(light_run["link"]) >= {"busy", "configured_Bps", "achieved_Bps", "kv_bytes", "wire_bytes"}
+    assert set(light_run["energy_j"]) == {"link", "module", "gpu"} and light_run["j_per_token"] > 0
+    assert isinstance(light_run["faithful"], bool) and "link_rate" in light_run["fidelity"]
+    assert light_run["accuracy"]["sampled_requests"] == 4
+    assert light_run["accuracy"]["k_relative_error"] == 0.0  # codec none: the bytes arrived intact
+
+
+def test_slo_attainment_is_full_at_light_load(light_run):
+    assert light_run["slo_attainment"] == 1.0
+
+
+def test_workload_is_the_simulators_stream_for_seed_1(light_run):
+    expected = _simulator_stream(1, LIGHT["rate"], LIGHT["requests"])
+    got = [(r["id"], r["prompt_tokens"], r["output_tokens"]) for r in light_run["per_request"]]
+    assert got == [(i, p, o) for i, _, p, o in expected]
+    lag = [r["arrival_s"] - t for r, (_, t, _, _) in zip(light_run["per_request"], expected)]
+    assert all(0 <= x < 0.05 for x in lag), lag  # sent on its arrival time (absolute deadlines)
+
+
+def _analytic_handoff(scenario: Scenario, prompt_tokens: int, ratio: float = 1.0) -> float:
+    link = scenario.link_spec
+    return link.latency_s + scenario.model_spec.kv_bytes(prompt_tokens) / ratio / link.bandwidth_Bps
+
+
+def test_handoff_matches_latency_plus_bytes_over_bandwidth(light_run):
+    scenario = Scenario(codec="none", **LIGHT)
+    ratios = [r["handoff_s"] / _analytic_handoff(scenario, r["prompt_tokens"]) for r in light_run["per_request"]
+              if r["handoff_s"] is not None]
+    assert len(ratios) >= LIGHT["requests"] - 2  # single-token outputs have no hand-off
+    # Same order as latency + bytes/bandwidth (a wrong scale or pacing is off by far more); the 2 % target is
+    # the fidelity guard's to judge, run by run, on a box that others share.
+    assert statistics.median(ratios) == pytest.approx(1.0, abs=0.10), ratios
+
+
+def test_tpot_is_the_roofline_decode_steps_plus_the_handoff_share(light_run):
+    scenario = Scenario(codec="none", **LIGHT)
+    model, device = scenario.model_spec, scenario.device_spec
+    ratios = []
+    for r in light_run["per_request"]:
+        n = r["output_tokens"]
+        if n < 2 or r["handoff_s"] is None:
+            continue
+        steps = sum(decode_step_s(model, device, 1, 1, r["prompt_tokens"] + k) for k in range(1, n))
+        ratios.append(r["tpot_s"] / ((r["handoff_s"] + steps) / (n - 1)))
+    assert statistics.median(ratios) == pytest.approx(1.0, abs=0.05), ratios
+
+
+def test_compress_at_gpu_puts_the_codecs_own_bytes_on_the_wire(tmp_path):
+    """The wire carries exactly what the codec makes of each request's KV (computed here independently);
+    in transit the real middlebox must put the same bytes on the link."""
+    fields = dict(LIGHT, requests=4, codec="freq-keep-k", compress_at="gpu")
+    _, report = _run(tmp_path, "gpu", **fields)
+    scenario = Scenario(**fields)
+    layout = scenario.kv_layout
+    kv = SyntheticKv(layout.layers, layout.kv_heads, layout.head_dim, scenario.seed)
+    codec = kvframes.codec_for(scenario)
+    wire = raw = 0
+    for r in report["per_request"]:
+        if r["output_tokens"] < 2:
+            continue
+        for layer in range(layout.layers):
+            rows = kvframes.as_rows(kv.layer(r["id"], layer, r["prompt_tokens"]))
+            wire += codec.encode(rows).payload.nbytes
+            raw += rows.nbytes
+    assert report["requests"]["ok"] == 4
+    assert report["link"]["wire_bytes"] == pytest.approx(wire / scenario.effective_scale)
+    assert report["link"]["kv_bytes"] == pytest.approx(raw / scenario.effective_scale)
+    assert report["link"]["kv_bytes"] / report["link"]["wire_bytes"] == pytest.approx(2.0, rel=0.05)  # keep 0.5
+    k_err, v_err = report["accuracy"]["k_relative_error"], report["accuracy"]["v_relative_error"]
+    assert 0 < k_err < v_err < 1  # measured on the decoded KV: K is smoother than V
+
+
+def test_compress_at_gpu_and_in_transit_put_the_same_bytes_on_the_wire(tmp_path):
+    """With the real middlebox: the codec at the prefill GPU (middlebox passes through) or in the module."""
+    fields = dict(LIGHT, requests=4, codec="freq-keep-k")
+    _, gpu = _run(tmp_path, "gpu", middlebox=None, compress_at="gpu", **fields)
+    _, transit = _run(tmp_path, "transit", middlebox=None, compress_at="transit", **fields)
+    for report in (gpu, transit):
+        assert report["requests"]["ok"] + report["requests"]["slo_miss"] == 4
+    assert gpu["link"]["wire_bytes"] == transit["link"]["wire_bytes"]
+    assert gpu["link"]["kv_bytes"] == transit["link"]["kv_bytes"]
+    assert transit["energy_j"]["module"] > 0 == gpu["energy_j"]["module"]  # the module only spends in transit
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for an init that does not reap counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_crashed_process_stops_the_run_and_the_report_keeps_what_completed(tmp_path):
+    async def kill_decode(launcher):
+        while not any(c.role == "loadgen" and c.ready for c in launcher.children):
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(2.0)
+        decode = next(c for c in launcher.children if c.role == "decode")
+        os.kill(decode.pid, signal.SIGKILL)
+
+    with pytest.raises(RunFailed, match=r"decode-0 \(pid \d+\) was killed by signal 9") as failure:
+        _run(tmp_path, "crash", on_started=kill_decode, codec="none", **dict(LIGHT, requests=40))
+    report = json.loads((tmp_path / "crash.json").read_text())
+    req = report["requests"]
+    assert req["total"] == 40 and req["ok"] + req["slo_miss"] >= 1
+    assert req["failed"] + req["timed_out"] >= 1
+    assert "stderr" in str(failure.value)
+
+
+def test_stopping_the_run_stops_every_child_and_writes_the_report(tmp_path):
+    launcher, report = _run(tmp_path, "stopped", stop_after_s=6.0, codec="none", **dict(LIGHT, requests=200))
+    assert report is not None and report["requests"]["total"] == 200
+    assert report["requests"]["timed_out"] >= 1  # stopped early: the rest are timed out, not vanished
+    assert all(not _alive(c.pid) for c in launcher.children)
+
+
+def test_a_port_in_use_names_the_port_and_the_flag():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "kvtransit.cli", "decode", "--listen", f"127.0.0.1:{port}"],
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"kvtransit decode: error: port 127.0.0.1:{port} is already in use (move it with --listen HOST:PORT, "
+        "port 0 picks a free one)"]
+
+
+def test_an_unknown_value_is_one_line_with_the_choices():
+    result = subprocess.run([sys.executable, "-m", "kvtransit.cli", "up", "--codec", "zip"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("kvtransit up: error: codec: unknown value 'zip' (choose from: none, fp8, "
+                                     "fp4-block, freq-keep-k)")
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_ctrl_c_on_kvtransit_up_stops_every_child_and_still_reports(tmp_path):
+    import time
+
+    report = tmp_path / "up.json"
+    up = subprocess.Popen([sys.executable, "-m", "kvtransit.cli", "up", "--links", "loopback", "--no-progress", "--requests", "200",
+                           "--output-mean", "32", "--report", str(report)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        children: list[int] = []
+        while time.monotonic() < deadline and len(children) < 4:  # decode, middlebox, prefill, loadgen
+            time.sleep(0.2)
+            children = _children_of(up.pid)
+        assert len(children) == 4, children
+        time.sleep(3.0)
+        up.send_signal(signal.SIGINT)
+        out, err = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert up.returncode == 130, err
+    assert all(not _alive(pid) for pid in children)
+    data = json.loads(report.read_text())
+    assert data["requests"]["total"] == 200 and data["requests"]["timed_out"] >= 1
+    assert "TTFT" in out and f"report: {report}" in out
+
+
+def test_children_stop_by_themselves_when_the_launcher_is_killed_outright(tmp_path):
+    import time
+
+    up = subprocess.Popen([sys.executable, "-m", "kvtransit.cli", "up", "--links", "loopback", "--no-progress", "--requests", "200",
+                           "--output-mean", "32", "--report", str(tmp_path / "killed.json")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(children) < 4:
+            time.sleep(0.2)
+            children = _children_of(up.pid)
+        assert len(children) == 4, children
+    finally:
+        up.kill()  # SIGKILL: no chance to stop anyone
+        up.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_alive(pid) for pid in children):
+        time.sleep(0.2)
+    leftovers = [pid for pid in children if _alive(pid)]
+    for pid in leftovers:  # never leave them behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers

@@ -1,0 +1,106 @@
+"""Every query of every dashboard panel returns data from a real Prometheus scraping a real `kvtransit up` run.
+
+The run is short and the queries are polled while it runs (its Prometheus stops with it): a query passes once
+it has returned at least one real number (not an empty result, not only NaN). Skips only when `prometheus` is
+not on PATH; anything else that keeps a query empty (a metric the agents never export, a label child never
+created, a broken recording rule) fails here, naming the panel.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dashboards.queries import PanelQuery, all_queries
+from kvtransit.runtime.prometheus import ANNOUNCE_PREFIX
+
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not on PATH (apt-get install prometheus)"),
+]
+
+# A short run at a rate the 2-core box carries (about 15 s of arrivals, 1 s scrapes, 30 s rate windows).
+RUN_FLAGS = ["--requests", "40", "--rate", "3", "--prompt-mean", "512", "--output-mean", "32", "--seed", "7"]
+RUN_TIMEOUT_S = 240.0
+POLL_INTERVAL_S = 1.0
+
+
+def _query(url: str, expr: str) -> list[dict]:
+    with urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}), timeout=5) as r:
+        body = json.load(r)
+    if body["status"] != "success":
+        raise AssertionError(f"{expr}: {body}")
+    return body["data"]["result"]
+
+
+def _has_a_number(result: list[dict]) -> bool:
+    return any(math.isfinite(float(series["value"][1])) for series in result)
+
+
+def test_every_dashboard_query_returns_data_from_a_real_run(tmp_path: Path):
+    queries = all_queries()
+    assert queries, "no dashboards under dashboards/json"
+    argv = [sys.executable, "-m", "kvtransit.cli", "up", *RUN_FLAGS, "--prometheus", "--no-progress",
+            "--report", str(tmp_path / "report.json")]
+    run = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    stdout_lines: list[str] = []
+    url_found = threading.Event()
+    url: list[str] = []
+
+    def read_stdout():
+        for line in run.stdout:
+            stdout_lines.append(line)
+            if line.startswith(ANNOUNCE_PREFIX + " "):
+                url.append(json.loads(line.split(" ", 1)[1])["url"])
+                url_found.set()
+
+    stderr_lines: list[str] = []  # read all along, so a chatty run never blocks on a full pipe
+    readers = [threading.Thread(target=read_stdout, daemon=True),
+               threading.Thread(target=lambda: stderr_lines.extend(run.stderr), daemon=True)]
+    for reader in readers:
+        reader.start()
+    answered: set[PanelQuery] = set()
+    errors: dict[PanelQuery, str] = {}
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not url_found.is_set() and run.poll() is None and time.monotonic() < deadline:
+            url_found.wait(0.2)
+        assert url, (f"`kvtransit up --prometheus` printed no {ANNOUNCE_PREFIX} line (exit {run.poll()}); "
+                     f"stdout: {''.join(stdout_lines)[-2000:]} stderr: {''.join(stderr_lines)[-2000:]}")
+        while run.poll() is None and time.monotonic() < deadline and len(answered) < len(queries):
+            for query in queries:
+                if query in answered:
+                    continue
+                try:
+                    if _has_a_number(_query(url[0], query.expr)):
+                        answered.add(query)
+                        errors.pop(query, None)
+                except (OSError, AssertionError) as exc:  # Prometheus gone (the run ended) or a bad query
+                    errors[query] = str(exc)
+            time.sleep(POLL_INTERVAL_S)
+    finally:
+        if run.poll() is None:
+            # All queries answered before the run ended: stop it the way Ctrl-C does (it stops its children).
+            os.killpg(run.pid, signal.SIGINT)
+        try:
+            run.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+        for reader in readers:
+            reader.join(timeout=5)
+    missing = [f"{q}{'  (' + errors[q] + ')' if q in errors else ''}" for q in queries if q not in answered]
+    assert not missing, f"{len(missing)} of {len(queries)} dashboard queries never returned data:\n" + "\n".join(missing)

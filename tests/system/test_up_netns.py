@@ -1,0 +1,132 @@
+"""`kvtransit up --links netns`: the middlebox and decode in network namespaces, tc tbf shaping the hand-off veth.
+
+A short, light run through the real CLI (as a person runs it), then its report is held against the analytic
+hand-off (latency + bytes / bandwidth, as tests/integration/test_serving_loop.py does on loopback), and the
+host is checked for leftovers by the exact names the run's manifest lists. Failures while building the
+topology or starting an agent must leave nothing behind either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvtransit.agents.launcher import Launcher, RunFailed
+from kvtransit.agents.links import LinksUnavailable, choose_links
+from kvtransit.model.scenario import Scenario
+from kvtransit.shaping.errors import CommandFailed
+from kvtransit.shaping.runner import run_command
+
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and tc need root"),
+    pytest.mark.skipif(shutil.which("tc") is None or shutil.which("ip") is None, reason="tc or ip not on PATH"),
+]
+
+# The light load of tests/integration/test_serving_loop.py: requests rarely meet, so a hand-off is one transfer.
+LIGHT = dict(rate=2.0, requests=10, output_mean=32.0, output_cv=0.5, prompt_mean=1024.0, prompt_cv=0.5)
+LIGHT_FLAGS = ["--rate", "2", "--requests", "10", "--output-mean", "32", "--output-cv", "0.5", "--prompt-mean",
+               "1024", "--prompt-cv", "0.5", "--codec", "none"]
+
+
+def _leftovers(manifest_path: Path) -> list[str]:
+    """Every namespace and veth the manifest lists that still exists (by exact name)."""
+    manifest = json.loads(manifest_path.read_text())
+    namespaces = {line.split()[0] for line in run_command(["ip", "netns", "list"]).splitlines() if line.strip()}
+    left = []
+    for item in manifest["resources"]:
+        if item["kind"] == "netns" and item["name"] in namespaces:
+            left.append(f"netns {item['name']}")
+        if item["kind"] == "veth":
+            for ns, dev in ((item["netns"], item["dev"]), (item["peer_netns"], item["peer"])):
+                if ns is None or ns in namespaces:
+                    listing = run_command(["ip", *(["-n", ns] if ns else []), "-o", "link", "show"])
+                    if any(line.split(":")[1].strip().split("@")[0] == dev for line in listing.splitlines()):
+                        left.append(f"veth {dev} in {ns or 'the root namespace'}")
+    return left
+
+
+@pytest.fixture(scope="module")
+def netns_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("netns")
+    report = tmp / "report.json"
+    done = subprocess.run([sys.executable, "-m", "kvtransit.cli", "up", "--links", "netns", "--no-progress",
+                           "--drain-timeout", "20", "--report", str(report), *LIGHT_FLAGS],
+                          capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(report.read_text()), done.stdout, report.with_suffix(".run") / "links.json"
+
+
+def test_every_request_is_accounted_for_in_netns_mode(netns_run):
+    report, _, _ = netns_run
+    req = report["requests"]
+    assert req["total"] == LIGHT["requests"]
+    assert req["ok"] + req["slo_miss"] == req["total"], req
+    assert [r["id"] for r in report["per_request"]] == list(range(LIGHT["requests"]))
+
+
+def test_the_report_and_the_output_say_tc_shaped_the_rate(netns_run):
+    report, stdout, _ = netns_run
+    assert report["config"]["links"]["mode"] == "netns"
+    assert report["link"]["backends"]["rate"] in ("tc tbf", "tc htb")
+    assert report["link"]["backends"]["delay"] == "userspace"  # the middlebox's delay line (no netem here)
+    assert report["link"]["measured_at"] == "decode"  # tc's side of the link is invisible to the middlebox
+    assert "links: netns" in stdout and f"rate by {report['link']['backends']['rate']}" in stdout
+
+
+# Measured on this 2-core VM (10 light requests, eth-25g at the auto scale, 195 MB/s through tbf): hand-off
+# median 1.13-1.25x latency + bytes/bandwidth, against 1.008x on loopback and 1.007x in the same namespaces
+# with the user-space shaper instead of tbf. Bulk TCP through the same tbf reaches 0.9998 of its rate, and the
+# gap shrinks with the rate (1.06x at --scale 0.01), so it is the app's hand-off pattern over tc, not tbf's
+# rate; it is not understood yet (see ARCHITECTURE.md, links). The fidelity guard flags such a run. The
+# bound below still catches a wrong rate, scale or header accounting (off by 2x and more, or short of 1).
+NETNS_HANDOFF_BOUNDS = (0.95, 1.35)
+
+
+def test_handoff_through_tc_is_latency_plus_bytes_over_bandwidth_within_the_measured_gap(netns_run):
+    report, _, _ = netns_run
+    scenario = Scenario(codec="none", **LIGHT)
+    link = scenario.link_spec
+    ratios = [r["handoff_s"] / (link.latency_s + scenario.model_spec.kv_bytes(r["prompt_tokens"]) / link.bandwidth_Bps)
+              for r in report["per_request"] if r["handoff_s"] is not None]
+    assert len(ratios) >= LIGHT["requests"] - 2  # single-token outputs have no hand-off
+    low, high = NETNS_HANDOFF_BOUNDS
+    assert low <= statistics.median(ratios) <= high, ratios
+
+
+def test_no_namespace_or_veth_of_the_run_remains(netns_run):
+    _, _, manifest = netns_run
+    listed = json.loads(manifest.read_text())["resources"]
+    assert {item["kind"] for item in listed} == {"netns", "veth", "qdisc"}  # the manifest did list the run
+    assert _leftovers(manifest) == []
+
+
+def test_a_failure_while_building_the_topology_leaves_nothing_behind(tmp_path):
+    def fail_on_shaping(argv):
+        if argv[0] == "tc" and "add" in argv:  # the last step: namespaces and veths exist by now
+            raise CommandFailed(argv, 2, "injected failure")
+        return run_command(argv)
+
+    manifest = tmp_path / "links.json"
+    with pytest.raises(LinksUnavailable, match="rolled back.*injected failure.*links clean --manifest"):
+        choose_links(Scenario(**LIGHT), "netns", manifest_path=manifest, runner=fail_on_shaping)
+    assert [item["kind"] for item in json.loads(manifest.read_text())["resources"]][-1] == "veth"
+    assert _leftovers(manifest) == []
+
+
+def test_an_agent_that_fails_to_start_in_a_namespace_leaves_nothing_behind(tmp_path):
+    broken_middlebox = [sys.executable, "-c", "import sys; sys.stderr.write('boom\\n'); sys.exit(3)"]
+    launcher = Launcher(Scenario(**LIGHT), report_path=tmp_path / "r.json", middlebox_command=broken_middlebox,
+                        links="netns", log=lambda _line: None)
+    with pytest.raises(RunFailed, match="(?s)middlebox-0 failed to start.*boom"):
+        asyncio.run(launcher.run())
+    assert _leftovers(tmp_path / "r.run" / "links.json") == []
