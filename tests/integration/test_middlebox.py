@@ -283,3 +283,34 @@ def test_middlebox_process_relays_and_exports_metrics(tmp_path):
             await stub.server.shutdown(1.0)
 
     asyncio.run(scenario_run())
+
+
+async def test_a_transit_bound_kernel_holds_the_link_for_its_modelled_compute_time(testbed):
+    """FFT length 64 with the transform charged costs 7.5 ops/B against the simulator's 1.6 ops per line
+    byte (REFERENCE §5): the hand-off takes ops / (1.6 x bw), not wire / bw, and is counted transit-bound."""
+    import time as _time
+
+    from kvtransit.model.module import fft_ops_per_byte
+
+    # 3.125 MB/s shaped (eth-25g at scale 1, dilation 1000): the hold (~0.2 s) dwarfs the fixed overheads.
+    stub, mb, server, registry = await testbed(dilation=1000.0)
+    mb.set_kernel(KernelConfig(codec="freq-keep-k", keep=0.5, block=64, sinks=4, transform_charged=True))
+    assert mb.kernel.budget.verdict.value == "transit-bound"
+    kv = known_kv(9)
+    rate = mb.link_stage.link.bandwidth_Bps
+    compute_s = kv.nbytes * fft_ops_per_byte(64) / (1.6 * rate)
+    wire_s = 0.51 * kv.nbytes / rate
+    assert compute_s > 3 * wire_s
+    client = await prefill_client(server.port)
+    start = _time.monotonic()
+    await send_kv(client, 51, kv)
+    assert (await next_acks(client, 1))[51].status == AckStatus.OK
+    took = _time.monotonic() - start
+    assert took == pytest.approx(compute_s, rel=0.25), (took, compute_s, wire_s)
+    frames = len(stub.chunks[51])
+    assert registry.get_sample_value("kvtransit_module_transit_bound_total",
+                                     {"link": "eth-25g", "codec": "freq-keep-k"}) == frames
+    modelled = registry.get_sample_value("kvtransit_module_modelled_compute_seconds_total",
+                                         {"link": "eth-25g", "codec": "freq-keep-k"})
+    assert modelled == pytest.approx(compute_s / 1000.0, rel=1e-6)  # reported in model seconds
+    await client.aclose()

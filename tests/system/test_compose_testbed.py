@@ -14,6 +14,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -57,6 +58,25 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _unready_container_logs(env: dict) -> str:
+    """Every container of the compose project that is not running healthy: its state and the tail of its log."""
+    project = f"label=com.docker.compose.project={env['COMPOSE_PROJECT_NAME']}"
+    listed = subprocess.run(["docker", "ps", "-a", "-q", "--filter", project], env=env, capture_output=True,
+                            text=True, timeout=30)
+    state_format = ("{{.Name}} {{.State.Status}} exit={{.State.ExitCode}}"
+                    " {{if .State.Health}}{{.State.Health.Status}}{{end}}")
+    told = []
+    for container in listed.stdout.split():
+        state = subprocess.run(["docker", "inspect", "--format", state_format, container], env=env,
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+        if state.endswith(" running exit=0 healthy"):
+            continue
+        log = subprocess.run(["docker", "logs", "--tail", "60", container], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=30).stdout
+        told.append(f"--- {state or container}\n{log}")
+    return "\n".join(told) or f"(no container of the project is unready; docker ps said: {listed.stderr.strip()})"
+
+
 def _scraped_agents(url: str) -> dict[str, float]:
     query = urllib.parse.urlencode({"query": 'max by (agent) (max_over_time(up{job="kvtransit"}[10m]))'})
     with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as response:
@@ -80,7 +100,9 @@ def test_compose_runs_a_shaped_scenario_scraped_by_its_prometheus(tmp_path):
         "KVTRANSIT_IMAGE_TAG": f"test-{run_id}",
         "KVTRANSIT_RUNS_DIR": str(runs),
         "KVTRANSIT_PROMETHEUS_PORT": str(prometheus_port),
-        "KVTRANSIT_SCENARIO": " ".join(_canonical_scenario(SCENARIO)),
+        # Quoted as .env holds it (docker/scenario_env.py): compose shlex-splits the interpolated command, so an
+        # empty value (`--trace ''`) must stay a word, or `--trace` has no value and every agent exits at parsing.
+        "KVTRANSIT_SCENARIO": shlex.join(_canonical_scenario(SCENARIO)),
     })
     compose = ["docker-compose"]
     engine_started = False
@@ -91,7 +113,11 @@ def test_compose_runs_a_shaped_scenario_scraped_by_its_prometheus(tmp_path):
         _run([str(DOCKER / "build-wheelhouse.sh")], env)
         _run([str(DOCKER / "fetch-prometheus.sh")], env)
         _run([*compose, "build", "-q"], env)
-        _run([*compose, "up", "-d"], env)
+        up = subprocess.run([*compose, "up", "-d"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=STEP_TIMEOUT_S)
+        # A dependency that never turns healthy only says "Container <id> is unhealthy": add what it printed.
+        assert up.returncode == 0, (f"docker-compose up -d exited {up.returncode}:\n{up.stderr[-3000:]}\n"
+                                    + _unready_container_logs(env))
 
         loadgen = _run([*compose, "ps", "-q", "loadgen"], env).strip()
         exit_code = _run(["docker", "wait", loadgen], env).strip()

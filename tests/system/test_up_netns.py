@@ -83,16 +83,14 @@ def test_the_report_and_the_output_say_tc_shaped_the_rate(netns_run):
     assert "links: netns" in stdout and f"rate by {report['link']['backends']['rate']}" in stdout
 
 
-# Measured on this 2-core VM (10 light requests, eth-25g at the auto scale, 195 MB/s through tbf): hand-off
-# median 1.13-1.25x latency + bytes/bandwidth, against 1.008x on loopback and 1.007x in the same namespaces
-# with the user-space shaper instead of tbf. Bulk TCP through the same tbf reaches 0.9998 of its rate, and the
-# gap shrinks with the rate (1.06x at --scale 0.01), so it is the app's hand-off pattern over tc, not tbf's
-# rate; it is not understood yet (see ARCHITECTURE.md, links). The fidelity guard flags such a run. The
-# bound below still catches a wrong rate, scale or header accounting (off by 2x and more, or short of 1).
-NETNS_HANDOFF_BOUNDS = (0.95, 1.35)
+# The hand-off through tbf is held to the same band as on loopback (test_serving_loop): the prefill sends the
+# KV during its step, stamped with the first token, and the middlebox holds it until then and by tbf's burst
+# time, so neither the host's overhead nor tbf's full bucket after idle moves the end of the transfer.
+# Measured here: median 1.007-1.012x (loopback 1.006-1.008x); before those two holds, 1.13-1.25x.
+NETNS_HANDOFF_BOUNDS = (0.90, 1.10)
 
 
-def test_handoff_through_tc_is_latency_plus_bytes_over_bandwidth_within_the_measured_gap(netns_run):
+def test_handoff_through_tc_is_latency_plus_bytes_over_bandwidth(netns_run):
     report, _, _ = netns_run
     scenario = Scenario(codec="none", **LIGHT)
     link = scenario.link_spec

@@ -20,9 +20,9 @@ from kvtransit.runtime.http import HttpServer
 from ._fuzz import fuzz_settings
 
 FUZZ = fuzz_settings()
-# What a refusal may be: bad request, unauthorised, not found, method, length required, too large, head too
-# large, version. Never 500 (that would be a crash the handler did not foresee).
-REFUSALS = {400, 401, 404, 405, 411, 413, 431, 505}
+# What a refusal may be: bad request, unauthorised, not found, method, body timeout, length required, too
+# large, head too large, version. Never 500 (that would be a crash the handler did not foresee).
+REFUSALS = {400, 401, 404, 405, 408, 411, 413, 431, 505}
 ANSWER_TIMEOUT_S = 5.0  # far above a loopback round trip; a hang fails the example
 
 

@@ -74,18 +74,18 @@ def test_auto_scale_is_largest_under_host_budget_keeping_heads():
         assert rate <= HOST_BUDGET_BPS
         one_more = link_by_name(link).bandwidth_Bps * (s.kv_layout.channels + model_by_name("llama3-8b").kv_heads) / 1024
         assert one_more > HOST_BUDGET_BPS or s.kv_layout.kv_heads == 1
-    s = Scenario()  # eth-25g: 3.125 GB/s x 64/1024 = 195.3 MB/s
-    assert s.kv_layout.channels == 64 and s.effective_scale == 0.0625
-    assert s.scaled_link.bandwidth_Bps == pytest.approx(195_312_500)
+    s = Scenario()  # eth-25g: 3.125 GB/s x 16/1024 = 48.8 MB/s
+    assert s.kv_layout.channels == 16 and s.effective_scale == 1 / 64
+    assert s.scaled_link.bandwidth_Bps == pytest.approx(48_828_125)
 
 
 def test_auto_scale_dilates_when_even_one_channel_is_too_fast():
-    s = Scenario(link="nvlink4")  # 450 GB/s / 1024 = 439 MB/s for one channel
+    s = Scenario(link="nvlink4")  # 450 GB/s / 1024 = 439 MB/s for one channel: 8.8x the 50 MB/s budget
     assert s.kv_layout.channels == 1
-    assert s.effective_dilation == pytest.approx(2.2)
+    assert s.effective_dilation == pytest.approx(8.8)
     assert s.scaled_link.bandwidth_Bps <= HOST_BUDGET_BPS
-    assert s.scaled_link.latency_s == pytest.approx(5e-6 * 2.2)
-    assert s.wall_s(1.0) == pytest.approx(2.2) and s.model_s(2.2) == pytest.approx(1.0)
+    assert s.scaled_link.latency_s == pytest.approx(5e-6 * 8.8)
+    assert s.wall_s(1.0) == pytest.approx(8.8) and s.model_s(8.8) == pytest.approx(1.0)
 
 
 def test_auto_channels_direct():

@@ -73,14 +73,14 @@ def _record(rid, arrival, first, step, n, kv_ready):
 
 
 def test_report_from_client_records_and_agent_stats(tmp_path):
-    scenario = Scenario(codec="freq-keep-k", compress_at="transit")
+    scenario = Scenario(codec="freq-keep-k", compress_at="transit", scale=0.0625)  # eth-25g shaped to 195 MB/s
     records = [_record(i, float(i), i + 0.06, 0.01, 5, i + 0.06 + 0.086) for i in range(10)]
     decode = {"role": "decode", "name": "decode-0", "gpu_energy_j": 10.0, "shortest_step_wall_s": 0.0062,
-              "timer_lateness_p99_s": 1e-5,
+              "timer_lateness_p99_s": 1e-5, "timer_lateness_mean_s": 5e-6,
               "link": {"wire_bytes": 8e6, "raw_bytes": 16e6, "busy_s": 0.08, "transfers": 10},
               "accuracy": {"sampled_requests": 2, "k_relative_error": 0.26, "v_relative_error": 0.61}}
     prefill = {"role": "prefill", "name": "prefill-0", "gpu_energy_j": 5.0, "shortest_step_wall_s": 0.059,
-               "timer_lateness_p99_s": 1e-5}
+               "timer_lateness_p99_s": 1e-5, "timer_lateness_mean_s": 5e-6}
     report = build_report(scenario, records, [decode, prefill], run_wall_s=10.0, tokens_delivered=50)
     assert set(REPORT_KEYS) <= set(report)
     assert report["requests"]["ok"] == 10 and report["slo_attainment"] == 1.0

@@ -194,3 +194,14 @@ def test_plots_are_png_images(tmp_path):
     for path in paths:
         data = path.read_bytes()
         assert data[:8] == PNG_SIGNATURE and len(data) > 5000
+
+
+def test_a_row_written_before_a_scenario_field_existed_is_not_run_again(tmp_path):
+    points = sweep_points([Grid({"requests": 5}, {"rate": [2.0]})])
+    run_sweep(points, ResultsStore(tmp_path), CountingRunner())
+    data = json.loads((tmp_path / "results.json").read_text())
+    del data["rows"][0]["scenario"]["tpot_slo_ms"]  # as an older kvtransit wrote it: the field at its default
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    runner = CountingRunner()
+    run_sweep(points, ResultsStore(tmp_path), runner)
+    assert runner.keys == []

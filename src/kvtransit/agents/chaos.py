@@ -1,10 +1,10 @@
 """`kvtransit chaos`: named faults against a live testbed, judged by the request ledger.
 
-Each scenario runs one short serving run (`SupervisingLauncher`: the real processes, a middlebox or decode
-that dies is restarted on the same ports), injects its fault a couple of seconds in, lets the run finish,
+Each scenario runs one short serving run (the Launcher with its supervisor on: the real processes, a middlebox
+or decode that dies is restarted on the same ports), injects its fault a couple of seconds in, lets the run finish,
 then checks the load generator's ledger (`model.ledger.check`): lost, duplicated, cross-delivered, corrupted
 must be 0 and every failure must carry a reason. Recovery time is from the end of the fault (for a kill:
-the kill) to the first hand-off that reached decode after it.
+the kill) to the first hand-off that reached decode after it (and after the restarted process was up).
 
 Faults come from three places: the middlebox's fault stages through its control API (`/faults/NAME`),
 the process (signals by pid: kill -9, SIGTERM + the supervisor's restart, SIGSTOP/SIGCONT), and, in netns
@@ -14,6 +14,7 @@ mode, the shaped link itself (`Testbed.down/up`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -25,12 +26,13 @@ from pathlib import Path
 
 from kvtransit.model import ledger as ledger_model
 from kvtransit.model.scenario import Scenario
-from kvtransit.wire import Connection
+from kvtransit.wire import Connection, crc32c
 from kvtransit.wire.events import Hello, Role
 from kvtransit.wire.limits import MAX_PAYLOAD, WIRE_VERSION
 
-from .launcher import Child
-from .supervisor import SupervisingLauncher
+from .launcher import Child, Launcher, RunFailed
+from .links import DECODE_NS, MIDDLEBOX_NS
+from .supervisor import RESTARTABLE_ROLES
 
 # When the fault starts, after every agent is ready: the load has been flowing for a while by then.
 FAULT_AT_S = 2.0
@@ -82,7 +84,7 @@ def rss_bytes(pid: int) -> int | None:
 class ChaosContext:
     """What a fault needs: the live processes, the middlebox's control API, the testbed (netns mode)."""
 
-    launcher: SupervisingLauncher
+    launcher: Launcher
     token: str | None = None
     notes: list[str] = field(default_factory=list)
     checks: dict = field(default_factory=dict)  # scenario-specific findings (must all be true)
@@ -155,16 +157,23 @@ async def _restart_decode(ctx: ChaosContext) -> float:
     return time.monotonic()
 
 
+async def _kill_decode(ctx: ChaosContext) -> float:
+    # The requests decode was running die with it: the client fails them, naming the lost connection; the
+    # hand-offs not yet acked go again to the restarted decode.
+    ctx.signal("decode", signal.SIGKILL)
+    return time.monotonic()
+
+
 async def _link_down(ctx: ChaosContext) -> float:
     bed = ctx.testbed
     if bed is None:  # loopback: the middlebox's writes to decode stop, then resume (TCP would retransmit)
         ctx.notes.append("loopback: link down emulated by the middlebox's timeout fault (writes hang)")
         return await ctx.timed_fault("link-down", {"type": "timeout", "timeout_s": 0})
-    await asyncio.to_thread(bed.down, "middlebox", "decode")
+    await asyncio.to_thread(bed.down, MIDDLEBOX_NS, DECODE_NS)
     try:
         await asyncio.sleep(FAULT_FOR_S)
     finally:
-        await asyncio.to_thread(bed.up, "middlebox", "decode")
+        await asyncio.to_thread(bed.up, MIDDLEBOX_NS, DECODE_NS)
     return time.monotonic()
 
 
@@ -174,7 +183,17 @@ def _scaled_rate(ctx: ChaosContext) -> float:
 
 async def _rate_collapse(ctx: ChaosContext) -> float:
     # To 2 % of the link's rate (a congested or renegotiated link), for the fault's duration.
-    return await ctx.timed_fault("rate-collapse", {"type": "bandwidth", "rate_Bps": _scaled_rate(ctx) * 0.02})
+    bed = ctx.testbed
+    link = bed.link(MIDDLEBOX_NS, DECODE_NS) if bed is not None else None
+    if link is None or link.spec is None or link.spec.rate_Bps is None:
+        return await ctx.timed_fault("rate-collapse", {"type": "bandwidth", "rate_Bps": _scaled_rate(ctx) * 0.02})
+    spec = link.spec  # netns: tc itself retunes the shaped veth, then puts it back
+    await asyncio.to_thread(bed.change, MIDDLEBOX_NS, DECODE_NS, dataclasses.replace(spec, rate_Bps=spec.rate_Bps * 0.02))
+    try:
+        await asyncio.sleep(FAULT_FOR_S)
+    finally:
+        await asyncio.to_thread(bed.change, MIDDLEBOX_NS, DECODE_NS, spec)
+    return time.monotonic()
 
 
 async def _corrupt(ctx: ChaosContext) -> float:
@@ -219,8 +238,6 @@ async def _slow_decode(ctx: ChaosContext) -> float:
 
 def _oversized_chunk_header() -> bytes:
     """A KvChunk header (docs/WIRE.md layout) with a valid header CRC but a payload over MAX_PAYLOAD."""
-    from kvtransit.wire._crc import crc32c
-
     layout = struct.Struct("!4sBBHQIIBBH5IHHIQII")  # the header without its own CRC (WIRE.md offsets 0..71)
     body = layout.pack(b"KVT1", WIRE_VERSION, 5, 0, 1, 0, 0, 1, 1, 0, 8, 0, 0, 0, 0, 0, 0, 8, MAX_PAYLOAD + 1, 0, 0)
     return body + struct.pack("!I", crc32c(body))
@@ -244,8 +261,9 @@ async def _rogue(host: str, port: int, role: Role, their_role: Role, payload: by
 
 
 async def _malformed_peer(ctx: ChaosContext) -> float:
-    middlebox, decode = ctx.child("middlebox"), ctx.child("decode")
-    targets = {"middlebox": (middlebox.host, middlebox.ready["listen_port"], Role.PREFILL, Role.MIDDLEBOX),
+    prefill, middlebox, decode = ctx.child("prefill"), ctx.child("middlebox"), ctx.child("decode")
+    targets = {"prefill": (prefill.host, prefill.ready["listen_port"], Role.LOADGEN, Role.PREFILL),
+               "middlebox": (middlebox.host, middlebox.ready["listen_port"], Role.PREFILL, Role.MIDDLEBOX),
                "decode": (decode.kv_host, decode.ready["listen_port"], Role.MIDDLEBOX, Role.DECODE)}
     garbage = bytes(range(256)) * 64
     for target, (host, port, role, their) in targets.items():
@@ -280,6 +298,8 @@ async def _control_abuse(ctx: ChaosContext) -> float:
 SCENARIOS: dict[str, FaultPlan] = {plan.name: plan for plan in (
     FaultPlan("middlebox-kill", "kill -9 the middlebox mid-transfer; the supervisor restarts it", _kill_middlebox),
     FaultPlan("decode-restart", "SIGTERM decode; the supervisor restarts it on the same ports", _restart_decode),
+    FaultPlan("decode-kill", "kill -9 decode; its running requests fail with a reason, the rest carry on",
+              _kill_decode),
     FaultPlan("link-down", "the middlebox -> decode link down 2 s, then up", _link_down),
     FaultPlan("rate-collapse", "the link to decode falls to 2 % of its rate for 2 s", _rate_collapse),
     FaultPlan("corrupt", "flip a payload bit after the CRC in 30 % of KV chunks for 2 s", _corrupt),
@@ -288,7 +308,7 @@ SCENARIOS: dict[str, FaultPlan] = {plan.name: plan for plan in (
     FaultPlan("latency", "20 ms (+-10 ms) on every write to decode, for 2 s", _latency),
     FaultPlan("slicer", "writes to decode cut into ~1500-byte pieces, for 2 s", _slicer),
     FaultPlan("slow-decode", "decode stops reading for 3 s (SIGSTOP): back-pressure, bounded memory", _slow_decode),
-    FaultPlan("malformed-peer", "rogue peers send garbage and oversized frames to middlebox and decode",
+    FaultPlan("malformed-peer", "rogue peers send garbage and oversized frames to prefill, middlebox, decode",
               _malformed_peer),
     FaultPlan("control-abuse", "bad JSON, huge bodies, unknown kernels and faults at the control API",
               _control_abuse),
@@ -333,10 +353,11 @@ def chaos_scenario(requests: int = DEFAULT_REQUESTS, rate: float = DEFAULT_RATE,
 
 
 async def run_scenario(plan: FaultPlan, workdir: Path, scenario: Scenario, *, links: str = "loopback",
-                       log: Callable[[str], None] = lambda _line: None) -> ChaosResult:
+                       log: Callable[[str], None] = lambda _line: None,
+                       handoff_deadline_s: float = HANDOFF_DEADLINE_S) -> ChaosResult:
     report = Path(workdir) / f"{plan.name}.json"
-    launcher = SupervisingLauncher(scenario, report_path=report, drain_timeout_s=DRAIN_TIMEOUT_S,
-                                   accuracy_sample=scenario.requests, log=log, links=links)
+    launcher = Launcher(scenario, report_path=report, drain_timeout_s=DRAIN_TIMEOUT_S, accuracy_sample=scenario.requests,
+                        log=log, links=links, restart_roles=RESTARTABLE_ROLES)
     ctx = ChaosContext(launcher, token=os.environ.get("KVTRANSIT_CONTROL_TOKEN") or None)
     fault: dict = {}
     rss_peak: dict[str, int] = {}
@@ -377,15 +398,20 @@ async def run_scenario(plan: FaultPlan, workdir: Path, scenario: Scenario, *, li
                 ctx.checks[f"fault injected ({type(error).__name__}: {error})"] = False
 
     previous = os.environ.get("KVTRANSIT_HANDOFF_DEADLINE_S")
-    os.environ["KVTRANSIT_HANDOFF_DEADLINE_S"] = str(HANDOFF_DEADLINE_S)  # inherited by the prefill
+    os.environ["KVTRANSIT_HANDOFF_DEADLINE_S"] = str(handoff_deadline_s)  # inherited by the prefill
     try:
         await main()
+    except RunFailed as exc:  # a child the supervisor could not bring back: the ledger still says what happened
+        ctx.checks[f"the run completed ({str(exc).splitlines()[0][:200]})"] = False
     finally:
         if previous is None:
             os.environ.pop("KVTRANSIT_HANDOFF_DEADLINE_S", None)
         else:
             os.environ["KVTRANSIT_HANDOFF_DEADLINE_S"] = previous
     ledger_path = launcher.run_dir / ledger_model.LEDGER_FILE
+    if not ledger_path.exists():
+        raise RunFailed(f"chaos scenario {plan.name}: the load generator wrote no ledger ({ledger_path}); "
+                        f"{'; '.join(name for name, ok in ctx.checks.items() if not ok)}")
     with open(ledger_path, encoding="utf-8") as handle:
         records = ledger_model.parse(handle, str(ledger_path))
     verdict = ledger_model.check(records)
@@ -394,7 +420,10 @@ async def run_scenario(plan: FaultPlan, workdir: Path, scenario: Scenario, *, li
         ctx.checks[check] = bool(holds(peers))
     recovery = None
     if "end" in fault:
-        first = ledger_model.first_after(records, "kv_ready", fault["end"])
+        # From the end of the fault to the first KV that reached decode after it; after a process fault, after
+        # the restarted process was up too (bytes already in flight past a killed middlebox do not count).
+        restarted = [r["ready_at"] for r in launcher.restarts if r["exited_at"] >= fault["start"]]
+        first = ledger_model.first_after(records, "kv_ready", max([fault["end"], *restarted]))
         recovery = None if first is None else first - fault["end"]
     else:
         ctx.checks.setdefault("the fault was injected before the run ended", False)

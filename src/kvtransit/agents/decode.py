@@ -221,6 +221,12 @@ class DecodeAgent:
                         # Going away: an Ack now would make the sender release KV no one will decode. Drop
                         # it; the sender sends it again to whoever serves next.
                         self._abort(item, "decode is stopping")
+                    elif not self._clients:
+                        # Nobody would hear its tokens (a restarted decode, before the load generator has
+                        # dialled back): not now. The Error naming the request tells the sender to retry.
+                        self._abort(item, "no load generator connected")
+                        await endpoint.send(Error(code=ErrorCode.OVERLOADED, request_id=event.request_id,
+                                                  message="decode has no client to stream tokens to yet"))
                     else:
                         await self._kv_ready(endpoint, item)
                 elif isinstance(event, Error) and event.request_id in incoming:

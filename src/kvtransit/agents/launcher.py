@@ -1,6 +1,6 @@
 """`kvtransit up`: start a run's processes, supervise them, stop them, and show the report.
 
-Order: decode(s) → middlebox → prefill(s) → loadgen, each `sys.executable -m kvtransit.cli <role> <scenario
+Order: decode(s) → (kvpool, with --kv-pool pool) → middlebox → prefill(s) → loadgen, each `sys.executable -m kvtransit.cli <role> <scenario
 flags> …` with every port 0, its ports learnt from its `KVTRANSIT-READY` line (no races, no guessing). Each
 child runs in its own session, so a terminal's Ctrl-C reaches only the launcher, which then stops the run in
 order: the load generator first (it writes the report of what completed), then the rest, each by its pid
@@ -26,6 +26,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from kvtransit.model.scenario import Scenario
 
 from ._process import SUPERVISED_ENV, parse_ready_line
 from .links import LinkSetup, choose_links
+from .supervisor import MAX_RESTARTS, pinned_argv
 from .loadgen import http_get_json
 
 READY_TIMEOUT_S = 60.0  # a cold start imports numpy, scipy, prometheus_client: seconds on a busy box
@@ -50,6 +52,10 @@ PROMETHEUS_LINGER_SCRAPES = 2
 PROMETHEUS_SCRAPE_INTERVAL_S = 1.0  # prometheus/prometheus.yml: global.scrape_interval
 
 
+# Roles that run in another role's place (network namespace, addresses): the KV pool beside the middlebox.
+RUNS_WITH = {"kvpool": "middlebox"}
+
+
 def _any_port(host: str) -> str:
     return f"{host}:0"
 
@@ -58,12 +64,15 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
                    prefills: str = ANY_PORT, decode_clients: str = ANY_PORT, stats: str = "",
                    report: str = "kvtransit-report.json", accuracy_sample: int = 8, drain_timeout_s: float | None = None,
                    middlebox_command: list[str] | None = None, link_backend: str = "userspace",
-                   hosts: Callable[[str, str], str] | None = None) -> dict[str, list[str]]:
+                   hosts: Callable[[str, str], str] | None = None, kvpool: str = "",
+                   pool_via: str = "") -> dict[str, list[str]]:
     """The argv of each role's process (instance `index`), as the launcher runs them: the scenario's flags, then
     the role's own. Peer addresses are what is known so far (the launcher learns them from readiness lines);
     the compose file runs the very same commands (tests/unit/test_compose_config.py holds the two together).
     `link_backend` "tc": the kernel shapes the link's rate (middlebox and decode are told); `hosts(role,
-    socket)` is where a role's sockets listen ("kv": decode's KV ingress, "front": the rest; default loopback)."""
+    socket)` is where a role's sockets listen ("kv": decode's KV ingress, "front": the rest; default loopback).
+    With `--kv-pool pool`: `kvpool` is the pool's address as the middlebox reaches it (the pool runs beside the
+    middlebox, in its namespace), `pool_via` the middlebox's pool port as the prefills reach it."""
     scenario_argv = scenario.to_argv()
     host = hosts or (lambda _role, _socket="front": "127.0.0.1")
 
@@ -78,6 +87,7 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
         loadgen += ["--drain-timeout", repr(float(drain_timeout_s))]
     backend = ["--link-backend", link_backend] if link_backend != "userspace" else []
     middlebox_host = host("middlebox", "front")
+    pool_flags = ["--kvpool", kvpool, "--pool-listen", _any_port(middlebox_host)] if kvpool else []
     return {
         "decode": agent("decode", "--listen", _any_port(host("decode", "kv")),
                         "--client-listen", _any_port(host("decode", "front")),
@@ -85,8 +95,13 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
         "middlebox": [*(middlebox_command or [*AGENT_MODULE, "middlebox"]), *scenario_argv, "--name", f"middlebox-{index}",
                       "--listen", _any_port(middlebox_host), "--decode", decode_kv,
                       "--metrics-listen", _any_port(middlebox_host), "--control-listen", _any_port(middlebox_host),
-                      *backend],
-        "prefill": agent("prefill", "--listen", ANY_PORT, "--kv-to", middlebox_kv),
+                      *backend, *pool_flags],
+        "prefill": agent("prefill", "--listen", ANY_PORT, "--kv-to", middlebox_kv,
+                         *(["--kv-pool-via", pool_via] if pool_via else [])),
+        # The KV pool lives where the middlebox does (its namespace, in netns mode): the middlebox reaches it on
+        # loopback there; its /metrics listens where the middlebox's does.
+        "kvpool": [*AGENT_MODULE, "kvpool", *scenario_argv, "--name", f"kvpool-{index}", "--listen", ANY_PORT,
+                   "--metrics-listen", _any_port(middlebox_host)],
         "loadgen": loadgen,
     }
 
@@ -128,10 +143,13 @@ class Launcher:
     def __init__(self, scenario: Scenario, *, report_path: Path, middlebox_command: list[str] | None = None,
                  accuracy_sample: int = 8, drain_timeout_s: float | None = None,
                  on_progress: Callable[[dict], None] | None = None, log: Callable[[str], None] = print,
-                 links: str = "loopback", prometheus: bool = False, run_dir: Path | None = None):
+                 links: str = "loopback", prometheus: bool = False, run_dir: Path | None = None,
+                 restart_roles: tuple[str, ...] = ()):
         """`links`: "auto" | "netns" | "loopback" (links.py). `prometheus`: start a real one once every agent is
         ready. `run_dir` holds the links manifest and Prometheus's config (default: REPORT.run/ beside the
-        report)."""
+        report). `restart_roles`: children of these roles ("middlebox", "decode") that exit mid-run are
+        restarted on the same ports (supervisor.py), at most MAX_RESTARTS times each; any other exit is a
+        crash that stops the run."""
         self.scenario = scenario
         self.report_path = Path(report_path)
         self.links_mode = links
@@ -146,6 +164,8 @@ class Launcher:
         self.log = log
         self.children: list[Child] = []
         self.crashed: Child | None = None
+        self.restart_roles = tuple(restart_roles)
+        self.restarts: list[dict] = []  # {"name", "exited_at", "ready_at"}: monotonic seconds
 
     # -- processes -----------------------------------------------------------------------------------------
 
@@ -216,11 +236,11 @@ class Launcher:
                               accuracy_sample=self.accuracy_sample, drain_timeout_s=self.drain_timeout_s,
                               middlebox_command=self.middlebox_command, link_backend=setup.link_backend,
                               hosts=setup.host, **known)[role]
-        return setup.wrap(role, argv)
+        return setup.wrap(RUNS_WITH.get(role, role), argv)
 
     def _child(self, name: str, role: str, argv: list[str]) -> Child:
-        setup = self.link_setup
-        return Child(name, role, argv, host=setup.host(role, "front"), kv_host=setup.host(role, "kv"))
+        setup, place = self.link_setup, RUNS_WITH.get(role, role)
+        return Child(name, role, argv, host=setup.host(place, "front"), kv_host=setup.host(place, "kv"))
 
     async def _start_prometheus(self, ready: list[Child]) -> None:
         from kvtransit.runtime.prometheus import ScrapeTarget, start_prometheus
@@ -289,18 +309,25 @@ class Launcher:
                                    for i in range(scenario.decode)]
                 for child in decode_children:
                     await self._start(child)
+                pool_children = []  # --kv-pool pool: the KV pool, before the middlebox that reaches it
+                if scenario.kv_pool == "pool":
+                    pool_children.append(self._child("kvpool-0", "kvpool", self._command("kvpool")))
+                    await self._start(pool_children[0])
                 middlebox_child = self._child("middlebox-0", "middlebox", self._command(
-                    "middlebox", decode_kv=_addresses(decode_children, "listen_port")))
+                    "middlebox", decode_kv=_addresses(decode_children, "listen_port"),
+                    kvpool=f"127.0.0.1:{pool_children[0].ready['listen_port']}" if pool_children else ""))
                 await self._start(middlebox_child)
+                pool_via = middlebox_child.address("pool_port") if pool_children else ""
                 prefill_children = []
                 for i in range(scenario.prefill):
                     prefill_children.append(self._child(f"prefill-{i}", "prefill", self._command(
-                        "prefill", i, middlebox_kv=_addresses([middlebox_child], "listen_port"))))
+                        "prefill", i, middlebox_kv=_addresses([middlebox_child], "listen_port"), pool_via=pool_via)))
                     await self._start(prefill_children[-1])
                 loadgen_child = self._child("loadgen-0", "loadgen", self._command(
                     "loadgen", prefills=_addresses(prefill_children, "listen_port"),
                     decode_clients=_addresses(decode_children, "client_port"),
-                    stats=_addresses([*decode_children, middlebox_child, *prefill_children], "metrics_port")))
+                    stats=_addresses([*decode_children, *pool_children, middlebox_child, *prefill_children],
+                                     "metrics_port")))
                 await self._start(loadgen_child)
                 if self.want_prometheus:
                     await self._start_prometheus(self.children)
@@ -350,8 +377,22 @@ class Launcher:
             if failing and setup.manifest_path is not None:
                 self.log(f"kvtransit up: the run's namespaces and veths were removed ({setup.clean_hint()})")
 
+    def current(self, role: str) -> Child:
+        """The live (latest) child of a role: a restarted child replaces the one that died."""
+        return [c for c in self.children if c.role == role][-1]
+
+    async def _restart(self, child: Child) -> Child:
+        exited_at = time.monotonic()
+        fresh = Child(child.name, child.role, pinned_argv(child.argv, child.ready), host=child.host,
+                      kv_host=child.kv_host)
+        self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: restarting {child.name} on the same ports")
+        await self._start(fresh)
+        self.restarts.append({"name": child.name, "exited_at": exited_at, "ready_at": time.monotonic()})
+        return fresh
+
     async def _supervise(self, loadgen: Child, stop: asyncio.Event) -> None:
-        """Until the load generator exits: any other child's exit is a crash; `stop` ends the run early."""
+        """Until the load generator exits: a child of `restart_roles` that exits is restarted on its ports, any
+        other exit is a crash; `stop` ends the run early."""
         waits = {asyncio.create_task(c.process.wait()): c for c in self.children}
         stopper = asyncio.create_task(stop.wait())
         try:
@@ -363,6 +404,11 @@ class Launcher:
                     child = waits.pop(task)
                     if child is loadgen:
                         return
+                    restarted = sum(1 for r in self.restarts if r["name"] == child.name)
+                    if child.role in self.restart_roles and restarted < MAX_RESTARTS and not stop.is_set():
+                        fresh = await self._restart(child)
+                        waits[asyncio.create_task(fresh.process.wait())] = fresh
+                        continue
                     self.crashed = child
                     self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: stopping the run; the report "
                              "will hold what completed")

@@ -33,6 +33,7 @@ from kvtransit.wire.events import Bye, Error, FirstToken, Hello, Request, Role, 
 from kvtransit.wire.limits import WIRE_VERSION
 
 from kvtransit.model.ledger import LEDGER_FILE
+from kvtransit.model.ledger import read as ledger_check
 
 from . import report as run_report
 from .ledger import LedgerWriter
@@ -347,6 +348,8 @@ class LoadGenerator:
             self.ledger.close()
         result = run_report.build_report(self.scenario, sorted(self.records.values(), key=lambda r: r.request_id),
                                          peer_stats, run_wall_s=run_wall_s, tokens_delivered=self.tokens_delivered)
+        if self.ledger is not None:  # the ledger's own verdict on the run (model/ledger.py), beside the figures
+            result["ledger"] = {"path": str(self.ledger_path), **ledger_check(self.ledger_path).summary()}
         if self.report_path is not None:
             run_report.write_report(result, self.report_path)
         for endpoint in [*prefills, *decodes]:

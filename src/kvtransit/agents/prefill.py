@@ -123,7 +123,11 @@ class PrefillAgent:
                 break
 
     async def _admit_after_lookup(self, request: Request) -> None:
-        lookup = await self.prefix.lookup(request)
+        try:
+            lookup = await self.prefix.lookup(request)
+        except Exception:  # a bug in the lookup must cost the request its reuse, never the request itself
+            log.exception("prefix lookup of request %d failed; computing it whole", request.request_id)
+            lookup = self.prefix.recompute(request)
         self._lookups[request.request_id] = lookup
         # The batch budget counts the tokens the step computes (the cached ones are only re-read).
         self.queue.push(ServingRequest(request.request_id, request.prompt_tokens - lookup.cached_tokens,
@@ -157,9 +161,17 @@ class PrefillAgent:
             start_ns = self.clock.now_ns() if last_deadline_ns is None else last_deadline_ns
             deadline_ns = start_ns + round(scenario.wall_s(model_s) * 1e9)
             started = time.perf_counter()
-            for r in batch:  # the host's real work overlaps the modelled step
-                if r.output_tokens > 1:
-                    self._make_frames(self._pending[r.request_id])
+            pendings = [self._pending[r.request_id] for r in batch]  # an Ack may release one meanwhile
+            for pending in pendings:  # the host's real work overlaps the modelled step
+                if pending.request.output_tokens > 1:
+                    self._make_frames(pending)
+                    # The hand-off starts at the first token, the end of this step (REFERENCE §4). The KV goes
+                    # to the middlebox now, stamped with that time, and the middlebox holds it until then: the
+                    # host's own cost of producing, framing and relaying the bytes overlaps the modelled step
+                    # instead of landing on the hand-off (which a kernel shaper, tc, could never win back).
+                    pending.frames[0] = dataclasses.replace(pending.frames[0], first_token_ns=deadline_ns)
+                    pending.deadline_ns = deadline_ns + round(HANDOFF_DEADLINE_S * 1e9)
+                    self._enqueue(pending)
             self.host_kv_s += time.perf_counter() - started
             await self.clock.sleep_until(deadline_ns)
             last_deadline_ns = deadline_ns
@@ -175,13 +187,6 @@ class PrefillAgent:
             if self.prefix is not None:  # the blocks this step computed go to the cache, in the background
                 for r in batch:
                     self.prefix.write_back(r.request_id, self._lookups.pop(r.request_id))
-            # The KV goes on its way first (the hand-off starts at the first token), then the first tokens.
-            pendings = [self._pending[r.request_id] for r in batch]  # an Ack may release one meanwhile
-            for pending in pendings:
-                if pending.request.output_tokens > 1:
-                    pending.frames[0] = dataclasses.replace(pending.frames[0], first_token_ns=t_ns)
-                    pending.deadline_ns = t_ns + round(HANDOFF_DEADLINE_S * 1e9)
-                    self._enqueue(pending)
             for pending in pendings:
                 await self._first_token(pending, t_ns)
                 if pending.request.output_tokens <= 1:  # nothing to decode: done at prefill (as in the simulator)
@@ -245,22 +250,33 @@ class PrefillAgent:
                 self.metrics.handoff_retries.inc()
             self._sending = pending
             try:
-                await link.send(begin)
-                if pending.attempts == 1:
-                    self.begin_lag_s += (self.clock.now_ns() - begin.first_token_ns) / 1e9
-                codec = begin.codec
-                for chunk in chunks:
-                    await link.send(chunk)
-                    if pending.attempts == 1:
-                        self.kv_sent_bytes += len(chunk.payload)
-                        self.metrics.kv_sent_bytes.labels(codec=codec).inc(len(chunk.payload))
-                await link.send(link.connection.kv_end(rid))
+                # Bounded by the hand-off's deadline: a middlebox that stops reading (TCP back-pressure)
+                # must not hold this KV, or the ones queued behind it, forever.
+                remaining_s = max(0.0, (pending.deadline_ns - self.clock.now_ns()) / 1e9)
+                await asyncio.wait_for(self._send_frames(link, pending, begin, chunks), remaining_s)
+            except asyncio.TimeoutError:
+                pending.last_error = f"the middlebox at {self.kv_to} took no more bytes (stalled mid-stream)"
+                await self._give_up(pending)
+                # Its stream is cut mid-frame: the connection cannot carry anything more. The middlebox sees it
+                # close and drops the partial stream; the other held hand-offs go again on a new connection.
+                raise ConnectionError(f"request {rid} stalled mid-stream past its deadline") from None
             except (ConnectionError, ProtocolError) as exc:
                 pending.last_error = f"KV link to the middlebox at {self.kv_to} failed: {exc}"
                 raise  # the session ends; the hand-off is held and goes again on the next connection
             finally:
                 self._sending = None
             # The KV stays held (pending.frames) until the decode side's Ack releases it.
+
+    async def _send_frames(self, link: Endpoint, pending: _Pending, begin: KvBegin, chunks: list) -> None:
+        await link.send(begin)
+        if pending.attempts == 1:
+            self.begin_lag_s += (self.clock.now_ns() - begin.first_token_ns) / 1e9
+        for chunk in chunks:
+            await link.send(chunk)
+            if pending.attempts == 1:
+                self.kv_sent_bytes += len(chunk.payload)
+                self.metrics.kv_sent_bytes.labels(codec=begin.codec).inc(len(chunk.payload))
+        await link.send(link.connection.kv_end(pending.request.request_id))
 
     async def _kv_acks(self, link: Endpoint) -> None:
         while (event := await link.next_event()) is not None:

@@ -133,6 +133,13 @@ class PrefixReuse:
         self._account(result)
         return result
 
+    def recompute(self, request: Request) -> Lookup:
+        """The lookup of a request whose lookup itself failed: nothing cached, counted as fetch-failed."""
+        result = Lookup(request.prompt_tokens, storable(request.hash_ids, request.prompt_tokens, self.block_tokens),
+                        outcome="fetch-failed")
+        self._account(result)
+        return result
+
     async def _fetch(self, request_id: int, result: Lookup) -> None:
         try:
             conn = await self._pool()

@@ -21,6 +21,7 @@ from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord, summarise
 
 from ._process import finite_json
+from .prefix_report import kv_pool_headline, kv_pool_summary
 from .workload_source import workload_description
 
 REPORT_KEYS = ("config", "ttft_s", "tpot_s", "itl_s", "e2e_s", "handoff_s", "slo_attainment", "goodput_rps",
@@ -114,6 +115,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         "config": scenario.describe(),
         "workload": workload_description(scenario),  # for a trace: sampling, time scale, context cap applied
         **summary.as_dict(),
+        # Prefix reuse (--kv-pool local|pool): hit rate, fetch bytes and time, TTFT split; None when off.
+        "kv_pool": kv_pool_summary(scenario, peer_stats, summary.as_dict()["ttft_s"]["mean"]),
         "link": link,
         "energy_j": energy,
         "j_per_token": j_per_token,
@@ -176,7 +179,8 @@ def headline(report: dict) -> list[str]:
         f"K {num(report['accuracy']['k_relative_error'])}, V {num(report['accuracy']['v_relative_error'])}",
         "faithful: " + ("yes" if report["faithful"] else "NO: " + "; ".join(
             f"{k}: {v['hint']}" for k, v in report["fidelity"].items() if not v["ok"])),
-    ] + ([f"Prometheus: {report['prometheus']['url']} (stopped with the run)"] if report.get("prometheus") else [])
+    ] + ([f"Prometheus: {report['prometheus']['url']} (stopped with the run)"] if report.get("prometheus") else []) \
+      + ([line] if (line := kv_pool_headline(report)) else [])
 
 
 def to_markdown(report: dict) -> str:

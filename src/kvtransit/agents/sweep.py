@@ -20,7 +20,7 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from kvtransit.model.scenario import Scenario
@@ -104,7 +104,11 @@ class ResultsStore:
     def done(self, key: str, scenario: Scenario) -> bool:
         """A successful row for this very scenario (a failed one, or one run with other settings, is run again)."""
         row = self.rows.get(key, {})
-        return row.get("status") == "ok" and row.get("scenario") == scenario.as_dict()
+        if row.get("status") != "ok":
+            return False
+        # A field added to Scenario since the row was written counts as its default (an upgrade reruns nothing).
+        stored, defaults = row.get("scenario") or {}, _field_defaults()
+        return all(stored.get(name, defaults.get(name)) == value for name, value in scenario.as_dict().items())
 
     def add(self, row: dict) -> None:
         self.rows[row["key"]] = row
@@ -122,6 +126,10 @@ class ResultsStore:
             writer.writeheader()
             writer.writerows(rows)
         os.replace(tmp, self.csv_path)
+
+
+def _field_defaults() -> dict:
+    return {f.name: f.default for f in fields(Scenario) if f.default is not MISSING}
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -28,6 +28,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "decode",
     "loadgen",
     "kvpool",
+    "prefix_hits",
 )
 
 

@@ -1,7 +1,7 @@
 """`kvtransit chaos [SCENARIO ...]`: run named faults against a live testbed and judge each by the request ledger.
 
 Each scenario is one short serving run (real processes; a middlebox or decode that dies is restarted on the same
-ports) with one fault a couple of seconds in: middlebox-kill, decode-restart, link-down, rate-collapse, corrupt,
+ports) with one fault a couple of seconds in: middlebox-kill, decode-restart, decode-kill, link-down, rate-collapse, corrupt,
 reset-peer, loss, latency, slicer, slow-decode, malformed-peer, control-abuse (`--list` describes them). With no
 scenario named, all of them run. The table: requests, ok, slo-miss, failed (by reason), lost, duplicated,
 cross-delivered, and the recovery time (end of the fault → the first hand-off that reached decode after it).
@@ -40,6 +40,7 @@ def run(args) -> int:
     import sys
 
     from kvtransit.agents import chaos
+    from kvtransit.agents.launcher import RunFailed
 
     if args.list:
         print_table("chaos scenarios", ("scenario", "fault"), [(p.name, p.description) for p in chaos.SCENARIOS.values()])
@@ -49,6 +50,11 @@ def run(args) -> int:
     if overrides.get("requests", 1) < 1 or overrides.get("rate", 1.0) <= 0:
         raise CliError("--requests must be >= 1 and --rate > 0")
     scenario = chaos.chaos_scenario(**overrides)
+    needed_s = chaos.FAULT_AT_S + chaos.FAULT_FOR_S + 2.0  # the load must outlast the longest fault
+    if scenario.requests / scenario.rate < needed_s:
+        raise CliError(f"--requests {scenario.requests} at --rate {scenario.rate:g}/s is "
+                       f"{scenario.requests / scenario.rate:.1f} s of load; the faults need {needed_s:.0f} s "
+                       f"(use --requests >= {int(needed_s * scenario.rate + 0.999)})")
     results = []
     with tempfile.TemporaryDirectory(prefix="kvtransit-chaos-") as scratch:
         workdir = args.workdir or Path(scratch)
@@ -56,8 +62,11 @@ def run(args) -> int:
             if not args.json:
                 print(f"chaos: {plan.name}: {plan.description}", flush=True)
             log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: None)
-            results.append(asyncio.run(chaos.run_scenario(plan, workdir / plan.name, scenario, links=args.links,
-                                                          log=log)))
+            try:
+                results.append(asyncio.run(chaos.run_scenario(plan, workdir / plan.name, scenario,
+                                                              links=args.links, log=log)))
+            except RunFailed as exc:
+                raise CliError(str(exc)) from None
     rows = [r.as_json() for r in results]
     if args.json:
         print_json([{**{k: row[k] for k in JSON_KEYS}, **{k: v for k, v in row.items() if k not in JSON_KEYS}}

@@ -195,6 +195,8 @@ class _SweepProgress:
 
     def done(self, index: int, row: dict) -> None:
         self._progress.update(self._points, completed=index + 1)
+        # The last progress poll may predate the run's end: show the point as over.
+        self._progress.update(self._requests, completed=row.get("requests") or 0, detail=row["status"])
 
     def requests(self, snapshot: dict) -> None:
         def ms(value):

@@ -38,6 +38,9 @@ def register(subparsers) -> None:
                         "printed and put in the report; it stops with the run")
     p.add_argument("--run-dir", type=Path, default=None, metavar="DIR",
                    help="where the links manifest and Prometheus's config go (default: REPORT.run/ beside the report)")
+    p.add_argument("--restart", default="middlebox", metavar="ROLE[,ROLE]",
+                   help="roles whose crashed process is restarted on the same ports mid-run: middlebox, decode, "
+                        "or none (default: middlebox; peers reconnect and unacked hand-offs are sent again)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -54,6 +57,7 @@ def run(args) -> int:
     scenario = scenario_from_args(args)
     if args.accuracy_sample < 0:
         raise CliError(f"--accuracy-sample must be >= 0, got {args.accuracy_sample}")
+    restart_roles = _restart_roles(args.restart)
     progress_bar = None if args.no_progress or args.json else _ProgressBar(scenario.requests)
 
     def log(line: str) -> None:
@@ -67,7 +71,8 @@ def run(args) -> int:
     launcher = Launcher(scenario, report_path=args.report, accuracy_sample=args.accuracy_sample,
                         drain_timeout_s=args.drain_timeout,
                         on_progress=progress_bar.update if progress_bar else None, log=log,
-                        links=args.links, prometheus=args.prometheus, run_dir=args.run_dir)
+                        links=args.links, prometheus=args.prometheus, run_dir=args.run_dir,
+                        restart_roles=restart_roles)
 
     async def main():
         from kvtransit.runtime.transport import Shutdown
@@ -110,6 +115,16 @@ def run(args) -> int:
         sys.stderr.write(f"kvtransit up: error: {failure}\n")
         return 1
     return 130 if interrupted else 0
+
+
+def _restart_roles(text: str) -> tuple[str, ...]:
+    from kvtransit.agents.supervisor import RESTARTABLE_ROLES
+
+    roles = tuple(r.strip() for r in text.split(",") if r.strip() and r.strip() != "none")
+    for role in roles:
+        if role not in RESTARTABLE_ROLES:
+            raise CliError(f"--restart: unknown role {role!r} (choose from: {', '.join(RESTARTABLE_ROLES)}, none)")
+    return roles
 
 
 class _ProgressBar:

@@ -166,7 +166,10 @@ class HttpServer:
             raise HttpError(400, f"bad Content-Length {headers.get('content-length')!r}") from None
         if length > self.max_body_bytes:
             raise HttpError(413, f"request body of {length} bytes is over the {self.max_body_bytes}-byte limit")
-        body = await reader.readexactly(length) if length else b""
+        try:  # a client that announces a body and never sends it is dropped like one that sends no head
+            body = await asyncio.wait_for(reader.readexactly(length), HEAD_TIMEOUT_S) if length else b""
+        except asyncio.TimeoutError:
+            raise HttpError(408, f"request body of {length} bytes did not arrive within {HEAD_TIMEOUT_S:.0f} s") from None
         url = urlsplit(target)
         request = HttpRequest(method.upper(), url.path, parse_qs(url.query), headers, body)
         return await self._dispatch(request)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry
 
+from kvtransit.agents.links import SHAPED_MTU  # the shaped veth's MTU: its header overhead enters the hold
 from kvtransit.kernels import KernelInputError
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.module import Policy
@@ -36,6 +37,8 @@ from kvtransit.runtime.clock import Clock, MonotonicClock
 from kvtransit.runtime.egress import EgressShaper, TransferRecord
 from kvtransit.runtime.metrics import middlebox_metrics
 from kvtransit.runtime.transport import Endpoint, open_endpoint
+from kvtransit.shaping.commands import burst_bytes as tc_burst_bytes
+from kvtransit.shaping.commands import wire_rate_Bps as tc_wire_rate_Bps
 from kvtransit.wire import WIRE_VERSION, ErrorCode
 from kvtransit.wire.errors import ProtocolError
 from kvtransit.wire.events import (Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, Role)
@@ -55,6 +58,7 @@ DEFAULT_INFLIGHT_BYTES = 32 * 1024 * 1024
 # so it never binds on the bytes themselves (TCP back-pressure from tc's queue paces the writes).
 TC_BYPASS_FACTOR = 8.0
 LINK_BACKENDS = ("userspace", "tc")
+
 # Decode may start after us (compose) or restart: keep trying to connect for this long at start-up.
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 CONNECT_RETRY_S = 0.2
@@ -159,6 +163,11 @@ class Middlebox:
         kernel = activate(self._initial_kernel_config(), scenario.module, self.policy)
         module_latency_s = scenario.module.added_latency_s * self.dilation
         bucket_Bps = shaped.bandwidth_Bps * (TC_BYPASS_FACTOR if link_backend == "tc" else 1.0)
+        # tc's tbf starts each hand-off after an idle gap with a full bucket, and lets that burst through at
+        # once: hold each hand-off back by the burst's own time, so it ends when latency + bytes / rate says.
+        self._tc_burst_hold_ns = (round(tc_burst_bytes(tc_wire_rate_Bps(shaped.bandwidth_Bps, SHAPED_MTU))
+                                        / tc_wire_rate_Bps(shaped.bandwidth_Bps, SHAPED_MTU) * 1e9)
+                                  if link_backend == "tc" else 0)
         shaper = EgressShaper(rate_Bps=bucket_Bps, latency_s=shaped.latency_s + module_latency_s,
                               channels=scenario.channels, clock=self.clock, on_transfer_done=self._on_transfer_done)
         self.kernel_stage = KernelStage(kernel, threads=kernel_threads)
@@ -412,12 +421,13 @@ class Middlebox:
         begin = handoff.begin
         if begin.codec == "none" and handoff.kernel.codec is not None:
             begin = replace(begin, codec=handoff.kernel.name)
-        # The hand-off starts, in model time, when the prefill produced the first token (REFERENCE §4:
-        # hand-off = KV ready - first token). Pacing every frame from then (the link's FIFO permitting)
-        # means the host's own overhead of producing and framing the bytes is not charged on top of the
-        # link's time; a host too slow to keep up still shows, as bytes that arrive after they were due.
-        first_token_ns = begin.first_token_ns
-        start_ns = first_token_ns if 0 < first_token_ns <= handoff.arrived_ns else handoff.arrived_ns
+        # The hand-off starts, in model time, when the prefill produces the first token (REFERENCE §4:
+        # hand-off = KV ready - first token). The prefill sends the KV during its step, stamped with the
+        # step's end, so frames are held until then and paced from then (the link's FIFO permitting): the
+        # host's own overhead of producing and framing the bytes is not charged on top of the link's time,
+        # and a host too slow to keep up still shows, as bytes that arrive after they were due.
+        start_ns = begin.first_token_ns if begin.first_token_ns > 0 else handoff.arrived_ns
+        start_ns += self._tc_burst_hold_ns
         async with self.link_stage.shaper.transfer(endpoint, label=f"request {rid}") as link:
             await link.send(begin, ready_ns=start_ns)
             while True:
@@ -478,7 +488,7 @@ class Middlebox:
         t["module_energy_j"] += module_j
         t["module_ops"] += item.module_ops
         t["kernel_compute_s"] += item.kernel_compute_s
-        t["modelled_compute_s"] += item.modelled_compute_s / self.dilation
+        t["modelled_compute_s"] += item.modelled_compute_s  # wall seconds, like kernel_compute_s beside it
         t["transit_bound_frames"] += int(item.transit_bound)
 
     def _on_transfer_done(self, record: TransferRecord) -> None:

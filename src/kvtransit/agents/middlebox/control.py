@@ -3,7 +3,7 @@
     GET  /chain    the stage chain, in order, with each stage's settings
     GET  /stats    totals (bytes, hand-offs by outcome, energy, link rate and busy)
     PUT  /kernel   {"codec": "fp8", "keep": 0.5, "block": 64, "sinks": 4, "variant": "dct",
-                    "precision_bits": null}   (any subset; the rest keeps its value)
+                    "precision_bits": null, "transform_charged": false}   (any subset; the rest keeps its value)
     PUT  /link     {"rate_Bps": 1e8, "latency_s": 0.001, "jitter_s": 0}   (shaped figures, any subset)
     GET  /faults            the active faults on the link to decode (faults/)
     PUT  /faults/NAME       {"type": "corrupt", "probability": 0.2}   add or replace a fault
@@ -27,7 +27,7 @@ from .faults import make_fault
 FAULTS_PREFIX = "/faults/"
 
 KERNEL_FIELDS = {"codec": str, "keep": (int, float), "block": int, "sinks": int, "variant": str,
-                 "precision_bits": (int, type(None))}
+                 "precision_bits": (int, type(None)), "transform_charged": bool}
 LINK_FIELDS = ("rate_Bps", "latency_s", "jitter_s")
 # Integer kernel fields beyond the longest prompt (REFERENCE §4: lengths are capped at 32,768 tokens) mean
 # nothing, and a huge transform block would make the kernel allocate without bound: refused at the API.
@@ -50,7 +50,8 @@ def _reject_unknown(body: dict, kind: str, known) -> None:
 def _kernel_update(body: dict) -> dict:
     _reject_unknown(body, "kernel", KERNEL_FIELDS)
     for name, value in body.items():
-        if isinstance(value, bool) or not isinstance(value, KERNEL_FIELDS[name]):
+        expected = KERNEL_FIELDS[name]
+        if (isinstance(value, bool) and expected is not bool) or not isinstance(value, expected):
             raise HttpError(400, f"kernel field {name!r}: bad value {value!r}")
         if name in ("block", "sinks") and not 0 <= value <= MAX_KERNEL_TOKENS:
             raise HttpError(400, f"kernel field {name!r} must be in 0..{MAX_KERNEL_TOKENS}, got {value!r}")

@@ -41,7 +41,7 @@ def make_fault(name: str, body: dict) -> Fault:
     if not FAULT_NAME.match(name):
         raise ConfigError(f"fault name {name[:80]!r}: use 1-64 letters, digits, '_', '.', '-'")
     kind = body.get("type")
-    if kind not in FAULT_TYPES:
+    if not isinstance(kind, str) or kind not in FAULT_TYPES:
         raise ConfigError(f"fault {name!r}: unknown type {kind!r} (choose from: {', '.join(FAULT_TYPES)})")
     params = {k: v for k, v in body.items() if k != "type"}
     return FAULT_TYPES[kind](name, **params)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import ml_dtypes
 import numpy as np
@@ -19,7 +19,7 @@ from kvtransit.agents.kvframes import IDENTITY_CODEC_ID, byte_view, codec_id
 from kvtransit.kernels import get_codec
 from kvtransit.kernels.registry import Codec
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.module import Action, BudgetResult, Module, Policy, budget_check
+from kvtransit.model.module import Action, BudgetResult, KernelDeclaration, Module, Policy, budget_check
 from kvtransit.wire.events import DType
 
 from ..items import ChunkInFlight
@@ -43,11 +43,14 @@ class KernelConfig:
     sinks: int = 4
     variant: str = "dct"
     precision_bits: int | None = None
-    params: dict = field(default_factory=dict, compare=False)
+    # Does the transform count against the module's budget? False models passive optics (the simulator's
+    # stage, REFERENCE §5); True charges 1.25·log2 N ops per byte (the kernel table's "transform charged").
+    transform_charged: bool = False
 
     def as_dict(self) -> dict:
         return {"codec": self.codec, "keep": self.keep, "block": self.block, "sinks": self.sinks,
-                "variant": self.variant, "precision_bits": self.precision_bits}
+                "variant": self.variant, "precision_bits": self.precision_bits,
+                "transform_charged": self.transform_charged}
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class ActiveKernel:
 
     config: KernelConfig
     codec: Codec | None  # None: no kernel (raw bytes pass through)
+    declaration: KernelDeclaration | None  # what the module is charged for it (transform charged or not)
     budget: BudgetResult | None
     placement: str
 
@@ -67,15 +71,16 @@ class ActiveKernel:
 def activate(config: KernelConfig, module: Module, policy: Policy) -> ActiveKernel:
     """Build and judge a kernel. A kernel the module may not run is refused here (ConfigError), by policy."""
     if config.codec == "none":
-        return ActiveKernel(config, None, None, PLACEMENT_NONE)
+        return ActiveKernel(config, None, None, None, PLACEMENT_NONE)
     codec = get_codec(config.codec, keep=config.keep, block=config.block, sinks=config.sinks,
                       variant=config.variant, precision_bits=config.precision_bits)
-    verdict = budget_check(codec.declaration, module, policy)
+    declaration = replace(codec.declaration, transform_charged=config.transform_charged)
+    verdict = budget_check(declaration, module, policy)
     if verdict.action is Action.REJECTED:
         raise ConfigError(f"kernel {config.codec!r} refused by the module: {verdict.describe()} "
                           f"(policy {policy.value}; use policy 'host' to run it on the host instead)")
     placement = PLACEMENT_HOST if verdict.action is Action.ON_HOST else PLACEMENT_MODULE
-    return ActiveKernel(config, codec, verdict, placement)
+    return ActiveKernel(config, codec, declaration, verdict, placement)
 
 
 class KernelStage:

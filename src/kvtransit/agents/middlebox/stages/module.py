@@ -31,9 +31,9 @@ class ModuleStage:
                 "added_latency_s": m.added_latency_s}
 
     def process(self, item: ChunkInFlight, kernel: ActiveKernel) -> ChunkInFlight:
-        if item.placement != PLACEMENT_MODULE or kernel.codec is None:
+        if item.placement != PLACEMENT_MODULE or kernel.declaration is None:
             return item
-        ops = item.raw_bytes * kernel.codec.declaration.charged_ops_per_byte
+        ops = item.raw_bytes * kernel.declaration.charged_ops_per_byte
         item.module_ops = ops * self.model_bytes_per_byte
         item.modelled_compute_s = ops / (self.module.ops_per_byte * self.link_rate_Bps)
         item.transit_bound = item.modelled_compute_s > item.wire_bytes / self.link_rate_Bps
