@@ -62,3 +62,19 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
     # number or verdict is ever cut with an ellipsis.
     widths = [max([len(str(col))] + [len(str(row[i])) for row in rows if i < len(row)]) for i, col in enumerate(columns)]
     Console(width=max(100, sum(widths) + 3 * len(columns) + 4, len(title))).print(table)
+
+
+class LiveProgress:
+    """A rich progress display that log lines can print above (subclasses add their bars to `_progress`)."""
+
+    def __init__(self, progress) -> None:
+        self._progress = progress
+
+    def start(self) -> None:
+        self._progress.start()
+
+    def stop(self) -> None:
+        self._progress.stop()
+
+    def print(self, line: str) -> None:
+        self._progress.console.print(line, markup=False, highlight=False, soft_wrap=True)

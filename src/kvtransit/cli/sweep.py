@@ -20,7 +20,7 @@ import argparse
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from ._common import CliError, add_json_flag, print_json, print_table
+from ._common import CliError, LiveProgress, add_json_flag, print_json, print_table
 from ._scenario import add_scenario_args, scenario_from_args
 
 
@@ -162,25 +162,16 @@ def _summary_row(row: dict) -> tuple:
             "-" if row["faithful"] is None else ("yes" if row["faithful"] else "NO"), fmt(row["wall_s"], ".1f"))
 
 
-class _SweepProgress:
+class _SweepProgress(LiveProgress):
     """Two bars: points of the grid (the current point's key), and requests of the running point."""
 
     def __init__(self):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
+        super().__init__(Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn()))
         self._points = self._progress.add_task("points", total=1, detail="")
         self._requests = self._progress.add_task("requests", total=1, detail="", visible=False)
-
-    def start(self) -> None:
-        self._progress.start()
-
-    def stop(self) -> None:
-        self._progress.stop()
-
-    def print(self, line: str) -> None:
-        self._progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def begin_grid(self, total: int) -> None:
         self._progress.update(self._points, total=total, completed=0, description="points")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import CliError, add_json_flag, print_json, print_table
+from ._common import CliError, LiveProgress, add_json_flag, print_json, print_table
 from ._scenario import add_scenario_args, scenario_from_args
 
 
@@ -127,24 +127,15 @@ def _restart_roles(text: str) -> tuple[str, ...]:
     return roles
 
 
-class _ProgressBar:
+class _ProgressBar(LiveProgress):
     """requests done, in flight, TTFT/TPOT p99 so far, link rate (model terms)."""
 
     def __init__(self, total: int):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._progress = Progress(TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), transient=True)
+        super().__init__(Progress(TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), transient=True))
         self._task = self._progress.add_task("run", total=total, detail="starting…")
-
-    def start(self) -> None:
-        self._progress.start()
-
-    def stop(self) -> None:
-        self._progress.stop()
-
-    def print(self, line: str) -> None:
-        self._progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def update(self, snapshot: dict) -> None:
         def ms(value):
