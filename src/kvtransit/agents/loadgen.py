@@ -172,15 +172,19 @@ class LoadGenerator:
                         self.ledger.tokens(f"prefill-{index}", [[rid, 0]])
                     self._token(rid, 0, self.clock.now_ns())
                 elif isinstance(event, Error):
-                    if event.request_id is not None:
-                        self._fail(event.request_id, event.message)
-                    else:
-                        log.warning("prefill %d reported: %s", index, event.message)
+                    self._peer_error("prefill", index, event)
                 elif isinstance(event, Bye):
                     break
         finally:
             for rid in [r for r in self._open if self._prefill_of.get(r) == index and not self.records[r].token_times_s]:
                 self._fail(rid, f"prefill {self.prefill_addresses[index]} connection lost")
+
+    def _peer_error(self, peer: str, index: int, event: Error) -> None:
+        """An Error from a prefill or decode: it fails the request it names, or is only logged."""
+        if event.request_id is not None:
+            self._fail(event.request_id, event.message)
+        else:
+            log.warning("%s %d reported: %s", peer, index, event.message)
 
     async def _read_decode(self, index: int, endpoint: Endpoint) -> None:
         try:
@@ -197,10 +201,7 @@ class LoadGenerator:
                         else:
                             self._token(entry.request_id, entry.token_index, now)
                 elif isinstance(event, Error):
-                    if event.request_id is not None:
-                        self._fail(event.request_id, event.message)
-                    else:
-                        log.warning("decode %d reported: %s", index, event.message)
+                    self._peer_error("decode", index, event)
                 elif isinstance(event, Bye):
                     break
         finally:
