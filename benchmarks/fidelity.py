@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvtransit.agents.launcher import Launcher
+from kvtransit.emulator.launcher import Launcher
 from kvtransit.model.cost import decode_step_s
 from kvtransit.model.scenario import Scenario
 

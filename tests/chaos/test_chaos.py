@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from kvtransit.agents import chaos
+from kvtransit.emulator import chaos
 from kvtransit.agents.kvframes import MAX_CHUNK_BYTES
 from kvtransit.agents.middlebox.app import DEFAULT_INFLIGHT_BYTES
 from kvtransit.model.workload import generate

@@ -19,11 +19,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvtransit.agents._process import Address
-from kvtransit.agents.kvpool import KvPool
-from kvtransit.agents.kvpool_store import BlockStore
+from kvtransit.agents.kvpool.agent import KvPool
+from kvtransit.agents.kvpool.store import BlockStore
 from kvtransit.agents.middlebox.app import Middlebox
 from kvtransit.agents.middlebox.pool import PoolRelay
-from kvtransit.agents.prefix_cache import PrefixReuse
+from kvtransit.agents.prefill.prefix_cache import PrefixReuse
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.cost import prefill_step_cached_s
 from kvtransit.model.prefix import BLOCK_TOKENS, chain

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.agents.launcher import Launcher
+from kvtransit.emulator.launcher import Launcher
 from kvtransit.model.prefix_workloads import prefix_requests
 from kvtransit.model.scenario import Scenario
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from kvtransit.agents import kvframes
-from kvtransit.agents.launcher import Launcher, RunFailed
-from kvtransit.agents.report import REPORT_KEYS
+from kvtransit.emulator.launcher import Launcher, RunFailed
+from kvtransit.agents.loadgen.report import REPORT_KEYS
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.cost import decode_step_s
 from kvtransit.model.scenario import Scenario

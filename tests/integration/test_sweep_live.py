@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.agents.launcher import Launcher
-from kvtransit.agents.sweep import PointRunner, ResultsStore, search_goodput
+from kvtransit.emulator.launcher import Launcher
+from kvtransit.emulator.sweep_runner import PointRunner, ResultsStore, search_goodput
 from kvtransit.cli import main
 from kvtransit.model.scenario import Scenario
 

@@ -80,9 +80,9 @@ def _required_addresses(role: str) -> list[str]:
 
 @pytest.mark.parametrize("role", AGENTS)
 def test_each_agent_service_runs_the_command_the_embedded_launcher_runs(compose, role):
-    launcher = pytest.importorskip("kvtransit.agents.launcher")
+    launcher = pytest.importorskip("kvtransit.emulator.launcher")
     if not hasattr(launcher, "agent_commands"):
-        pytest.skip("kvtransit.agents.launcher has no public command builder `agent_commands` yet")
+        pytest.skip("kvtransit.emulator.launcher has no public command builder `agent_commands` yet")
     scenario = Scenario(**{k.removeprefix("scenario_"): v for k, v in _meaning(["up", *_env_scenario_argv()]).items()
                            if k.startswith("scenario_")})
     # Compose shapes the KV link with tc inside the middlebox's container: the launcher's tc mode (netns).

@@ -1,4 +1,7 @@
-"""Imports point one way (ARCHITECTURE.md): cli → agents → runtime → {kernels → model, wire}; shaping alone.
+"""Imports point one way (ARCHITECTURE.md): cli → emulator → agents → runtime → {kernels → model, wire}; shaping alone.
+
+The harness (`emulator`: launcher, placement, supervisor, chaos, sweeps) may use the agents; no agent imports the
+harness, so a process never depends on what starts or judges it.
 
 Read from the source with `ast`, so a lazy import inside a function counts as much as a top-level one.
 """
@@ -21,7 +24,8 @@ ALLOWED_INTERNAL = {
     "shaping": set(),
     "runtime": {"wire", "model", "kernels", "shaping"},
     "agents": {"runtime", "wire", "model", "kernels", "shaping"},
-    "cli": {"agents", "runtime", "wire", "model", "kernels", "shaping"},
+    "emulator": {"agents", "runtime", "wire", "model", "kernels", "shaping"},
+    "cli": {"emulator", "agents", "runtime", "wire", "model", "kernels", "shaping"},
 }
 # Third-party packages each layer may import; stdlib is always allowed except where banned below.
 ALLOWED_THIRD_PARTY = {
@@ -31,6 +35,7 @@ ALLOWED_THIRD_PARTY = {
     "shaping": set(),
     "runtime": None,  # any declared dependency
     "agents": None,
+    "emulator": None,
     "cli": None,
 }
 # The pure layers hold no sockets, event loops, clocks, threads, loggers or metrics.
@@ -39,9 +44,9 @@ BANNED_IN_PURE = {"asyncio", "socket", "selectors", "uvloop", "prometheus_client
 PURE = {"wire", "model", "kernels"}
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
+def _imports(path: Path, root: Path = SRC.parent) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(), filename=str(path))
-    package_parts = path.relative_to(SRC.parent).with_suffix("").parts[:-1]
+    package_parts = path.relative_to(root).with_suffix("").parts[:-1]
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -66,13 +71,12 @@ def test_every_layer_package_exists():
     assert {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()} >= set(ALLOWED_INTERNAL)
 
 
-@pytest.mark.parametrize("layer,path", list(_layer_files()), ids=lambda v: str(v).split("src/")[-1])
-def test_imports_point_one_way(layer, path):
+def _problems(layer: str, path: Path, root: Path = SRC.parent) -> list[str]:
     stdlib = sys.stdlib_module_names
     problems = []
-    for lineno, name in _imports(path):
+    for lineno, name in _imports(path, root):
         top = name.split(".")[0]
-        where = f"{path.relative_to(SRC.parent)}:{lineno}"
+        where = f"{path.relative_to(root)}:{lineno}"
         if top == "kvtransit":
             parts = name.split(".")
             if len(parts) == 1:
@@ -84,15 +88,32 @@ def test_imports_point_one_way(layer, path):
             problems.append(f"{where}: pure layer {layer} must not import {top}")
         elif top not in stdlib and ALLOWED_THIRD_PARTY[layer] is not None and top not in ALLOWED_THIRD_PARTY[layer]:
             problems.append(f"{where}: {layer} must not import third-party {top}")
+    return problems
+
+
+@pytest.mark.parametrize("layer,path", list(_layer_files()), ids=lambda v: str(v).split("src/")[-1])
+def test_imports_point_one_way(layer, path):
+    problems = _problems(layer, path)
     assert not problems, "\n".join(problems)
 
 
 def test_the_checker_sees_a_violation(tmp_path):
-    """The rule itself can fail: a planted bad import is found."""
-    bad = SRC / "model" / "_planted_violation_for_test.py"
-    bad.write_text("import asyncio\nfrom kvtransit.runtime import x\n")
-    try:
-        names = [n for _, n in _imports(bad)]
-        assert names == ["asyncio", "kvtransit.runtime"]
-    finally:
-        bad.unlink()
+    """The rule itself can fail: a planted bad import is found (planted in a temporary folder, never the package)."""
+    planted = tmp_path / "kvtransit" / "model" / "_planted_violation.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("import asyncio\nfrom kvtransit.runtime import x\nfrom ..emulator import launcher\n")
+    names = [n for _, n in _imports(planted, root=tmp_path)]
+    assert names == ["asyncio", "kvtransit.runtime", "kvtransit.emulator"]
+    assert _problems("model", planted, root=tmp_path) == [
+        "kvtransit/model/_planted_violation.py:1: pure layer model must not import asyncio",
+        "kvtransit/model/_planted_violation.py:2: model must not import kvtransit.runtime",
+        "kvtransit/model/_planted_violation.py:3: model must not import kvtransit.emulator",
+    ]
+
+
+def test_an_agent_importing_the_harness_is_refused(tmp_path):
+    planted = tmp_path / "kvtransit" / "agents" / "middlebox" / "_planted.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("from ...emulator.placement import SHAPED_MTU\n")
+    assert _problems("agents", planted, root=tmp_path) == [
+        "kvtransit/agents/middlebox/_planted.py:1: agents must not import kvtransit.emulator"]

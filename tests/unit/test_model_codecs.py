@@ -14,7 +14,7 @@ from kvtransit.model.codecs import (
 )
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.handoff import handoff
-from kvtransit.model.links import LINKS
+from kvtransit.model.link_catalog import LINKS
 from kvtransit.model.module import KernelDeclaration, Module, Policy, Verdict
 
 L8B = MODELS["llama3-8b"]

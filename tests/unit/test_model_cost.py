@@ -16,7 +16,7 @@ from kvtransit.model.cost import (
 from kvtransit.model.devices import DEVICES
 from kvtransit.model.energy import gpu_energy_j, link_energy_j, module_energy_j
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.links import LINKS
+from kvtransit.model.link_catalog import LINKS
 from kvtransit.model.module import Module
 
 H100 = DEVICES["h100"]

@@ -11,7 +11,7 @@ from kvtransit.cli._scenario import add_scenario_args, scenario_from_args
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import HOST_BUDGET_BPS, Scenario, auto_channels_and_dilation, scaled_layout
 from kvtransit.model.catalog import model_by_name
-from kvtransit.model.links import link_by_name
+from kvtransit.model.link_catalog import link_by_name
 from kvtransit.model.workload import generate
 
 

@@ -77,7 +77,7 @@ def test_every_agent_listens_on_loopback_unless_told_otherwise(command):
 async def test_the_control_api_requires_its_bearer_token_and_metrics_stay_public():
     from prometheus_client import CollectorRegistry
 
-    from kvtransit.agents.chaos import http_call
+    from kvtransit.emulator.chaos import http_call
     from kvtransit.agents.middlebox.app import Middlebox
     from kvtransit.agents.middlebox.control import register_control_routes
     from kvtransit.model.scenario import Scenario

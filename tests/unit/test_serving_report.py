@@ -11,7 +11,7 @@ from ml_dtypes import bfloat16
 from kvtransit.agents import kvframes
 from kvtransit.agents._process import parse_address, parse_addresses, parse_ready_line
 from kvtransit.agents.decode import AccuracyMeter, LinkMeter
-from kvtransit.agents.report import REPORT_KEYS, build_report, to_markdown, write_report
+from kvtransit.agents.loadgen.report import REPORT_KEYS, build_report, to_markdown, write_report
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord

@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from kvtransit.agents.sweep import ResultsStore, run_sweep, search_goodput, sweep_points
-from kvtransit.agents.sweep_report import PLOT_FILES, markdown_tables, write_plots
+from kvtransit.emulator.sweep_runner import ResultsStore, run_sweep, search_goodput, sweep_points
+from kvtransit.emulator.sweep_report import PLOT_FILES, markdown_tables, write_plots
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.sweep import Grid, bisect_goodput, parse_axis, preset, preset_emulation
+from kvtransit.model.sweep_plan import Grid, bisect_goodput, parse_axis, preset, preset_emulation
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -103,7 +103,7 @@ def test_bisection_rejects_a_bad_bracket():
 
 
 def _row(key: str, scenario: Scenario, **metrics) -> dict:
-    from kvtransit.agents.sweep import _parameters
+    from kvtransit.emulator.sweep_runner import _parameters
 
     values = dict(link_busy=0.3, handoff_p99_ms=90.0, ttft_p99_ms=200.0, tpot_p99_ms=10.0, slo_attainment=1.0,
                   goodput_rps=scenario.rate, j_per_token=0.2, wire_bytes=1e9, faithful=True)

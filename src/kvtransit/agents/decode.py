@@ -315,7 +315,7 @@ class DecodeAgent:
             reference = kvframes.as_rows(self._kv.layer(item.begin.request_id, layer, tokens))
             if raw and decoded.tobytes() != np.ascontiguousarray(reference).tobytes():
                 # Raw KV must arrive bit for bit: a difference is corruption the wire's CRCs missed, and it was
-                # used. The ledger reports this count (model/ledger.py: corrupted), once per request.
+                # used. The ledger reports this count (model/ledger_check.py: corrupted), once per request.
                 raw = False
                 self.kv_content_mismatches += 1
                 log.error("request %d layer %d: raw KV differs from what the prefill made", item.begin.request_id,

@@ -18,7 +18,7 @@ MS = 1e3
 
 def register(subparsers) -> None:
     from kvtransit.model.codecs import CODEC_NAMES, DEFAULT_FP4_BLOCK, DEFAULT_KEEP
-    from kvtransit.model.links import LINKS
+    from kvtransit.model.link_catalog import LINKS
     from kvtransit.model.module import MODULE_BUDGETS, Policy
 
     p = subparsers.add_parser("calc", help="hand-off size, transfer time and energy per link",
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_reference_table(args: argparse.Namespace) -> int:
     from kvtransit.model.catalog import model_by_name
     from kvtransit.model.handoff import HANDOFF_TABLE_LINKS, HANDOFF_TABLE_MODELS, HANDOFF_TABLE_PROMPTS, handoff
-    from kvtransit.model.links import link_by_name
+    from kvtransit.model.link_catalog import link_by_name
 
     links = [link_by_name(name) for name in HANDOFF_TABLE_LINKS]
     records = []
@@ -86,7 +86,7 @@ def _run_custom(args: argparse.Namespace) -> int:
     from kvtransit.model.codecs import DEFAULT_FP4_BLOCK, DEFAULT_KEEP, codec_declaration
     from kvtransit.model.errors import require_positive
     from kvtransit.model.handoff import HANDOFF_TABLE_LINKS, handoff, weight_load_s
-    from kvtransit.model.links import link_by_name
+    from kvtransit.model.link_catalog import link_by_name
     from kvtransit.model.module import MODULE_BUDGETS, Module, Policy
 
     model = model_from_args(args)

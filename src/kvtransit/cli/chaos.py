@@ -39,8 +39,8 @@ def run(args) -> int:
     import asyncio
     import sys
 
-    from kvtransit.agents import chaos
-    from kvtransit.agents.launcher import RunFailed
+    from kvtransit.emulator import chaos
+    from kvtransit.emulator.launcher import RunFailed
 
     if args.list:
         print_table("chaos scenarios", ("scenario", "fault"), [(p.name, p.description) for p in chaos.SCENARIOS.values()])

@@ -23,7 +23,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from kvtransit.agents._process import parse_address
-    from kvtransit.agents.kvpool import KvPoolAgent
+    from kvtransit.agents.kvpool.agent import KvPoolAgent
 
     scenario = scenario_from_args(args)
     agent = KvPoolAgent(scenario, name=args.name, listen=parse_address(args.listen, "--listen"),

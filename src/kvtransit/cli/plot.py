@@ -22,8 +22,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.agents.sweep import RESULTS_JSON, ResultsStore
-    from kvtransit.agents.sweep_report import write_plots, write_tables
+    from kvtransit.emulator.sweep_runner import RESULTS_JSON, ResultsStore
+    from kvtransit.emulator.sweep_report import write_plots, write_tables
 
     if not args.results.exists():
         raise CliError(f"{args.results}: no such file or directory")

@@ -26,7 +26,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.agents.workload_source import requests_for
+    from kvtransit.agents.loadgen.workload_source import requests_for
     from kvtransit.model.prefix import BLOCK_TOKENS, capacity_blocks_for, implied_hit_rate
 
     scenario = scenario_from_args(args)

@@ -25,7 +25,7 @@ from ._scenario import add_scenario_args, scenario_from_args
 
 
 def register(subparsers) -> None:
-    from kvtransit.model.sweep import DEFAULT_GOODPUT_TARGET, PRESETS
+    from kvtransit.model.sweep_plan import DEFAULT_GOODPUT_TARGET, PRESETS
 
     p = subparsers.add_parser("sweep", help="run a grid of live runs (links x codecs x rates ...) and tabulate",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,7 +66,7 @@ def _explicit_overrides(args) -> dict:
 
 
 def _grids(args):
-    from kvtransit.model.sweep import Grid, parse_axis, preset
+    from kvtransit.model.sweep_plan import Grid, parse_axis, preset
 
     axes = dict(parse_axis(spec) for spec in args.grid)
     if args.preset:
@@ -80,8 +80,8 @@ def _grids(args):
 def run(args) -> int:
     import sys
 
-    from kvtransit.agents.sweep import PointRunner, ResultsStore, run_sweep, search_goodput, sweep_points
-    from kvtransit.agents.sweep_report import write_plots, write_tables
+    from kvtransit.emulator.sweep_runner import PointRunner, ResultsStore, run_sweep, search_goodput, sweep_points
+    from kvtransit.emulator.sweep_report import write_plots, write_tables
 
     if args.accuracy_sample < 0:
         raise CliError(f"--accuracy-sample must be >= 0, got {args.accuracy_sample}")
@@ -141,7 +141,7 @@ def run(args) -> int:
 
 def _goodput_bases(grids):
     """One base scenario per distinct link × codec × compress_at of the grids (the rate axis is the search's)."""
-    from kvtransit.agents.sweep import sweep_points
+    from kvtransit.emulator.sweep_runner import sweep_points
 
     bases, seen = [], set()
     for _, scenario in sweep_points(grids):

@@ -51,8 +51,8 @@ def run(args) -> int:
     import json
     import sys
 
-    from kvtransit.agents.launcher import Launcher, RunFailed
-    from kvtransit.agents.report import headline, table_rows
+    from kvtransit.emulator.launcher import Launcher, RunFailed
+    from kvtransit.agents.loadgen.report import headline, table_rows
 
     scenario = scenario_from_args(args)
     if args.accuracy_sample < 0:
@@ -118,7 +118,7 @@ def run(args) -> int:
 
 
 def _restart_roles(text: str) -> tuple[str, ...]:
-    from kvtransit.agents.supervisor import RESTARTABLE_ROLES
+    from kvtransit.emulator.supervisor import RESTARTABLE_ROLES
 
     roles = tuple(r.strip() for r in text.split(",") if r.strip() and r.strip() != "none")
     for role in roles:

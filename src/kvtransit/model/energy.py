@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .devices import Device
 from .errors import ConfigError
-from .links import Link
+from .link_catalog import Link
 from .module import Module
 
 PJ = 1e-12

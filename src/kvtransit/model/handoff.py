@@ -14,7 +14,7 @@ from .catalog import ModelSpec
 from .codecs import CODECS
 from .energy import link_energy_j, module_energy_j
 from .errors import ConfigError
-from .links import LINKS, Link
+from .link_catalog import LINKS, Link
 from .module import Action, BudgetResult, KernelDeclaration, Module, Policy, budget_check, transit_time
 
 # REFERENCE §2 hand-off oracle table: its rows (model × prompt) and its link columns, in order.

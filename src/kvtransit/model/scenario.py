@@ -26,7 +26,7 @@ from .codecs import CODEC_NAMES, codec_declaration
 from .cost import StepWork, kv_capacity_tokens, step_time
 from .devices import DEVICES, Device, device_by_name
 from .errors import ConfigError, unknown_name
-from .links import LINKS, Link, link_by_name
+from .link_catalog import LINKS, Link, link_by_name
 from .module import MODULE_BUDGETS, KernelDeclaration, Module, Policy
 from .slo import TPOT_SLO_S, TTFT_SLO_S
 from .traces import TRACE_FORMATS, TRACE_SAMPLING

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry
 
-from kvtransit.agents.links import SHAPED_MTU  # the shaped veth's MTU: its header overhead enters the hold
 from kvtransit.kernels import KernelInputError
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.module import Policy
@@ -39,6 +38,7 @@ from kvtransit.runtime.metrics import middlebox_metrics
 from kvtransit.runtime.transport import Endpoint, open_endpoint
 from kvtransit.shaping.commands import burst_bytes as tc_burst_bytes
 from kvtransit.shaping.commands import wire_rate_Bps as tc_wire_rate_Bps
+from kvtransit.shaping.spec import SHAPED_MTU  # the shaped veth's MTU: its header overhead enters the hold
 from kvtransit.wire import WIRE_VERSION, ErrorCode
 from kvtransit.wire.errors import ProtocolError
 from kvtransit.wire.events import (Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, Role)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import ml_dtypes
 import numpy as np
 
-from kvtransit.agents.kvframes import IDENTITY_CODEC_ID, byte_view, codec_id
+from ...kvframes import IDENTITY_CODEC_ID, byte_view, codec_id
 from kvtransit.kernels import get_codec
 from kvtransit.kernels.registry import Codec
 from kvtransit.model.errors import ConfigError

@@ -7,7 +7,7 @@ a token bucket at the scaled link rate and released one link latency later. Rate
 
 from __future__ import annotations
 
-from kvtransit.model.links import Link
+from kvtransit.model.link_catalog import Link
 from kvtransit.runtime.egress import EgressShaper
 
 

@@ -20,8 +20,8 @@ from kvtransit.model.energy import link_energy_j, module_energy_j
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord, summarise
 
-from ._process import finite_json
-from .prefix_report import kv_pool_headline, kv_pool_summary
+from .._process import finite_json
+from .kv_pool_report import kv_pool_headline, kv_pool_summary
 from .workload_source import workload_description
 
 REPORT_KEYS = ("config", "ttft_s", "tpot_s", "itl_s", "e2e_s", "handoff_s", "slo_attainment", "goodput_rps",

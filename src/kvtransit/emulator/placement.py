@@ -33,21 +33,13 @@ from kvtransit.model.scenario import Scenario
 from kvtransit.shaping.backend import Capabilities, probe
 from kvtransit.shaping.errors import ShapingError
 from kvtransit.shaping.runner import Runner, run_command
-from kvtransit.shaping.spec import LinkSpec
+from kvtransit.shaping.spec import SHAPED_MTU, WIRING_MTU, LinkSpec
 from kvtransit.shaping.topology import ROOT_AGENT, LinkPlan, Testbed, build_testbed
 
 LINK_MODES = ("auto", "netns", "loopback")
 LOOPBACK = "127.0.0.1"
 # Namespaces (topology agent names) of the roles that do not run in the root namespace.
 MIDDLEBOX_NS, DECODE_NS = "middlebox", "decode"
-# The unshaped veths to the root namespace are wiring, standing in for loopback (MTU 65536 there): with a
-# 1500-byte MTU, TCP's initial window (10 segments) is 15 KB, and each hand-off on the prefill → middlebox hop
-# restarted slow start after the idle gap between requests (the root namespace's sysctl is not ours to change).
-# Measured here (10 light requests): hand-off median 1.34x the model with 1500 everywhere, 1.16x with the
-# sysctl below alone.
-WIRING_MTU = 65535
-# The shaped link: jumbo frames, as data-centre fabrics carrying KV run them (RoCE 4096, Ethernet 9000).
-SHAPED_MTU = 9000
 # Inside our own namespaces: no TCP slow-start restart after idle. The modelled link is a dedicated path
 # that carries each hand-off at its full rate from the first byte; a TCP flow re-probing its window after
 # every idle gap would add ramp-up time the model does not have. (Per-namespace sysctl: gone with the netns.)

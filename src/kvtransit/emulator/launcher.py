@@ -9,7 +9,7 @@ order: the load generator first (it writes the report of what completed), then t
 A child that exits while the run is on is a crash: the launcher names it, shows its last stderr lines,
 stops the run the same way, and still leaves the report of what completed.
 
-Links (`links.py`): with `--links auto|netns` on a host that can, the middlebox and the decode pool run in
+Placement (`placement.py`): with `--links auto|netns` on a host that can, the middlebox and the decode pool run in
 network namespaces and tc shapes the middlebox → decode veth; the namespaces, veths and qdiscs are removed by
 exact name when the run ends, fails or is interrupted (the manifest in the run dir lists them for
 `kvtransit links clean --manifest` after a crash of the launcher itself).
@@ -34,10 +34,10 @@ from pathlib import Path
 
 from kvtransit.model.scenario import Scenario
 
-from ._process import SUPERVISED_ENV, parse_ready_line
-from .links import LinkSetup, choose_links
+from kvtransit.agents._process import SUPERVISED_ENV, parse_ready_line
+from .placement import LinkSetup, choose_links
 from .supervisor import MAX_RESTARTS, pinned_argv
-from .loadgen import http_get_json
+from kvtransit.agents.loadgen.agent import http_get_json
 
 READY_TIMEOUT_S = 60.0  # a cold start imports numpy, scipy, prometheus_client: seconds on a busy box
 STOP_GRACE_S = 5.0
@@ -145,7 +145,7 @@ class Launcher:
                  on_progress: Callable[[dict], None] | None = None, log: Callable[[str], None] = print,
                  links: str = "loopback", prometheus: bool = False, run_dir: Path | None = None,
                  restart_roles: tuple[str, ...] = ()):
-        """`links`: "auto" | "netns" | "loopback" (links.py). `prometheus`: start a real one once every agent is
+        """`links`: "auto" | "netns" | "loopback" (placement.py). `prometheus`: start a real one once every agent is
         ready. `run_dir` holds the links manifest and Prometheus's config (default: REPORT.run/ beside the
         report). `restart_roles`: children of these roles ("middlebox", "decode") that exit mid-run are
         restarted on the same ports (supervisor.py), at most MAX_RESTARTS times each; any other exit is a
@@ -263,7 +263,7 @@ class Launcher:
             return
         import json
 
-        from .report import annotate_report, write_report
+        from kvtransit.agents.loadgen.report import annotate_report, write_report
 
         report = json.loads(self.report_path.read_text())
         annotate_report(report, links=self.link_setup.describe() if self.link_setup else None,

@@ -33,8 +33,8 @@ from kvtransit.wire.errors import ErrorCode, ProtocolError
 from kvtransit.wire.events import Ack, AckStatus, Bye, Error, FirstToken, Hello, KvBegin, Request, Role
 from kvtransit.wire.limits import WIRE_VERSION
 
-from . import kvframes
-from ._process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
+from .. import kvframes
+from .._process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
 from .prefix_cache import Lookup, PrefixReuse
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.sweep import Grid, GoodputSearch, bisect_goodput, canonical_key, codec_label
+from kvtransit.model.sweep_plan import Grid, GoodputSearch, bisect_goodput, canonical_key, codec_label
 
 from .launcher import Launcher, RunFailed
-from .workload_source import load_trace
+from kvtransit.agents.loadgen.workload_source import load_trace
 
 # What a row says about its run, in the order the CSV lists them (model terms, milliseconds where "_ms").
 METRIC_COLUMNS = ("link_busy", "handoff_p99_ms", "ttft_p99_ms", "tpot_p99_ms", "slo_attainment", "goodput_rps",

@@ -24,14 +24,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtransit.model import ledger as ledger_model
+from kvtransit.model import ledger_check as ledger_model
 from kvtransit.model.scenario import Scenario
 from kvtransit.wire import Connection, crc32c
 from kvtransit.wire.events import Hello, Role
 from kvtransit.wire.limits import MAX_PAYLOAD, WIRE_VERSION
 
 from .launcher import Child, Launcher, RunFailed
-from .links import DECODE_NS, MIDDLEBOX_NS
+from .placement import DECODE_NS, MIDDLEBOX_NS
 from .supervisor import RESTARTABLE_ROLES
 
 # When the fault starts, after every agent is ready: the load has been flowing for a while by then.

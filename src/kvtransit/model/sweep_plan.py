@@ -8,7 +8,7 @@
 - **Goodput** is DistServe's per-instance goodput: the highest request rate whose SLO attainment is at least
   the target (0.9 by default). `bisect_goodput` brackets it between a rate that meets the target and one that
   does not, halving the bracket a bounded number of times; the function that measures attainment at a rate
-  is passed in (a live run in `agents/sweep.py`, a formula in the unit tests).
+  is passed in (a live run in `emulator/sweep_runner.py`, a formula in the unit tests).
 
 Pure: no I/O, no clock.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 
 from .errors import ConfigError
 from .catalog import model_by_name
-from .links import link_by_name
+from .link_catalog import link_by_name
 from .scenario import Scenario, auto_channels_and_dilation
 
 DEFAULT_GOODPUT_TARGET = 0.9  # DistServe's attainment target (Zhong et al., OSDI '24, §2.2: "90% SLO attainment")

@@ -1,6 +1,6 @@
 """Shaped-link fidelity: achieved / configured TCP goodput from 10 Mbit/s up to the veth's own limit.
 
-    sudo python benchmarks/links.py [--seconds 2] [--json]
+    sudo python benchmarks/shaped_links.py [--seconds 2] [--json]
 
 Each rate gets a fresh `kvt<6hex>-` namespace pair with tbf (or htb) on the veth, a TCP bulk transfer measured
 at the receiver after a 0.5 s warm-up, and is torn down. The unshaped veth is measured first: that is the
@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0:
-        sys.exit("benchmarks/links.py needs root (network namespaces and tc)")
+        sys.exit("benchmarks/shaped_links.py needs root (network namespaces and tc)")
     caps = probe()
     ceiling = unshaped_ceiling_bps(args.seconds, caps)
     rows = []

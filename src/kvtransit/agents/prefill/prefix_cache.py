@@ -33,8 +33,8 @@ from kvtransit.wire.events import (Ack, AckStatus, Bye, Error, Hello, KvBegin, K
                                    PoolPut, Request, Role)
 from kvtransit.wire.limits import WIRE_VERSION
 
-from . import kvframes
-from ._process import Address
+from .. import kvframes
+from .._process import Address
 
 log = logging.getLogger(__name__)
 

@@ -32,12 +32,12 @@ from kvtransit.runtime.transport import Endpoint, open_endpoint
 from kvtransit.wire.events import Bye, Error, FirstToken, Hello, Request, Role, Tokens
 from kvtransit.wire.limits import WIRE_VERSION
 
-from kvtransit.model.ledger import LEDGER_FILE
-from kvtransit.model.ledger import read as ledger_check
+from kvtransit.model.ledger_check import LEDGER_FILE
+from kvtransit.model.ledger_check import read as ledger_check
 
 from . import report as run_report
-from .ledger import LedgerWriter
-from ._process import Address, announce_ready, new_registry, start_http
+from .ledger_writer import LedgerWriter
+from .._process import Address, announce_ready, new_registry, start_http
 from .workload_source import new_record, requests_for
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class LoadGenerator:
                  metrics_listen: Address, stats_from: list[Address] = (), report_path: Path | None = None,
                  drain_timeout_s: float | None = None, progress: Progress | None = None,
                  ledger_path: Path | None = None):
-        """`ledger_path`: the request ledger (agents/ledger.py); default `ledger.jsonl` in the run directory
+        """`ledger_path`: the request ledger (ledger_writer.py); default `ledger.jsonl` in the run directory
         beside the report (REPORT.run/, the launcher's default run dir)."""
         self.scenario = scenario
         self.name = name
@@ -349,7 +349,7 @@ class LoadGenerator:
             self.ledger.close()
         result = run_report.build_report(self.scenario, sorted(self.records.values(), key=lambda r: r.request_id),
                                          peer_stats, run_wall_s=run_wall_s, tokens_delivered=self.tokens_delivered)
-        if self.ledger is not None:  # the ledger's own verdict on the run (model/ledger.py), beside the figures
+        if self.ledger is not None:  # the ledger's own verdict on the run (model/ledger_check.py), beside the figures
             result["ledger"] = {"path": str(self.ledger_path), **ledger_check(self.ledger_path).summary()}
         if self.report_path is not None:
             run_report.write_report(result, self.report_path)

@@ -28,8 +28,8 @@ from kvtransit.wire.events import (Ack, AckStatus, Bye, Error, Hello, KvBegin, K
                                    PoolPut, Role)
 from kvtransit.wire.limits import WIRE_VERSION
 
-from ._process import Address, announce_ready, listen, new_registry, start_http
-from .kvpool_store import BlockStore, StoredBlock, StoredChunk
+from .._process import Address, announce_ready, listen, new_registry, start_http
+from .store import BlockStore, StoredBlock, StoredChunk
 
 log = logging.getLogger(__name__)
 
