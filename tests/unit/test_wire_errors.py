@@ -127,3 +127,15 @@ def test_invalid_utf8_in_meta_is_refused():
 
 def test_header_layout_is_76_bytes_network_order():
     assert HEADER.size == HEADER_SIZE == 76 and HEADER.format.startswith("!")
+
+
+def test_clipped_text_fits_its_byte_limit_and_never_splits_a_character():
+    from kvtransit.wire.limits import MAX_MESSAGE, MAX_REASON, clip_message, clip_reason
+
+    reason = "désolé, le lien est tombé — 接続が切れました " * 40  # well over both limits in bytes and in characters
+    for clip, limit in ((clip_reason, MAX_REASON), (clip_message, MAX_MESSAGE)):
+        clipped = clip(reason)
+        assert len(clipped.encode("utf-8")) <= limit
+        assert reason.startswith(clipped)  # a prefix: no character was split or replaced
+        assert len(clipped.encode("utf-8")) > limit - 4  # and no more than one character short of the limit
+    assert clip_reason("short") == "short"

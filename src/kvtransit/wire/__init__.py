@@ -16,9 +16,9 @@ from ._frames import HEADER_SIZE, FrameType
 from ._state import ROLE_FRAMES, STATE_TRANSITIONS, State
 from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from .events import NEED_DATA, AckStatus, ConnectionClosed, DType, Role
-from .limits import MAX_CODEC_HEADER, MAX_META, MAX_PAYLOAD, WIRE_VERSION
+from .limits import MAX_CODEC_HEADER, MAX_META, MAX_PAYLOAD, WIRE_VERSION, clip_message, clip_reason
 
 __all__ = ["Connection", "Role", "DType", "AckStatus", "State", "FrameType", "ErrorCode", "NEED_DATA",
            "ConnectionClosed", "ProtocolError", "RemoteProtocolError", "LocalProtocolError", "events", "limits",
            "ROLE_FRAMES", "STATE_TRANSITIONS", "HEADER_SIZE", "MAX_PAYLOAD", "MAX_META", "MAX_CODEC_HEADER",
-           "WIRE_VERSION", "crc32c", "crc32c_combine"]
+           "WIRE_VERSION", "crc32c", "crc32c_combine", "clip_message", "clip_reason"]

@@ -51,3 +51,24 @@ per-connection bookkeeping a hostile peer can make us hold."""
 
 DEFAULT_READ_SIZE = 256 * 1024
 """What get_buffer() offers when the caller gives no size hint: a few socket buffers' worth."""
+
+
+def clip_utf8(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, never inside a character: what a frame's text field accepts.
+
+    The limits above count UTF-8 bytes, not characters: a 200-character reason in a non-Latin script is
+    400-800 bytes, so a character slice (`reason[:200]`) can still overflow MAX_REASON and fail the send."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", errors="ignore")
+
+
+def clip_message(text: str) -> str:
+    """An Error.message that fits (MAX_MESSAGE)."""
+    return clip_utf8(text, MAX_MESSAGE)
+
+
+def clip_reason(text: str) -> str:
+    """A Bye.reason or Ack.detail that fits (MAX_REASON)."""
+    return clip_utf8(text, MAX_REASON)
