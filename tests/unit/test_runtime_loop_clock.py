@@ -80,3 +80,17 @@ async def test_monotonic_clock_reports_how_late_each_sleep_was():
     lateness = await clock.sleep_until(deadline)
     assert clock.now_ns() >= deadline
     assert lateness >= 0 and seen == [lateness / 1e9]
+
+
+async def test_sleep_for_holds_relative_to_now_on_the_manual_clock():
+    import asyncio
+
+    from kvtransit.runtime.clock import ManualClock, sleep_for
+
+    clock = ManualClock(start_ns=5_000)
+    waiter = asyncio.ensure_future(sleep_for(clock, 0.002))
+    await clock.advance(0.001)
+    assert not waiter.done()
+    await clock.advance(0.001)
+    assert await waiter == 0
+    assert clock.now_ns() == 5_000 + 2_000_000

@@ -121,6 +121,14 @@ class ManualClock:
             await asyncio.sleep(0)
 
 
+async def sleep_for(clock: Clock, seconds: float) -> int:
+    """Hold `seconds` from now on `clock` (a relative wait: a fault's delay, a backoff); returns the lateness in ns.
+
+    Model-time holds are absolute deadlines (DeadlineSchedule); this is for waits that are relative by nature,
+    so they too run on the injected clock and a test can step them by hand."""
+    return await clock.sleep_until(clock.now_ns() + max(0, round(seconds * 1e9)))
+
+
 class DeadlineSchedule:
     """Step k is due at t0 + Σ durations of steps before it: absolute deadlines, so timer error
     never accumulates (DESIGN §2, "hold on absolute deadlines")."""
