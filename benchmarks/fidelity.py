@@ -80,7 +80,7 @@ def main() -> None:
             print(f"{link:<9} {scale:>8.4g} {scenario.scaled_link.bandwidth_Bps / 1e6:>11.0f} "
                   f"{statistics.median(h) if h else float('nan'):>11.3f} {sum(h_ok):>6}/{len(h_ok):<6} "
                   f"{statistics.median(t) if t else float('nan'):>9.3f} {sum(t_ok):>4}/{len(t_ok):<4} "
-                  f"{str(report['faithful']):>8} {wall:>7.1f}", flush=True)
+                  f"{report['faithful']!s:>8} {wall:>7.1f}", flush=True)
     if args.skip_rates:
         return
     print("\npart 2: highest faithful request rate (default lengths, freq-keep-k in transit, eth-25g)")

@@ -62,9 +62,9 @@ def main() -> None:
     print("|" + "---|" * len(header))
     for n in blocks:
         body = base[..., args.sinks :, :]
-        view = body.reshape(body.shape[:-2] + (body_tokens // n, n, head_dim))
+        view = body.reshape((*body.shape[:-2], body_tokens // n, n, head_dim))
         contiguous = np.ascontiguousarray(view)
-        rfft_s = _median_seconds(lambda: scipy.fft.rfft(contiguous, axis=-2, workers=1), args.repeats)
+        rfft_s = _median_seconds(lambda c=contiguous: scipy.fft.rfft(c, axis=-2, workers=1), args.repeats)
         rfft_gbs = contiguous.nbytes / rfft_s / 1e9
         for dname in dtypes:
             kv = base.astype(DTYPES[dname])
@@ -73,8 +73,8 @@ def main() -> None:
                     codec = get_codec("freq-keep-k", keep=args.keep, block=n, sinks=args.sinks, variant=variant,
                                       backend=backend)
                     enc = codec.encode(kv)
-                    fwd_s = _median_seconds(lambda: codec.encode(kv), args.repeats)
-                    inv_s = _median_seconds(lambda: codec.decode(enc.header, enc.payload), args.repeats)
+                    fwd_s = _median_seconds(lambda c=codec, x=kv: c.encode(x), args.repeats)
+                    inv_s = _median_seconds(lambda c=codec, e=enc: c.decode(e.header, e.payload), args.repeats)
                     fwd = kv.nbytes / fwd_s / 1e9
                     inv = kv.nbytes / inv_s / 1e9
                     # Ratios on the time per value, so a bfloat16 row compares like with like against float32 rFFT.

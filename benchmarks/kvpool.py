@@ -29,7 +29,7 @@ import time
 from kvtransit.model.prefix import chain
 from kvtransit.runtime.loop import run
 from kvtransit.runtime.transport import open_endpoint, serve
-from kvtransit.wire.events import (DType, Hello, KvBegin, KvChunk, KvEnd, PoolFetch, PoolHit, PoolPut, Role)
+from kvtransit.wire.events import DType, Hello, KvBegin, KvChunk, KvEnd, PoolFetch, PoolHit, PoolPut, Role
 from kvtransit.wire.limits import WIRE_VERSION
 
 CLI = [sys.executable, "-m", "kvtransit.cli"]

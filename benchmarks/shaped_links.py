@@ -33,7 +33,7 @@ def unshaped_ceiling_bps(seconds: float, caps) -> float:
 
     bed = build_testbed(["src", "dst"], [LinkPlan("src", "dst")], capabilities=caps)
     try:
-        sink = linktest._Process(linktest._python_in(bed.namespace("dst"), "measure", "sink", "0.0.0.0", 5201))
+        sink = linktest._Process(linktest._python_in(bed.namespace("dst"), "measure", "sink", "0.0.0.0", 5201))  # noqa: S104
         bulk = None
         try:
             sink.line()

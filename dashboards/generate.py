@@ -191,8 +191,8 @@ def agents():
         "Prefill and decode instances: batches, queues, step times, KV occupancy (REFERENCE §3, §4).",
         [("Prefill", [
             PanelSpec("Prefill batch size", "Requests per prefill step (finished requests / steps).",
-                      (Query(f"{_rate('kvtransit_prefill_requests_total')} / {_rate('kvtransit_prefill_step_seconds_count')}",
-                             "requests per step"),)),
+                      (Query(f"{_rate('kvtransit_prefill_requests_total')} / "
+                             f"{_rate('kvtransit_prefill_step_seconds_count')}", "requests per step"),)),
             PanelSpec("Prefill queue", "Prompt tokens waiting (the router's load figure) and KV held until acked.",
                       (Query("sum(kvtransit_prefill_queued_tokens)", "queued tokens"),
                        Query("sum(kvtransit_prefill_kv_held_bytes)", "KV held bytes")), unit="short"),
@@ -204,11 +204,11 @@ def agents():
         ]), ("Decode", [
             PanelSpec("Decode batch size", "Running sequences (the continuous batch) and tokens per step.",
                       (Query("sum(kvtransit_decode_running_sequences)", "running"),
-                       Query(f"{_rate('kvtransit_decode_tokens_total')} / {_rate('kvtransit_decode_step_seconds_count')}",
-                             "tokens per step"))),
+                       Query(f"{_rate('kvtransit_decode_tokens_total')} / "
+                             f"{_rate('kvtransit_decode_step_seconds_count')}", "tokens per step"))),
             PanelSpec("Decode queue", "Requests whose KV arrived, waiting for admission.",
                       (Query("sum(kvtransit_decode_waiting_requests)", "waiting"),)),
-            PanelSpec("Decode step time", f"Step time held (roofline), p50 and p99; red line: the TPOT SLO.",
+            PanelSpec("Decode step time", "Step time held (roofline), p50 and p99; red line: the TPOT SLO.",
                       (Query(_quantile(0.5, "kvtransit_decode_step_seconds"), "p50"),
                        Query(_quantile(0.99, "kvtransit_decode_step_seconds"), "p99")), unit="s", line=TPOT_SLO_S),
             PanelSpec("KV occupancy", "KV tokens reserved by running sequences (prompt + output).",

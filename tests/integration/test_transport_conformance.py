@@ -4,7 +4,6 @@ stdlib loop and on uvloop. Whatever an agent may rely on is pinned here once."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 
 import pytest
@@ -12,10 +11,8 @@ import uvloop
 
 from kvtransit.runtime.transport import FlowLimits, Server, serve, serve_memory
 from kvtransit.wire import ErrorCode, RemoteProtocolError, Role
-from kvtransit.wire.events import (
-    Ack, AckStatus, Bye, DType, Error, FirstToken, Hello, KvBegin, KvChunk, Request, TokenEntry, Tokens,
-)
-from kvtransit.wire.limits import WIRE_VERSION
+from kvtransit.wire.events import Ack, AckStatus, Bye, Error, FirstToken, KvBegin, KvChunk, Request, TokenEntry, Tokens
+from tests._endpoints import collect, hello, kv_begin, kv_chunk
 
 pytestmark = [pytest.mark.timeout(60),
               # Parametrising the loop through event_loop_policy is deprecated in pytest-asyncio 1.x in favour
@@ -32,7 +29,8 @@ def event_loop_policy(request):
 def start_server(request):
     """start_server(handler, our_role, their_role, limits=...) -> Server, over this transport."""
 
-    async def start(handler, our_role, their_role, limits=FlowLimits()) -> Server:
+    async def start(handler, our_role, their_role, limits: FlowLimits | None = None) -> Server:
+        limits = limits or FlowLimits()
         if request.param == "memory":
             return serve_memory(handler, our_role, their_role, limits=limits)
         return await serve("127.0.0.1", 0, handler, our_role, their_role, limits=limits)
@@ -40,29 +38,9 @@ def start_server(request):
     return start
 
 
-def hello(role: Role) -> Hello:
-    return Hello(role=role, version=WIRE_VERSION, name=f"{role.name.lower()}-test")
-
-
-def chunk(request_id: int, index: int, payload: bytes) -> KvChunk:
-    return KvChunk(request_id=request_id, layer=index, chunk=index, dtype=DType.U8, shape=(len(payload),),
-                   codec_id=0, codec_header=b"", payload=payload, raw_bytes=len(payload))
-
-
-def owned(event):
-    """Copy a received payload view so the event may be kept past the next receive."""
-    if isinstance(getattr(event, "payload", None), memoryview):
-        return dataclasses.replace(event, payload=bytes(event.payload))
-    return event
-
-
-async def collect(endpoint) -> list:
-    return [owned(event) async for event in endpoint]
-
-
 # Every event type, on the hop that carries it: (client role, server role, client sends, server sends).
 # Entries that are callables are built from the sending endpoint (KvEnd's checksum comes from the connection).
-KV_CHUNKS = [chunk(7, 0, b"\x01" * 1000), chunk(7, 1, bytes(range(256)) * 3)]
+KV_CHUNKS = [kv_chunk(7, 0, b"\x01" * 1000), kv_chunk(7, 1, bytes(range(256)) * 3)]
 HOPS = [
     (Role.LOADGEN, Role.PREFILL,
      [hello(Role.LOADGEN), Request(request_id=1, prompt_tokens=2048, output_tokens=256, sent_ns=123), Bye("done")],
@@ -121,9 +99,8 @@ async def test_a_large_payload_arrives_intact(start_server):
     async with server:
         client = await server.connect()
         await client.send(hello(Role.PREFILL))
-        await client.send(KvBegin(request_id=1, prompt_tokens=1, output_tokens=1, n_layers=1, n_chunks=1,
-                                  raw_bytes=len(payload), codec="none", first_token_ns=0))
-        await client.send(chunk(1, 0, payload))
+        await client.send(kv_begin(1, len(payload)))
+        await client.send(kv_chunk(1, 0, payload))
         await client.send(client.connection.kv_end(1))
         await client.aclose()
         got = await received
@@ -157,10 +134,9 @@ async def test_a_slow_reader_makes_the_writer_wait_with_bounded_memory(start_ser
         async def writer():
             nonlocal sent
             await client.send(hello(Role.PREFILL))
-            await client.send(KvBegin(request_id=1, prompt_tokens=1, output_tokens=1, n_layers=n_chunks,
-                                      n_chunks=n_chunks, raw_bytes=n_chunks * size, codec="none", first_token_ns=0))
+            await client.send(kv_begin(1, n_chunks * size, n_chunks))
             for i in range(n_chunks):
-                await client.send(chunk(1, i, i.to_bytes(8, "little") * (size // 8)))
+                await client.send(kv_chunk(1, i, i.to_bytes(8, "little") * (size // 8)))
                 sent += 1
             await client.send(client.connection.kv_end(1))
 
@@ -199,18 +175,16 @@ async def test_a_peer_closing_mid_frame_fails_only_its_own_connection(start_serv
     async with server:
         a = await server.connect()
         b = await server.connect()
-        await a.send(Hello(role=Role.PREFILL, version=WIRE_VERSION, name="a"))
-        await b.send(Hello(role=Role.PREFILL, version=WIRE_VERSION, name="b"))
-        await a.send(KvBegin(request_id=1, prompt_tokens=1, output_tokens=1, n_layers=1, n_chunks=1,
-                             raw_bytes=4096, codec="none", first_token_ns=0))
-        head, payload = a.connection.send_parts(chunk(1, 0, b"\x05" * 4096))
+        await a.send(hello(Role.PREFILL, "a"))
+        await b.send(hello(Role.PREFILL, "b"))
+        await a.send(kv_begin(1, 4096))
+        head, payload = a.connection.send_parts(kv_chunk(1, 0, b"\x05" * 4096))
         async with a.exclusive():
             await a.write_parts([head, payload[:100]])  # then hang up in the middle of the payload
         a.close()
         # b carries on, on the same server, after a has failed.
-        await b.send(KvBegin(request_id=1, prompt_tokens=1, output_tokens=1, n_layers=1, n_chunks=1,
-                             raw_bytes=4096, codec="none", first_token_ns=0))
-        await b.send(chunk(1, 0, b"\x06" * 4096))
+        await b.send(kv_begin(1, 4096))
+        await b.send(kv_chunk(1, 0, b"\x06" * 4096))
         await b.send(b.connection.kv_end(1))
         await b.aclose()
         assert await b_done == 3
@@ -226,10 +200,14 @@ async def test_a_peer_closing_mid_frame_fails_only_its_own_connection(start_serv
 
 async def test_graceful_shutdown_drains_until_the_deadline_then_cancels(start_server):
     finished, cancelled = asyncio.Event(), asyncio.Event()
-    never = asyncio.Event()
+    never, both_greeted = asyncio.Event(), asyncio.Event()
+    greeted: list[str] = []
 
     async def handler(endpoint):
         first = await endpoint.next_event()
+        greeted.append(first.name)
+        if len(greeted) == 2:
+            both_greeted.set()
         if first.name == "quick":
             await collect(endpoint)  # finishes when the client hangs up, during the drain
             finished.set()
@@ -243,10 +221,10 @@ async def test_graceful_shutdown_drains_until_the_deadline_then_cancels(start_se
     server = await start_server(handler, Role.MIDDLEBOX, Role.PREFILL)
     quick = await server.connect()
     stuck = await server.connect()
-    await quick.send(Hello(role=Role.PREFILL, version=WIRE_VERSION, name="quick"))
-    await stuck.send(Hello(role=Role.PREFILL, version=WIRE_VERSION, name="stuck"))
-    while server.active_connections < 2:
-        await asyncio.sleep(0.01)
+    await quick.send(hello(Role.PREFILL, "quick"))
+    await stuck.send(hello(Role.PREFILL, "stuck"))
+    await both_greeted.wait()
+    assert server.active_connections == 2
 
     shutdown = asyncio.create_task(server.shutdown(deadline_s=0.5))
     await asyncio.sleep(0.05)
@@ -259,3 +237,16 @@ async def test_graceful_shutdown_drains_until_the_deadline_then_cancels(start_se
     assert cancelled.is_set()
     assert server.active_connections == 0
     stuck.abort()
+
+
+async def test_an_endpoint_is_closed_once_the_server_side_hangs_up(start_server):
+    async def handler(endpoint):
+        await endpoint.send(hello(Role.MIDDLEBOX))  # then return: the server closes the connection
+
+    server = await start_server(handler, Role.MIDDLEBOX, Role.PREFILL)
+    async with server:
+        client = await server.connect()
+        assert await collect(client) == [hello(Role.MIDDLEBOX)]
+        client.close()
+        await asyncio.wait_for(client.wait_closed(), 5)
+        assert client.is_closed and client.is_closing

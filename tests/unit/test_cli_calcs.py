@@ -76,8 +76,8 @@ def test_calc_text_with_arguments_names_the_weight_load_time(capsys):
 
 
 def test_calc_accepts_a_model_by_shape(capsys):
-    data = run_json(capsys, "calc", "--model-shape", "layers=16,d_model=2048,heads=32,kv_heads=8,d_ff=8192,vocab=128256",
-                    "--link", "nvlink4")
+    data = run_json(capsys, "calc", "--model-shape",
+                    "layers=16,d_model=2048,heads=32,kv_heads=8,d_ff=8192,vocab=128256", "--link", "nvlink4")
     assert data["links"][0]["kv_bytes"] == 2048 * 32_768
 
 

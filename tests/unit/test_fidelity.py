@@ -6,8 +6,15 @@ import math
 
 import pytest
 
-from kvtransit.model.fidelity import (assess, handoff_within_target, kernel_gap, lateness_mean, lateness_p99, link_gap,
-                                      timer_gap)
+from kvtransit.model.fidelity import (
+    assess,
+    handoff_within_target,
+    kernel_gap,
+    lateness_mean,
+    lateness_p99,
+    link_gap,
+    timer_gap,
+)
 
 
 def test_timer_lateness_within_three_percent_of_shortest_step_is_faithful():
@@ -16,7 +23,8 @@ def test_timer_lateness_within_three_percent_of_shortest_step_is_faithful():
 
 
 def test_late_timers_suggest_a_dilation_that_would_fix_them():
-    gap = timer_gap(lateness_mean([0.0006] * 100), shortest_step_wall_s=0.01, dilation=1.0)  # 6 % late: twice the target
+    # 6 % late: twice the target.
+    gap = timer_gap(lateness_mean([0.0006] * 100), shortest_step_wall_s=0.01, dilation=1.0)
     assert not gap.ok and "--dilation 2" in gap.hint
 
 

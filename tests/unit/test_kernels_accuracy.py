@@ -10,8 +10,13 @@ import numpy as np
 import pytest
 
 from kvtransit.cli import main
-from kvtransit.kernels.accuracy import (accuracy_table, attention_outputs, centred_relative_error, load_sample,
-                                        synthetic_sample)
+from kvtransit.kernels.accuracy import (
+    accuracy_table,
+    attention_outputs,
+    centred_relative_error,
+    load_sample,
+    synthetic_sample,
+)
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "smollm2_kv_sample.npz"
 

@@ -141,10 +141,10 @@ def _dct_oracle_payload(kv, block, sinks, keep):
     """Sinks, then each block's first kept orthonormal DCT-II coefficients (scipy.fft.dct as the oracle)."""
     x = kv.astype(np.float32)
     body = x[..., sinks:, :]
-    blocks = body.reshape(body.shape[:-2] + (body.shape[-2] // block, block, body.shape[-1]))
+    blocks = body.reshape((*body.shape[:-2], body.shape[-2] // block, block, body.shape[-1]))
     kept = bandkeep.kept_count(block, keep)
     coef = scipy.fft.dct(blocks.astype(np.float64), axis=-2, norm="ortho")[..., :kept, :]
-    coef = coef.reshape(x.shape[:-2] + (-1, x.shape[-1]))
+    coef = coef.reshape((*x.shape[:-2], -1, x.shape[-1]))
     return np.concatenate([x[..., :sinks, :], coef], axis=-2)
 
 

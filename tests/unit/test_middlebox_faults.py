@@ -1,14 +1,17 @@
-"""The middlebox's fault stages (agents/middlebox/faults/), each on a real wire connection in memory."""
+"""The middlebox's fault stages (agents/middlebox/faults/), each on a real wire connection in memory.
+
+Faults that hold writes wait on the middlebox's clock: here a ManualClock, stepped by hand, so their timing is
+pinned exactly and no test sleeps."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
 from kvtransit.agents.middlebox.faults import MAX_FAULTS, FaultChain, FaultedEndpoint, make_fault
 from kvtransit.model.errors import ConfigError
+from kvtransit.runtime.clock import ManualClock
 from kvtransit.runtime.transport import memory_pair
 from kvtransit.wire import ErrorCode, RemoteProtocolError, Role
 from kvtransit.wire.events import Hello, KvChunk
@@ -16,10 +19,10 @@ from kvtransit.wire.events import Hello, KvChunk
 from ._wire_samples import kv_stream
 
 
-async def faulted_pair(*faults: tuple[str, dict]):
+async def faulted_pair(*faults: tuple[str, dict], clock: ManualClock | None = None):
     chain = FaultChain()
     for name, body in faults:
-        chain.put(make_fault(name, body))
+        chain.put(make_fault(name, body, clock=clock))
     sender, receiver = memory_pair(Role.MIDDLEBOX, Role.DECODE)
     return chain, FaultedEndpoint(sender, chain), receiver
 
@@ -87,29 +90,108 @@ async def test_reset_peer_aborts_the_connection_at_the_first_write_past_its_thre
 
 
 async def test_a_hanging_timeout_holds_writes_until_it_is_removed_then_lets_them_through():
-    chain, sender, receiver = await faulted_pair(("down", {"type": "timeout", "timeout_s": 0}))
+    clock = ManualClock()
+    chain, sender, receiver = await faulted_pair(("down", {"type": "timeout", "timeout_s": 0}), clock=clock)
     sending = asyncio.create_task(send_stream(sender))
-    await asyncio.sleep(0.05)
+    await clock.advance(3600.0)  # an hour later: still held, not dropped
     assert not sending.done()
     assert chain.delete("down")
     sent = await asyncio.wait_for(sending, 2.0)
     assert len(await receive(receiver, len(sent))) == len(sent)
 
 
-async def test_a_timeout_with_a_limit_drops_the_connection_when_it_expires():
-    _, sender, _ = await faulted_pair(("t", {"type": "timeout", "timeout_s": 0.02}))
+async def test_a_timeout_with_a_limit_drops_the_connection_when_it_expires_on_the_clock():
+    clock = ManualClock()
+    _, sender, _ = await faulted_pair(("t", {"type": "timeout", "timeout_s": 0.02}), clock=clock)
+    sending = asyncio.create_task(send_stream(sender))
+    await clock.advance(0.019)
+    assert not sending.done()
+    await clock.advance(0.002)
     with pytest.raises(ConnectionResetError, match="timed out"):
-        await send_stream(sender)
+        await asyncio.wait_for(sending, 2.0)
+    assert sender.is_closing
 
 
-async def test_bandwidth_and_latency_hold_writes_at_least_as_long_as_configured():
-    # Fidelity, not speed: a 1 KiB payload stream at 20 kB/s needs >= ~0.1 s; generous lower bounds only.
+class WriteLog:
+    """The next write in the chain: records when (clock ns) each write went through, and its bytes."""
+
+    def __init__(self, clock: ManualClock):
+        self.clock = clock
+        self.writes: list[tuple[int, bytes]] = []
+
+    async def __call__(self, parts) -> None:
+        self.writes.append((self.clock.now_ns(), b"".join(bytes(p) for p in parts)))
+
+
+async def test_bandwidth_releases_each_write_when_the_capped_rate_has_carried_it():
+    clock = ManualClock()
+    fault, log = make_fault("b", {"type": "bandwidth", "rate_Bps": 1000}, clock=clock), WriteLog(clock)
+    # Two 500-byte writes back to back at 1,000 B/s: the first is through at 0.5 s, the second at 1.0 s.
+    writing = asyncio.gather(fault.write([b"a" * 500], log, None), fault.write([b"b" * 500], log, None))
+    await clock.advance(0.499)
+    assert log.writes == []
+    await clock.advance(0.001)
+    assert [t for t, _ in log.writes] == [500_000_000]
+    await clock.advance(0.5)
+    await writing
+    assert [(t, data[:1]) for t, data in log.writes] == [(500_000_000, b"a"), (1_000_000_000, b"b")]
+
+
+async def test_bandwidth_does_not_bank_idle_time_as_a_burst():
+    clock = ManualClock()
+    fault, log = make_fault("b", {"type": "bandwidth", "rate_Bps": 1000}, clock=clock), WriteLog(clock)
+    await clock.advance(10.0)  # idle for 10 s: a write after that still pays its own serialisation
+    writing = asyncio.ensure_future(fault.write([b"x" * 100], log, None))
+    await clock.advance(0.1)
+    await writing
+    assert log.writes[0][0] == 10_100_000_000
+
+
+async def test_latency_holds_each_write_for_its_latency():
+    clock = ManualClock()
+    fault, log = make_fault("l", {"type": "latency", "latency_s": 0.05}, clock=clock), WriteLog(clock)
+    writing = asyncio.ensure_future(fault.write([b"frame"], log, None))
+    await clock.advance(0.049)
+    assert log.writes == []
+    await clock.advance(0.001)
+    await writing
+    assert log.writes == [(50_000_000, b"frame")]
+
+
+async def test_latency_jitter_stays_within_its_bounds():
+    clock = ManualClock()
+    fault = make_fault("j", {"type": "latency", "latency_s": 0.05, "jitter_s": 0.01}, clock=clock)
+    log = WriteLog(clock)
+    for _ in range(20):
+        start = clock.now_ns()
+        writing = asyncio.ensure_future(fault.write([b"x"], log, None))
+        await clock.advance(0.061)
+        await writing
+        assert 40_000_000 <= log.writes[-1][0] - start <= 60_000_000
+
+
+async def test_slicer_spaces_its_pieces_by_its_delay_on_the_clock():
+    clock = ManualClock()
+    fault = make_fault("s", {"type": "slicer", "average_bytes": 4, "size_variation_bytes": 0, "delay_s": 0.01},
+                       clock=clock)
+    log = WriteLog(clock)
+    writing = asyncio.ensure_future(fault.write([b"abcdefghijkl"], log, None))
+    await clock.advance(0.1)
+    await writing
+    assert log.writes == [(0, b"abcd"), (10_000_000, b"efgh"), (20_000_000, b"ijkl")]
+
+
+async def test_bandwidth_and_latency_on_a_connection_deliver_every_frame_once_the_clock_has_moved():
+    clock = ManualClock()
     _, sender, receiver = await faulted_pair(("b", {"type": "bandwidth", "rate_Bps": 20_000}),
-                                             ("l", {"type": "latency", "latency_s": 0.01}))
-    start = time.monotonic()
-    sent = await send_stream(sender)
-    await receive(receiver, len(sent))
-    assert time.monotonic() - start >= 0.08
+                                             ("l", {"type": "latency", "latency_s": 0.01}), clock=clock)
+    sending = asyncio.create_task(send_stream(sender))
+    await clock.advance(0.005)
+    assert not sending.done()  # the first write is still inside the bandwidth cap's hold
+    await clock.advance(10.0)
+    sent = await asyncio.wait_for(sending, 2.0)
+    got = await receive(receiver, len(sent))
+    assert [comparable(e) for e in got] == [comparable(e) for e in sent]
 
 
 @pytest.mark.parametrize("name,body,message", [

@@ -1,5 +1,6 @@
 """The request stream reproduces the simulator's draws (REFERENCE §4) exactly."""
 
+import itertools
 import math
 import random
 
@@ -91,5 +92,5 @@ def test_same_seed_same_stream_and_arrivals_never_go_back(seed, rate, arrival):
     spec = WorkloadSpec(rate=rate, requests=20, seed=seed, arrival=arrival)
     first = generate(spec)
     assert first == generate(spec)
-    assert all(a.arrival_s <= b.arrival_s for a, b in zip(first, first[1:]))
+    assert all(a.arrival_s <= b.arrival_s for a, b in itertools.pairwise(first))
     assert all(1 <= r.prompt_tokens <= 32768 and 1 <= r.output_tokens <= 32768 for r in first)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvtransit.agents.loadgen.report import annotate_report, headline
 from kvtransit.emulator.launcher import agent_commands
 from kvtransit.emulator.placement import LinksUnavailable, choose_links
-from kvtransit.agents.loadgen.report import annotate_report, headline
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
 from kvtransit.shaping.backend import Capabilities

@@ -6,6 +6,7 @@ the PrefixIndex under test.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import OrderedDict
 from pathlib import Path
@@ -13,11 +14,24 @@ from pathlib import Path
 import pytest
 
 from kvtransit.model.catalog import model_by_name
-from kvtransit.model.cost import STEP_OVERHEAD_S, prefill_step_cached_s, prefill_step_s, prefill_work, prefill_work_cached
+from kvtransit.model.cost import (
+    STEP_OVERHEAD_S,
+    prefill_step_cached_s,
+    prefill_step_s,
+    prefill_work,
+    prefill_work_cached,
+)
 from kvtransit.model.devices import device_by_name
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.prefix import (BLOCK_TOKENS, PrefixIndex, cached_tokens, chain, chain_hash, implied_hit_rate,
-                                    storable)
+from kvtransit.model.prefix import (
+    BLOCK_TOKENS,
+    PrefixIndex,
+    cached_tokens,
+    chain,
+    chain_hash,
+    implied_hit_rate,
+    storable,
+)
 from kvtransit.model.prefix_workloads import SessionsSpec, SystemPromptsSpec, sessions, system_prompts
 from kvtransit.model.traces import parse_mooncake, replay
 from kvtransit.model.workload import LengthDist
@@ -143,7 +157,7 @@ def test_each_session_turn_extends_the_previous_prompt_and_reuses_its_full_block
                         output=LengthDist(300, 0.3), seed=2)
     requests = sessions(spec)
     assert [r.request_id for r in requests] == list(range(40))
-    assert all(a.arrival_s <= b.arrival_s for a, b in zip(requests, requests[1:]))
+    assert all(a.arrival_s <= b.arrival_s for a, b in itertools.pairwise(requests))
     # Group turns by their first block (a session's conversation starts with its own block 0).
     by_first: dict[int, list] = {}
     for r in requests:
@@ -151,7 +165,7 @@ def test_each_session_turn_extends_the_previous_prompt_and_reuses_its_full_block
     multi = [turns for turns in by_first.values() if len(turns) > 1]
     assert multi
     for turns in multi:
-        for earlier, later in zip(turns, turns[1:]):
+        for earlier, later in itertools.pairwise(turns):
             assert later.prompt_tokens > earlier.prompt_tokens
             full = earlier.prompt_tokens // BLOCK_TOKENS
             assert later.hash_ids[:full] == earlier.hash_ids[:full]
@@ -164,7 +178,7 @@ def test_the_trace_excerpt_keeps_its_hash_ids_through_replay():
     lines = (ROOT / "tests" / "data" / "traces" / "mooncake_excerpt.jsonl").read_text().splitlines()
     records = parse_mooncake(lines, "excerpt")
     specs = replay(records, requests=len(records), context_cap=4096).requests
-    for record, spec in zip(records, specs):
+    for record, spec in zip(records, specs, strict=True):
         assert spec.hash_ids == record.hash_ids[:-(-spec.prompt_tokens // BLOCK_TOKENS)]
 
 

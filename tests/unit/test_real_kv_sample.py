@@ -89,7 +89,7 @@ def test_schema_has_exactly_the_documented_arrays(sample):
 def test_shapes_and_dtypes_follow_the_schema(sample, meta):
     layers = sample["layers"]
     assert layers.dtype == np.int32 and layers.ndim == 1 and len(set(layers.tolist())) == layers.size
-    assert ((0 <= layers) & (layers < MODEL_LAYERS)).all()
+    assert ((layers >= 0) & (layers < MODEL_LAYERS)).all()
     float32_arrays = {note.split()[0] for note in meta["dtype_notes"] if "float32" in note}
     for t in TEXTS:
         n_layers, tokens, queries = layers.size, meta["tokens"], meta["queries"]

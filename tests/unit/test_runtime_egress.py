@@ -17,6 +17,8 @@ from kvtransit.wire.limits import WIRE_VERSION
 RATE = 1_000_000.0  # 1 MB/s: 1 µs per byte, so expected times are easy to read
 LATENCY = 0.010
 PAYLOAD = 20_000
+# The readers `link` starts, held here: the loop keeps only a weak reference to a task.
+_READERS: list[asyncio.Task] = []
 
 
 async def link(clock):
@@ -31,7 +33,7 @@ async def link(clock):
             if not isinstance(event, Hello):
                 arrivals.append((type(event).__name__, clock.now_ns()))
 
-    asyncio.create_task(read())
+    _READERS.append(asyncio.create_task(read()))
     await sender.next_event()  # the decode side's hello
     return sender, arrivals
 

@@ -25,7 +25,7 @@ def test_auto_prefers_uvloop_when_it_imports():
 
 
 def test_an_unknown_loop_name_is_a_config_error_naming_the_choices():
-    with pytest.raises(ConfigError, match="unknown event loop 'trio'.*asyncio, auto, uvloop"):
+    with pytest.raises(ConfigError, match=r"unknown event loop 'trio'.*asyncio, auto, uvloop"):
         resolve_loop("trio")
 
 

@@ -1,4 +1,5 @@
-"""Endpoint details the conformance suite does not spell out: buffer loans, flow-limit checks, signals."""
+"""Endpoint details the conformance suite does not spell out: buffer loans, flow-limit checks, the public ways
+to wrap or watch an endpoint, signals."""
 
 from __future__ import annotations
 
@@ -8,49 +9,36 @@ import signal
 
 import pytest
 
-from kvtransit.runtime.transport import FlowLimits, Shutdown, memory_pair
+from kvtransit.runtime import signals
+from kvtransit.runtime.transport import Endpoint, FlowLimits, memory_pair
 from kvtransit.wire import Role
-from kvtransit.wire.events import DType, Hello, KvBegin, KvChunk
-from kvtransit.wire.limits import WIRE_VERSION
+from kvtransit.wire.events import Error, KvChunk, KvEnd
+from kvtransit.wire.limits import MAX_MESSAGE
+from tests._endpoints import hello, kv_chunk, kv_stream_pair
 
 SIZE = 256 * 1024
-
-
-async def kv_pair(limits=FlowLimits()):
-    a, b = memory_pair(Role.PREFILL, Role.MIDDLEBOX, limits=limits)
-    await a.send(Hello(role=Role.PREFILL, version=WIRE_VERSION, name="p"))
-    await a.send(KvBegin(request_id=1, prompt_tokens=1, output_tokens=1, n_layers=2, n_chunks=2,
-                         raw_bytes=2 * SIZE, codec="none", first_token_ns=0))
-    assert isinstance(await b.next_event(), Hello)
-    assert isinstance(await b.next_event(), KvBegin)
-    return a, b
-
-
-def chunk(index: int, payload) -> KvChunk:
-    return KvChunk(request_id=1, layer=index, chunk=index, dtype=DType.U8, shape=(SIZE,), codec_id=0,
-                   codec_header=b"", payload=payload, raw_bytes=SIZE)
 
 
 async def test_a_send_of_borrowed_memory_returns_only_once_the_transport_let_go_of_it():
     # The memory transport keeps views of what it is given until the peer reads them, as uvloop does, and
     # 256 KiB is well under the write high-water mark, so flow control alone would not make send() wait.
-    a, b = await kv_pair()
+    a, b = await kv_stream_pair(1, n_chunks=2, chunk_bytes=SIZE)
     buffer = bytearray(b"\x07" * SIZE)
-    await a.send(chunk(0, buffer))
+    await a.send(kv_chunk(1, 0, buffer))
     buffer[:] = b"\x00" * SIZE  # the sender reuses its buffer as soon as send() returned
     received = await b.next_event()
     assert bytes(received.payload) == b"\x07" * SIZE
 
 
 async def test_a_payload_view_is_taken_back_at_the_next_call():
-    a, b = await kv_pair()
-    await a.send(chunk(0, b"\x01" * SIZE))
-    await a.send(chunk(1, b"\x02" * SIZE))
+    a, b = await kv_stream_pair(1, n_chunks=2, chunk_bytes=SIZE)
+    await a.send(kv_chunk(1, 0, b"\x01" * SIZE))
+    await a.send(kv_chunk(1, 1, b"\x02" * SIZE))
     first = await b.next_event()
     assert bytes(first.payload[:4]) == b"\x01" * 4
     second = await b.next_event()
     assert bytes(second.payload[:4]) == b"\x02" * 4
-    with pytest.raises(ValueError):  # kept past its loan: a loud error, never newer bytes
+    with pytest.raises(ValueError, match="released"):  # kept past its loan: a loud error, never newer bytes
         bytes(first.payload)
 
 
@@ -64,8 +52,54 @@ def test_flow_limits_name_the_bad_value(kwargs, message):
         FlowLimits(**kwargs)
 
 
+async def test_an_endpoint_is_closed_only_once_its_connection_is_gone():
+    a, b = memory_pair(Role.PREFILL, Role.MIDDLEBOX)
+    assert not a.is_closed and not a.is_closing
+    a.close()
+    assert a.is_closing
+    await asyncio.wait_for(a.wait_closed(), 5)
+    assert a.is_closed
+    assert await b.next_event() is None  # the peer saw a clean close
+    await asyncio.wait_for(b.aclose(), 5)
+    assert b.is_closed
+
+
+async def test_a_subclass_built_from_an_endpoint_takes_over_its_send_side():
+    class Counting(Endpoint):
+        def __init__(self, endpoint: Endpoint):
+            super().__init__(endpoint)
+            self.writes: list[int] = []
+
+        async def write_parts(self, parts):
+            self.writes.append(sum(memoryview(p).nbytes for p in parts))
+            await super().write_parts(parts)
+
+    a, b = await kv_stream_pair(1, n_chunks=1, chunk_bytes=SIZE)
+    wrapped = Counting(a)
+    await wrapped.send(kv_chunk(1, 0, b"\x03" * SIZE))
+    await wrapped.send(wrapped.connection.kv_end(1))  # same sans-IO connection: the stream it began goes on
+    got = await b.next_event()
+    assert isinstance(got, KvChunk) and bytes(got.payload[:4]) == b"\x03" * 4
+    assert len(wrapped.writes) == 2 and wrapped.writes[0] > SIZE
+    end = await b.next_event()  # its CRC over the payload checked by the receiver
+    assert isinstance(end, KvEnd) and end.request_id == 1
+    wrapped.abort()
+    await asyncio.wait_for(a.wait_closed(), 5)  # one connection under both objects
+    assert a.is_closed
+
+
+async def test_an_error_message_is_clipped_to_the_wire_byte_limit_even_when_not_ascii():
+    a, b = memory_pair(Role.MIDDLEBOX, Role.PREFILL)
+    await a.send(hello(Role.MIDDLEBOX))
+    assert await a.send_error(RuntimeError("é" * 2000))  # 4,000 UTF-8 bytes
+    await b.next_event()
+    error = await b.next_event()
+    assert isinstance(error, Error)
+    assert 0 < len(error.message.encode()) <= MAX_MESSAGE and set(error.message) == {"é"}
+
+
 async def test_sigterm_requests_shutdown_and_a_second_signal_forces_it():
-    with Shutdown() as shutdown:
+    with signals.Shutdown() as shutdown:
         os.kill(os.getpid(), signal.SIGTERM)
         assert await asyncio.wait_for(shutdown.wait(), 5) == "SIGTERM"
         assert not shutdown.forced.is_set()

@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 
 from kvtransit.cli._scenario import add_scenario_args, scenario_from_args
-from kvtransit.model.errors import ConfigError
-from kvtransit.model.scenario import HOST_BUDGET_BPS, Scenario, auto_channels_and_dilation, scaled_layout
 from kvtransit.model.catalog import model_by_name
+from kvtransit.model.errors import ConfigError
 from kvtransit.model.link_catalog import link_by_name
+from kvtransit.model.scenario import HOST_BUDGET_BPS, Scenario, auto_channels_and_dilation, scaled_layout
 from kvtransit.model.workload import generate
 
 
@@ -72,7 +72,8 @@ def test_auto_scale_is_largest_under_host_budget_keeping_heads():
         s = Scenario(link=link)
         rate = s.scaled_link.bandwidth_Bps
         assert rate <= HOST_BUDGET_BPS
-        one_more = link_by_name(link).bandwidth_Bps * (s.kv_layout.channels + model_by_name("llama3-8b").kv_heads) / 1024
+        kv_heads = model_by_name("llama3-8b").kv_heads
+        one_more = link_by_name(link).bandwidth_Bps * (s.kv_layout.channels + kv_heads) / 1024
         assert one_more > HOST_BUDGET_BPS or s.kv_layout.kv_heads == 1
     s = Scenario()  # eth-25g: 3.125 GB/s x 16/1024 = 48.8 MB/s
     assert s.kv_layout.channels == 16 and s.effective_scale == 1 / 64

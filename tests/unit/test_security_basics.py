@@ -4,7 +4,6 @@ default, with the control API's bearer token enforced when set."""
 from __future__ import annotations
 
 import ast
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -77,11 +76,11 @@ def test_every_agent_listens_on_loopback_unless_told_otherwise(command):
 async def test_the_control_api_requires_its_bearer_token_and_metrics_stay_public():
     from prometheus_client import CollectorRegistry
 
-    from kvtransit.emulator.chaos import http_call
     from kvtransit.agents.middlebox.app import Middlebox
     from kvtransit.agents.middlebox.control import register_control_routes
     from kvtransit.model.scenario import Scenario
     from kvtransit.runtime.http import HttpServer
+    from kvtransit.runtime.http_client import request as http_call
 
     registry = CollectorRegistry()
     middlebox = Middlebox(Scenario(codec="none"), [("127.0.0.1", 9)], registry=registry)
@@ -91,13 +90,13 @@ async def test_the_control_api_requires_its_bearer_token_and_metrics_stay_public
     try:
         assert http.host == "127.0.0.1"
         body = b'{"type": "latency"}'
-        assert (await http_call(http.host, http.port, "PUT", "/faults/x", body))[0] == 401
+        assert (await http_call(http.host, http.port, "PUT", "/faults/x", body)).status == 401
         assert (await http_call(http.host, http.port, "PUT", "/faults/x", body,
-                                headers={"Authorization": "Bearer wrong"}))[0] == 401
+                                headers={"Authorization": "Bearer wrong"})).status == 401
         assert middlebox.faults.describe() == []
         assert (await http_call(http.host, http.port, "PUT", "/faults/x", body,
-                                headers={"Authorization": "Bearer s3cret"}))[0] == 200
-        assert (await http_call(http.host, http.port, "GET", "/metrics"))[0] == 200
+                                headers={"Authorization": "Bearer s3cret"})).status == 200
+        assert (await http_call(http.host, http.port, "GET", "/metrics")).status == 200
     finally:
         await http.close()
         middlebox.kernel_stage.close()

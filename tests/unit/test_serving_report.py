@@ -43,7 +43,8 @@ def test_addresses_parse_and_bad_ones_name_the_flag():
 
 
 def test_ready_line_round_trip():
-    assert parse_ready_line('KVTRANSIT-READY {"role": "decode", "listen_port": 5}') == {"role": "decode", "listen_port": 5}
+    line = 'KVTRANSIT-READY {"role": "decode", "listen_port": 5}'
+    assert parse_ready_line(line) == {"role": "decode", "listen_port": 5}
     assert parse_ready_line("something else") is None
 
 

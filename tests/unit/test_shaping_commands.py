@@ -97,7 +97,7 @@ def test_plan_falls_back_to_htb_when_tbf_is_missing():
 
 
 def test_loss_without_netem_is_refused_as_unrealisable():
-    with pytest.raises(ShapingError, match="loss_pct=1.0: cannot be realised"):
+    with pytest.raises(ShapingError, match=r"loss_pct=1\.0: cannot be realised"):
         plan(LinkSpec(rate_Bps=1e6, loss_pct=1.0), NO_NETEM)
 
 

@@ -62,7 +62,7 @@ def test_random_and_gilbert_elliott_loss_are_exclusive():
 
 
 def test_gilbert_elliott_percentages_are_checked():
-    with pytest.raises(ShapingError, match="gilbert_elliott.r_pct"):
+    with pytest.raises(ShapingError, match=r"gilbert_elliott\.r_pct"):
         GilbertElliott(p_pct=1.0, r_pct=120.0)
 
 

@@ -32,7 +32,8 @@ def test_build_creates_namespaces_veths_addresses_and_shaping_in_order(tmp_path)
     assert ["ip", "link", "add", "kvtabc123-1a", "netns", "kvtabc123-middlebox", "mtu", "1500", "type", "veth",
             "peer", "name", "kvtabc123-1b", "netns", "kvtabc123-decode", "mtu", "1500"] in runner.calls
     shaping = [c for c in runner.calls if c[0] == "tc"]
-    assert len(shaping) == 1 and shaping[0][2:8] == ["kvtabc123-middlebox", "qdisc", "add", "dev", "kvtabc123-1a", "root"]
+    assert len(shaping) == 1
+    assert shaping[0][2:8] == ["kvtabc123-middlebox", "qdisc", "add", "dev", "kvtabc123-1a", "root"]
     assert bed.address("decode", "middlebox") == "10.77.1.2"
     assert bed.address("middlebox", "decode") == "10.77.1.1"
     assert bed.link("decode", "middlebox").plan.rate == "tbf"

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from kvtransit.emulator.sweep_runner import ResultsStore, run_sweep, search_goodput, sweep_points
 from kvtransit.emulator.sweep_report import PLOT_FILES, markdown_tables, write_plots
+from kvtransit.emulator.sweep_runner import ResultsStore, run_sweep, search_goodput, sweep_points
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.sweep_plan import Grid, bisect_goodput, parse_axis, preset, preset_emulation

@@ -41,7 +41,8 @@ def test_malformed_mooncake_line_is_named_with_file_and_line_number():
 
 
 def test_malformed_azure_line_is_named_with_file_and_line_number():
-    with pytest.raises(TraceError, match=r"bad\.csv, line 4: ContextTokens must be a whole number >= 1, got 'eight hundred'"):
+    expected = r"bad\.csv, line 4: ContextTokens must be a whole number >= 1, got 'eight hundred'"
+    with pytest.raises(TraceError, match=expected):
         parse_azure(_lines("azure_malformed.csv"), "bad.csv")
 
 
@@ -116,7 +117,7 @@ def test_scenario_trace_replaces_the_drawn_workload_and_the_report_says_what_was
 
 
 def test_a_missing_trace_file_is_a_clear_error():
-    with pytest.raises(TraceError, match="cannot read .*nope.jsonl"):
+    with pytest.raises(TraceError, match=r"cannot read .*nope\.jsonl"):
         load_trace(Scenario(trace="/nonexistent/nope.jsonl"))
 
 

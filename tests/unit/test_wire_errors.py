@@ -4,8 +4,19 @@ import struct
 
 import pytest
 
-from kvtransit.wire import (HEADER_SIZE, MAX_META, MAX_PAYLOAD, Connection, DType, ErrorCode,
-                            LocalProtocolError, RemoteProtocolError, Role, State, events)
+from kvtransit.wire import (
+    HEADER_SIZE,
+    MAX_META,
+    MAX_PAYLOAD,
+    Connection,
+    DType,
+    ErrorCode,
+    LocalProtocolError,
+    RemoteProtocolError,
+    Role,
+    State,
+    events,
+)
 from kvtransit.wire._crc import crc32c
 from kvtransit.wire._frames import HEADER
 
@@ -22,9 +33,12 @@ def _stream_to_first_chunk():
 def _refused(data: bytes, match: str, code: ErrorCode):
     rx = Connection(Role.MIDDLEBOX, Role.PREFILL)
     rx.receive_data(bytes(data))
-    with pytest.raises(RemoteProtocolError, match=match) as info:
+    def read_all() -> None:
         while rx.next_event() is not None:
             pass
+
+    with pytest.raises(RemoteProtocolError, match=match) as info:
+        read_all()
     assert info.value.code == code
     assert rx.their_state == State.ERROR
 
@@ -41,7 +55,7 @@ def test_bad_magic_names_what_was_seen_and_expected():
 
 
 def test_bad_version_is_refused():
-    prefix, chunk = _stream_to_first_chunk()
+    _prefix, chunk = _stream_to_first_chunk()
     chunk[4] = 9
     _refused(_reseal(chunk), "unsupported wire version 9", ErrorCode.BAD_VERSION)
 
@@ -82,11 +96,11 @@ def test_oversized_or_unknown_header_fields_are_refused_before_the_body_arrives(
 
 
 def test_raw_bytes_must_match_shape_and_dtype():
+    events_ = kv_stream()
+    tx = Connection(Role.PREFILL, Role.MIDDLEBOX)
+    tx.send(events.Hello(Role.PREFILL, 1, "p"))
+    tx.send(events_[0])
     with pytest.raises(LocalProtocolError, match=r"raw_bytes 10 != prod\(shape \(8, 64\)\) × BF16"):
-        events_ = kv_stream()
-        tx = Connection(Role.PREFILL, Role.MIDDLEBOX)
-        tx.send(events.Hello(Role.PREFILL, 1, "p"))
-        tx.send(events_[0])
         tx.send(events.KvChunk(7, 0, 0, DType.BF16, (8, 64), 0, b"", PAYLOAD, 10))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtransit.wire import (Connection, ErrorCode, LocalProtocolError, RemoteProtocolError, Role, events)
+from kvtransit.wire import Connection, ErrorCode, LocalProtocolError, RemoteProtocolError, Role, events
 from kvtransit.wire._frames import FrameType, encode
 from kvtransit.wire.limits import MAX_HASH_IDS
 

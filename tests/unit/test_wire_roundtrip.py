@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from kvtransit.wire import NEED_DATA, ConnectionClosed, Connection, DType, HEADER_SIZE, Role, State, events
+from kvtransit.wire import HEADER_SIZE, NEED_DATA, Connection, ConnectionClosed, DType, Role, State, events
 
 from ._wire_samples import HOP_EVENTS, PAYLOAD, valid_stream
 
@@ -92,7 +92,8 @@ def test_a_held_payload_view_is_never_overwritten_by_later_reads():
     rx.receive_data(tx.send(events.Hello(Role.PREFILL, 1, "p")) + tx.send(
         events.KvBegin(1, 8, 4, 2, 2, 2 * len(PAYLOAD), "none", 0)))
     drain(rx)
-    chunk = lambda i, fill: events.KvChunk(1, i, i, DType.BF16, (8, 64), 0, b"", bytes([fill]) * 1024, 1024)
+    def chunk(i, fill):
+        return events.KvChunk(1, i, i, DType.BF16, (8, 64), 0, b"", bytes([fill]) * 1024, 1024)
     rx.receive_data(tx.send(chunk(0, 0xAA)))
     (first,) = drain(rx)
     rx.receive_data(tx.send(chunk(1, 0x55)))
@@ -113,7 +114,7 @@ def test_kv_end_checksum_is_crc32c_over_all_chunk_payloads_in_order():
 
 
 def test_states_follow_hello_and_bye():
-    sent, data = valid_stream(Role.DECODE, Role.LOADGEN)
+    _sent, data = valid_stream(Role.DECODE, Role.LOADGEN)
     rx = Connection(Role.LOADGEN, Role.DECODE)
     assert rx.their_state == State.AWAIT_HELLO
     rx.receive_data(data[:HEADER_SIZE + 20])

@@ -3,9 +3,17 @@ sides (LocalProtocolError for the sender, RemoteProtocolError for a receiver fed
 
 import pytest
 
-from kvtransit.wire import (ROLE_FRAMES, Connection, ErrorCode, FrameType, LocalProtocolError,
-                            RemoteProtocolError, Role, State, events)
-from kvtransit.wire._frames import EVENT_TYPES
+from kvtransit.wire import (
+    ROLE_FRAMES,
+    Connection,
+    ErrorCode,
+    FrameType,
+    LocalProtocolError,
+    RemoteProtocolError,
+    Role,
+    State,
+    events,
+)
 
 from ._wire_samples import HOP_EVENTS, PAYLOAD, kv_stream
 
@@ -149,7 +157,8 @@ def test_a_hop_that_does_not_exist_cannot_be_built():
 def test_error_naming_a_request_aborts_its_open_kv_stream_on_both_sides():
     """A middlebox whose source died mid-request tells decode with Error(request_id); the stream is gone on
     both sides (a later KvChunk for it is illegal) and other streams carry on."""
-    from kvtransit.wire import Connection, Role, events as ev
+    from kvtransit.wire import Connection, Role
+    from kvtransit.wire import events as ev
     from kvtransit.wire.errors import ErrorCode, RemoteProtocolError
 
     mb = Connection(our_role=Role.MIDDLEBOX, their_role=Role.DECODE)

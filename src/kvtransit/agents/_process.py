@@ -11,6 +11,7 @@ to stdout and flushes. Nothing else an agent prints starts with that prefix.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import math
@@ -25,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from kvtransit.model.errors import ConfigError
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.http import HttpServer
+from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Server, serve
 from kvtransit.wire.events import Role
 
@@ -152,17 +154,15 @@ async def _watch_parent(stop: asyncio.Event, supervisor_pid: int) -> None:
     while not stop.is_set():
         if os.getppid() != supervisor_pid:
             stop.set()
-            try:  # the supervisor read our stderr: the pipe is likely broken now
+            with contextlib.suppress(OSError):  # the supervisor read our stderr: the pipe is likely broken now
                 sys.stderr.write(f"supervisor (pid {supervisor_pid}) is gone: stopping\n")
-            except (BrokenPipeError, OSError):
-                pass
             return
         await asyncio.sleep(PARENT_POLL_S)
 
 
 async def run_until_stopped(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run `main(stop)`; SIGINT/SIGTERM (or the supervisor's death) set `stop` so it can drain and return."""
-    from kvtransit.runtime.transport import Shutdown
+    from kvtransit.runtime.signals import Shutdown
 
     with Shutdown() as shutdown:
         stop = asyncio.Event()
@@ -171,12 +171,12 @@ async def run_until_stopped(main: Callable[[asyncio.Event], Awaitable[None]]) ->
             await shutdown.wait()
             stop.set()
 
-        helpers = [asyncio.create_task(relay())]
+        helpers = TaskSet("process")
+        helpers.spawn(relay(), "signal relay")
         supervisor = os.environ.get(SUPERVISED_ENV, "")
         if supervisor.isdigit():
-            helpers.append(asyncio.create_task(_watch_parent(stop, int(supervisor))))
+            helpers.spawn(_watch_parent(stop, int(supervisor)), "supervisor watch")
         try:
             await main(stop)
         finally:
-            for task in helpers:
-                task.cancel()
+            await helpers.close()

@@ -10,6 +10,10 @@ time × dilation on absolute deadlines, and streams the step's tokens to every c
 token 0 is the prefill's first token, and this entry says when decode came to hold it (with the KV behind
 it). Entries with index ≥ 1 are decode's own tokens.
 
+What to do with each arriving hand-off (take it, re-ack a duplicate, drop it, refuse it) is decided by the pure
+`model.kv_arrival.KvArrivals`; this file does the I/O. Steps are held on the injected `clock` (a ManualClock in
+tests).
+
 For the first `accuracy_sample` requests it also inverts the codec and compares with the same synthetic KV
 regenerated here, so the report carries the codec's real error.
 """
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,25 +30,21 @@ from kvtransit.kernels.registry import decode as codec_decode
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.cost import decode_step_s, decode_work, step_energy_j
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
+from kvtransit.model.kv_arrival import NO_CLIENT_MESSAGE, KvArrivals, KvEndDecision, Verdict
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import DecodeBatcher, ServingRequest
 from kvtransit.runtime import metrics as runtime_metrics
-from kvtransit.runtime.clock import MonotonicClock
+from kvtransit.runtime.clock import Clock, DeadlineSchedule, MonotonicClock
+from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire.errors import ErrorCode, RemoteProtocolError
-from kvtransit.wire.events import (Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, Role, TokenEntry,
-                                   Tokens)
-from kvtransit.wire.limits import MAX_META, WIRE_VERSION
+from kvtransit.wire.events import Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, Role, TokenEntry, Tokens
+from kvtransit.wire.limits import MAX_META, WIRE_VERSION, clip_reason
 
 from . import kvframes
 from ._process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
 
 log = logging.getLogger(__name__)
-
-# Request ids this instance has taken, remembered so a retried hand-off (the sender never saw our Ack) is
-# dropped and acked instead of decoded twice. Bounded: the oldest are forgotten first; 65,536 is far more
-# hand-offs than can be in retry at once (a retry comes within the prefill's hand-off deadline).
-KNOWN_REQUESTS = 65_536
 
 # A Tokens frame carries 20 B per entry in a 64 KiB meta block (wire/limits.py): split larger steps.
 TOKENS_PER_FRAME = MAX_META // 32
@@ -120,16 +119,19 @@ class AccuracyMeter:
 
 class DecodeAgent:
     def __init__(self, scenario: Scenario, *, name: str, listen: Address, client_listen: Address,
-                 metrics_listen: Address, accuracy_sample: int = 8, link_backend: str = "userspace"):
+                 metrics_listen: Address, accuracy_sample: int = 8, link_backend: str = "userspace",
+                 clock: Clock | None = None):
         """`link_backend` "tc": the kernel shapes the link's rate, so the middlebox cannot see what crossed it;
-        this receiving end then exports the link's achieved rate (model units) from its own measurement."""
+        this receiving end then exports the link's achieved rate (model units) from its own measurement.
+        `clock`: what steps are held on (default: the monotonic clock, its lateness fed to the fidelity guard)."""
         self.scenario = scenario
         self.name = name
         self.listen_address, self.client_listen, self.metrics_listen = listen, client_listen, metrics_listen
         self.registry, shared = new_registry("decode")
         self.metrics = runtime_metrics.decode_metrics(self.registry)
         self.lateness: list[float] = []
-        self.clock = MonotonicClock(observe_lateness=lateness_observer(shared, "decode", self.lateness))
+        self.clock: Clock = clock if clock is not None else MonotonicClock(
+            observe_lateness=lateness_observer(shared, "decode", self.lateness))
         self.batcher = DecodeBatcher(scenario.kv_capacity_tokens)
         self.layout = scenario.kv_layout
         self.accuracy_sample = accuracy_sample
@@ -152,9 +154,8 @@ class DecodeAgent:
         self.gpu_energy_j = 0.0
         self.outcomes = {"ok": 0, "failed": 0}
         self.failed_reasons: dict[str, int] = {}
-        self._sampled = 0
         self._stopping = False
-        self._taken: OrderedDict[int, AckStatus] = OrderedDict()  # request id -> the Ack it got (dedup)
+        self.arrivals = KvArrivals(accuracy_sample)  # which hand-offs were taken (dedup), the accuracy sample
         self.handoffs = {"taken": 0, "duplicate": 0, "aborted": 0}
         self.kv_content_mismatches = 0  # sampled raw KV that differed from what the prefill made, yet was used
         # Where hand-off time goes, summed (wall seconds): first token → KvBegin here (sender side and link
@@ -201,11 +202,9 @@ class DecodeAgent:
             while (event := await endpoint.next_event()) is not None:
                 if isinstance(event, KvBegin):
                     now = self.clock.now_ns()
-                    duplicate = event.request_id in self._taken
-                    sampled = not duplicate and self._sampled < self.accuracy_sample
-                    if sampled:
-                        self._sampled += 1
-                    incoming[event.request_id] = _Incoming(event, now, sampled=sampled, duplicate=duplicate)
+                    arrival = self.arrivals.begin(event.request_id)
+                    incoming[event.request_id] = _Incoming(event, now, sampled=arrival.sampled,
+                                                           duplicate=arrival.duplicate)
                     self.link.begin(now)
                 elif isinstance(event, KvChunk):
                     item = incoming[event.request_id]
@@ -214,21 +213,7 @@ class DecodeAgent:
                         item.chunks.append((event.layer, event.codec_id, bytes(event.codec_header),
                                             bytes(event.payload), event.shape))
                 elif isinstance(event, KvEnd):
-                    item = incoming.pop(event.request_id)
-                    if item.duplicate or item.begin.request_id in self._taken:
-                        await self._duplicate(endpoint, item)
-                    elif self._stopping:
-                        # Going away: an Ack now would make the sender release KV no one will decode. Drop
-                        # it; the sender sends it again to whoever serves next.
-                        self._abort(item, "decode is stopping")
-                    elif not self._clients:
-                        # Nobody would hear its tokens (a restarted decode, before the load generator has
-                        # dialled back): not now. The Error naming the request tells the sender to retry.
-                        self._abort(item, "no load generator connected")
-                        await endpoint.send(Error(code=ErrorCode.OVERLOADED, request_id=event.request_id,
-                                                  message="decode has no client to stream tokens to yet"))
-                    else:
-                        await self._kv_ready(endpoint, item)
+                    await self._kv_end(endpoint, incoming.pop(event.request_id))
                 elif isinstance(event, Error) and event.request_id in incoming:
                     # The sender gave up on this stream (the wire has closed it): drop what arrived.
                     self._abort(incoming.pop(event.request_id), f"sender gave up: {event.message}")
@@ -244,32 +229,45 @@ class DecodeAgent:
             for request_id in list(incoming):
                 self._abort(incoming.pop(request_id), reason)
 
+    async def _kv_end(self, endpoint: Endpoint, item: _Incoming) -> None:
+        """The whole KV is here: act on what `KvArrivals.end` decides (model/kv_arrival.py says why each)."""
+        begin = item.begin
+        request = ServingRequest(begin.request_id, begin.prompt_tokens, begin.output_tokens)
+        decision = self.arrivals.end(request, self.batcher, began_duplicate=item.duplicate, stopping=self._stopping,
+                                     has_clients=bool(self._clients))
+        if decision.verdict is Verdict.DUPLICATE:
+            await self._duplicate(endpoint, item, decision)
+        elif decision.verdict in (Verdict.STOPPING, Verdict.NO_CLIENT):
+            self._abort(item, decision.reason)
+            if decision.verdict is Verdict.NO_CLIENT:  # the Error naming the request tells the sender to retry
+                await endpoint.send(Error(code=ErrorCode.OVERLOADED, request_id=begin.request_id,
+                                          message=NO_CLIENT_MESSAGE))
+        else:
+            await self._kv_ready(endpoint, item, request, decision)
+
     def _abort(self, item: _Incoming, reason: str) -> None:
         self.link.abandon(self.clock.now_ns())
         self.handoffs["aborted"] += 1
         self.metrics.kv_handoffs.labels(outcome="aborted").inc()
         log.info("dropped the partial KV of request %d: %s", item.begin.request_id, reason)
 
-    async def _duplicate(self, endpoint: Endpoint, item: _Incoming) -> None:
+    async def _duplicate(self, endpoint: Endpoint, item: _Incoming, decision: KvEndDecision) -> None:
         """A hand-off we already took, sent again (our Ack was lost with a link or middlebox): drop it and
         answer as we did the first time, so the sender can release it. Idempotent by request id."""
         now = self.clock.now_ns()
         self.link.abandon(now)
         self.handoffs["duplicate"] += 1
         self.metrics.kv_handoffs.labels(outcome="duplicate").inc()
-        status = self._taken.get(item.begin.request_id, AckStatus.OK)
-        await endpoint.send(Ack(request_id=item.begin.request_id, status=status, t_ns=now, detail="duplicate"))
+        await endpoint.send(Ack(request_id=item.begin.request_id, status=_ack_status(decision), t_ns=now,
+                                detail=decision.reason))
 
-    def _remember(self, request_id: int, status: AckStatus) -> None:
-        self._taken[request_id] = status
-        self.handoffs["taken"] += 1
-        self.metrics.kv_handoffs.labels(outcome="taken").inc()
-        while len(self._taken) > KNOWN_REQUESTS:
-            self._taken.popitem(last=False)
-
-    async def _kv_ready(self, endpoint: Endpoint, item: _Incoming) -> None:
+    async def _kv_ready(self, endpoint: Endpoint, item: _Incoming, request: ServingRequest,
+                        decision: KvEndDecision) -> None:
+        """Taken (accepted or refused): count the transfer, then answer."""
         ready_ns = self.clock.now_ns()
         begin = item.begin
+        self.handoffs["taken"] += 1
+        self.metrics.kv_handoffs.labels(outcome="taken").inc()
         self.link.end(ready_ns, item.wire_bytes, begin.raw_bytes)
         if begin.first_token_ns:
             self.phase_s["first_token_to_begin"] += (item.began_ns - begin.first_token_ns) / 1e9
@@ -278,15 +276,11 @@ class DecodeAgent:
         self.codecs_seen.add(begin.codec)
         self.metrics.kv_received_bytes.labels(stage="wire").inc(item.wire_bytes)
         self.metrics.kv_received_bytes.labels(stage="raw").inc(begin.raw_bytes)
-        request = ServingRequest(begin.request_id, begin.prompt_tokens, begin.output_tokens)
-        if not self.batcher.fits_ever(request):
-            reason = (f"needs {request.kv_reservation_tokens} KV tokens, more than decode holds "
-                      f"({self.batcher.kv_capacity_tokens})")
-            self._remember(begin.request_id, AckStatus.FAILED)
-            await endpoint.send(Ack(request_id=begin.request_id, status=AckStatus.FAILED, t_ns=ready_ns, detail=reason[:200]))
-            await self._fail(begin.request_id, "kv does not fit decode")
+        if decision.verdict is Verdict.REFUSE:
+            await endpoint.send(Ack(request_id=begin.request_id, status=AckStatus.FAILED, t_ns=ready_ns,
+                                    detail=clip_reason(decision.reason)))
+            await self._fail(begin.request_id, decision.client_reason)
             return
-        self._remember(begin.request_id, AckStatus.OK)
         # The client hears that we hold the KV before the sender may release it (the Ack): if we die between
         # the two, the client knows whom to blame, and the sender still holds the KV.
         await self._tokens([TokenEntry(request_id=begin.request_id, token_index=0, t_ns=ready_ns)])
@@ -323,20 +317,21 @@ class DecodeAgent:
             self.accuracy.add(reference, decoded, layout.kv_heads)
         self.accuracy.requests += 1
         for part in ("k", "v"):
-            self.metrics.codec_relative_error.labels(codec=item.begin.codec, stage=part).set(self.accuracy.relative(part))
+            self.metrics.codec_relative_error.labels(codec=item.begin.codec, stage=part).set(
+                self.accuracy.relative(part))
 
     # -- the step loop -----------------------------------------------------------------------------------
 
     async def _step_loop(self) -> None:
         scenario, model, device = self.scenario, self.scenario.model_spec, self.scenario.device_spec
-        last_deadline_ns: int | None = None  # None: idle, the next step starts now
+        schedule: DeadlineSchedule | None = None  # None: idle, the next step starts now
         while True:
             self.batcher.admit()
             self.metrics.waiting.set(self.batcher.waiting)
             self.metrics.running.set(self.batcher.running)
             self.metrics.kv_reserved_tokens.set(self.batcher.reserved_tokens)
             if not self.batcher.running:
-                last_deadline_ns = None
+                schedule = None
                 self._work.clear()
                 await self._work.wait()
                 continue
@@ -344,10 +339,8 @@ class DecodeAgent:
             model_s = decode_step_s(model, device, scenario.gpus, batch, context)
             # Back-to-back steps start at the previous deadline, not at the (late) wake-up: step k is due at
             # t0 + Σ durations, so timer lateness never accumulates into TPOT (DESIGN §2).
-            start_ns = self.clock.now_ns() if last_deadline_ns is None else last_deadline_ns
-            deadline_ns = start_ns + round(scenario.wall_s(model_s) * 1e9)
-            await self.clock.sleep_until(deadline_ns)
-            last_deadline_ns = deadline_ns
+            schedule = schedule or DeadlineSchedule(self.clock)
+            await schedule.hold(scenario.wall_s(model_s))
             result = self.batcher.step()
             t_ns = self.clock.now_ns()
             self.steps += 1
@@ -361,7 +354,8 @@ class DecodeAgent:
             for _ in result.finished:
                 self.outcomes["ok"] += 1
                 self.metrics.requests.labels(outcome="ok").inc()
-            await self._tokens([TokenEntry(request_id=rid, token_index=index, t_ns=t_ns) for rid, index in result.tokens])
+            await self._tokens([TokenEntry(request_id=rid, token_index=index, t_ns=t_ns)
+                                for rid, index in result.tokens])
 
     # -- stats ---------------------------------------------------------------------------------------------
 
@@ -398,19 +392,22 @@ class DecodeAgent:
         http = await start_http(self.metrics_listen, self.registry, self.stats)
         announce_ready("decode", self.name, listen_port=kv_server.port, client_port=client_server.port,
                        metrics_port=http.port)
-        step = asyncio.create_task(self._step_loop(), name="decode step loop")
-        stopper = asyncio.create_task(stop.wait())
+        loops = TaskSet("decode")
+        step = loops.spawn(self._step_loop(), "step loop")
+        stopper = loops.spawn(stop.wait(), "stop")
         try:
             done, _ = await asyncio.wait([step, stopper], return_when=asyncio.FIRST_COMPLETED)
             if step in done and step.exception() is not None:
                 raise step.exception()
         finally:
-            self._stopping = True  # from here no KV is acked (see _kv_ready)
-            for task in (step, stopper):
-                task.cancel()
-            await asyncio.gather(step, stopper, return_exceptions=True)
+            self._stopping = True  # from here no KV is acked (see model/kv_arrival.py: stopping)
+            await loops.close()
             await kv_server.shutdown(1.0)
             for client in list(self._clients):
                 client.abort()
             await client_server.shutdown(1.0)
             await http.close()
+
+
+def _ack_status(decision: KvEndDecision) -> AckStatus:
+    return AckStatus.OK if decision.ack_ok else AckStatus.FAILED

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from ._common import CliError, user_errors
+from ._common import user_errors
 
 # Subcommand modules under kvtransit.cli, in the order `--help` lists them.
 SUBCOMMANDS: tuple[str, ...] = (

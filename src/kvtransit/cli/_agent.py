@@ -8,10 +8,12 @@ import sys
 
 
 def add_common_agent_flags(parser: argparse.ArgumentParser, role: str) -> None:
-    parser.add_argument("--name", default=f"{role}-0", help=f"this process's name in logs and reports (default {role}-0)")
+    parser.add_argument("--name", default=f"{role}-0",
+                        help=f"this process's name in logs and reports (default {role}-0)")
     parser.add_argument("--metrics-listen", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="where /metrics and /stats are served (default 127.0.0.1:0, any free port)")
-    parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop (default auto)")
+    parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                        help="event loop (default auto)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
 
 

@@ -48,7 +48,8 @@ def print_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, caption: str | None = None) -> None:
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
+                caption: str | None = None) -> None:
     """A clean terminal table (rich); numbers right-aligned, as given (format them before)."""
     from rich.console import Console
     from rich.table import Table
@@ -60,7 +61,8 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
         table.add_row(*(str(c) for c in row))
     # Wide enough for the widest cell of every column (headers alone under-size long cells), so no
     # number or verdict is ever cut with an ellipsis.
-    widths = [max([len(str(col))] + [len(str(row[i])) for row in rows if i < len(row)]) for i, col in enumerate(columns)]
+    widths = [max([len(str(col))] + [len(str(row[i])) for row in rows if i < len(row)])
+              for i, col in enumerate(columns)]
     Console(width=max(100, sum(widths) + 3 * len(columns) + 4, len(title))).print(table)
 
 

@@ -1,9 +1,9 @@
 """`kvtransit chaos [SCENARIO ...]`: run named faults against a live testbed and judge each by the request ledger.
 
 Each scenario is one short serving run (real processes; a middlebox or decode that dies is restarted on the same
-ports) with one fault a couple of seconds in: middlebox-kill, decode-restart, decode-kill, link-down, rate-collapse, corrupt,
-reset-peer, loss, latency, slicer, slow-decode, malformed-peer, control-abuse (`--list` describes them). With no
-scenario named, all of them run. The table: requests, ok, slo-miss, failed (by reason), lost, duplicated,
+ports) with one fault a couple of seconds in: middlebox-kill, decode-restart, decode-kill, link-down, rate-collapse,
+corrupt, reset-peer, loss, latency, slicer, slow-decode, malformed-peer, control-abuse (`--list` describes them).
+With no scenario named, all of them run. The table: requests, ok, slo-miss, failed (by reason), lost, duplicated,
 cross-delivered, and the recovery time (end of the fault → the first hand-off that reached decode after it).
 Exit status 1 when any scenario lost, duplicated, cross-delivered or corrupted a request, failed one without a
 reason, or failed a check of its own.
@@ -43,7 +43,8 @@ def run(args) -> int:
     from kvtransit.emulator.launcher import RunFailed
 
     if args.list:
-        print_table("chaos scenarios", ("scenario", "fault"), [(p.name, p.description) for p in chaos.SCENARIOS.values()])
+        print_table("chaos scenarios", ("scenario", "fault"),
+                    [(p.name, p.description) for p in chaos.SCENARIOS.values()])
         return 0
     plans = chaos.select(args.scenarios)
     overrides = {k: v for k, v in (("requests", args.requests), ("rate", args.rate)) if v is not None}

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--context needs --decode-batch")
     if args.decode_batch is not None and args.context is None and args.context_total is None:
         raise CliError("--decode-batch needs --context C (each) or --context-total C")
-    if args.context is not None and args.context < 0 or args.context_total is not None and args.context_total < 0:
+    if (args.context is not None and args.context < 0) or (args.context_total is not None and args.context_total < 0):
         raise CliError("context tokens must be >= 0")
 
     model = model_from_args(args)

@@ -25,6 +25,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from kvtransit.agents._process import parse_address
     from kvtransit.agents.decode import DecodeAgent
+
     from ._common import CliError
 
     if args.accuracy_sample < 0:

@@ -22,8 +22,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.emulator.sweep_runner import RESULTS_JSON, ResultsStore
     from kvtransit.emulator.sweep_report import write_plots, write_tables
+    from kvtransit.emulator.sweep_runner import RESULTS_JSON, ResultsStore
 
     if not args.results.exists():
         raise CliError(f"{args.results}: no such file or directory")

@@ -80,8 +80,8 @@ def _grids(args):
 def run(args) -> int:
     import sys
 
-    from kvtransit.emulator.sweep_runner import PointRunner, ResultsStore, run_sweep, search_goodput, sweep_points
     from kvtransit.emulator.sweep_report import write_plots, write_tables
+    from kvtransit.emulator.sweep_runner import PointRunner, ResultsStore, run_sweep, search_goodput, sweep_points
 
     if args.accuracy_sample < 0:
         raise CliError(f"--accuracy-sample must be >= 0, got {args.accuracy_sample}")
@@ -194,4 +194,5 @@ class _SweepProgress(LiveProgress):
             return "-" if value is None else f"{value * 1e3:.1f} ms"
 
         self._progress.update(self._requests, completed=snapshot["done"],
-                              detail=f"TTFT p99 {ms(snapshot.get('ttft_p99_s'))}  TPOT p99 {ms(snapshot.get('tpot_p99_s'))}")
+                              detail=f"TTFT p99 {ms(snapshot.get('ttft_p99_s'))}  "
+                                     f"TPOT p99 {ms(snapshot.get('tpot_p99_s'))}")

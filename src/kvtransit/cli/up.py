@@ -51,8 +51,8 @@ def run(args) -> int:
     import json
     import sys
 
-    from kvtransit.emulator.launcher import Launcher, RunFailed
     from kvtransit.agents.loadgen.report import headline, table_rows
+    from kvtransit.emulator.launcher import Launcher, RunFailed
 
     scenario = scenario_from_args(args)
     if args.accuracy_sample < 0:
@@ -75,7 +75,7 @@ def run(args) -> int:
                         restart_roles=restart_roles)
 
     async def main():
-        from kvtransit.runtime.transport import Shutdown
+        from kvtransit.runtime.signals import Shutdown
 
         with Shutdown() as shutdown:
             stop = asyncio.Event()
@@ -107,7 +107,8 @@ def run(args) -> int:
     if args.json:
         print_json(report)
     else:
-        print_table("kvtransit run (model time, ms)", ("metric", "mean", "p50", "p90", "p99", "max"), table_rows(report))
+        print_table("kvtransit run (model time, ms)", ("metric", "mean", "p50", "p90", "p99", "max"),
+                    table_rows(report))
         for line in headline(report):
             print(line)
         print(f"report: {path} and {Path(path).with_suffix('.md')}")
@@ -143,5 +144,6 @@ class _ProgressBar(LiveProgress):
 
         rate = snapshot.get("link_Bps")
         detail = (f"in flight {snapshot['in_flight']}  TTFT p99 {ms(snapshot.get('ttft_p99_s'))}  "
-                  f"TPOT p99 {ms(snapshot.get('tpot_p99_s'))}  link {'-' if rate is None else f'{rate / 1e9:.2f} GB/s'}")
+                  f"TPOT p99 {ms(snapshot.get('tpot_p99_s'))}  "
+                  f"link {'-' if rate is None else f'{rate / 1e9:.2f} GB/s'}")
         self._progress.update(self._task, completed=snapshot["done"], detail=detail)

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import signal
-import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,8 +25,9 @@ from pathlib import Path
 
 from kvtransit.model import ledger_check as ledger_model
 from kvtransit.model.scenario import Scenario
-from kvtransit.wire import Connection, crc32c
-from kvtransit.wire.events import Hello, Role
+from kvtransit.runtime import http_client
+from kvtransit.wire import Connection, FrameType, pack_header
+from kvtransit.wire.events import DType, Hello, Role
 from kvtransit.wire.limits import MAX_PAYLOAD, WIRE_VERSION
 
 from .launcher import Child, Launcher, RunFailed
@@ -48,24 +48,6 @@ DEFAULT_RATE = 4.0
 # HANDOFF_DEADLINE_S (the env var the prefill reads), so every request ends before the drain does.
 DRAIN_TIMEOUT_S = 20.0
 HANDOFF_DEADLINE_S = 12.0
-
-
-async def http_call(host: str, port: int, method: str, path: str, body: bytes | None = None,
-                    timeout_s: float = 5.0, headers: dict | None = None) -> tuple[int, bytes]:
-    """One HTTP/1.1 request to a local control API; (status, body)."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    try:
-        head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Connection: close",
-                f"Content-Length: {len(body or b'')}", *(f"{k}: {v}" for k, v in (headers or {}).items())]
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + (body or b""))
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), timeout_s)
-    finally:
-        writer.close()
-    status_line, _, rest = raw.partition(b"\r\n")
-    parts = status_line.split(b" ")
-    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-    return status, rest.partition(b"\r\n\r\n")[2]
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -100,9 +82,10 @@ class ChaosContext:
         return middlebox.host, middlebox.ready["control_port"]
 
     async def control_call(self, method: str, path: str, body=None, raw: bytes | None = None) -> tuple[int, bytes]:
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        data = raw if raw is not None else (http_client.json_body(body) if body is not None else None)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
-        return await http_call(*self.control, method, path, data, headers=headers)
+        answer = await http_client.request(*self.control, method, path, data, headers=headers)
+        return answer.status, answer.body
 
     async def put_fault(self, name: str, body: dict) -> None:
         status, answer = await self.control_call("PUT", f"/faults/{name}", body)
@@ -188,7 +171,8 @@ async def _rate_collapse(ctx: ChaosContext) -> float:
     if link is None or link.spec is None or link.spec.rate_Bps is None:
         return await ctx.timed_fault("rate-collapse", {"type": "bandwidth", "rate_Bps": _scaled_rate(ctx) * 0.02})
     spec = link.spec  # netns: tc itself retunes the shaped veth, then puts it back
-    await asyncio.to_thread(bed.change, MIDDLEBOX_NS, DECODE_NS, dataclasses.replace(spec, rate_Bps=spec.rate_Bps * 0.02))
+    collapsed = dataclasses.replace(spec, rate_Bps=spec.rate_Bps * 0.02)
+    await asyncio.to_thread(bed.change, MIDDLEBOX_NS, DECODE_NS, collapsed)
     try:
         await asyncio.sleep(FAULT_FOR_S)
     finally:
@@ -236,11 +220,10 @@ async def _slow_decode(ctx: ChaosContext) -> float:
     return time.monotonic()
 
 
-def _oversized_chunk_header() -> bytes:
-    """A KvChunk header (docs/WIRE.md layout) with a valid header CRC but a payload over MAX_PAYLOAD."""
-    layout = struct.Struct("!4sBBHQIIBBH5IHHIQII")  # the header without its own CRC (WIRE.md offsets 0..71)
-    body = layout.pack(b"KVT1", WIRE_VERSION, 5, 0, 1, 0, 0, 1, 1, 0, 8, 0, 0, 0, 0, 0, 0, 8, MAX_PAYLOAD + 1, 0, 0)
-    return body + struct.pack("!I", crc32c(body))
+def oversized_chunk_header() -> bytes:
+    """A KvChunk header with a valid header CRC that announces a payload over MAX_PAYLOAD: a peer must drop us."""
+    return pack_header(FrameType.KV_CHUNK, request_id=1, dtype=DType.BF16, shape=(8,), meta_length=8,
+                       payload_length=MAX_PAYLOAD + 1)
 
 
 async def _rogue(host: str, port: int, role: Role, their_role: Role, payload: bytes, timeout_s: float = 5.0) -> bool:
@@ -254,7 +237,7 @@ async def _rogue(host: str, port: int, role: Role, their_role: Role, payload: by
         return True  # EOF: the peer dropped us
     except (ConnectionError, OSError):
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
     finally:
         writer.close()
@@ -269,7 +252,7 @@ async def _malformed_peer(ctx: ChaosContext) -> float:
     for target, (host, port, role, their) in targets.items():
         ctx.checks[f"{target} drops a peer sending garbage"] = await _rogue(host, port, role, their, garbage)
         ctx.checks[f"{target} drops a peer sending an oversized frame"] = await _rogue(
-            host, port, role, their, _oversized_chunk_header())
+            host, port, role, their, oversized_chunk_header())
     return time.monotonic()
 
 
@@ -356,8 +339,8 @@ async def run_scenario(plan: FaultPlan, workdir: Path, scenario: Scenario, *, li
                        log: Callable[[str], None] = lambda _line: None,
                        handoff_deadline_s: float = HANDOFF_DEADLINE_S) -> ChaosResult:
     report = Path(workdir) / f"{plan.name}.json"
-    launcher = Launcher(scenario, report_path=report, drain_timeout_s=DRAIN_TIMEOUT_S, accuracy_sample=scenario.requests,
-                        log=log, links=links, restart_roles=RESTARTABLE_ROLES)
+    launcher = Launcher(scenario, report_path=report, drain_timeout_s=DRAIN_TIMEOUT_S,
+                        accuracy_sample=scenario.requests, log=log, links=links, restart_roles=RESTARTABLE_ROLES)
     ctx = ChaosContext(launcher, token=os.environ.get("KVTRANSIT_CONTROL_TOKEN") or None)
     fault: dict = {}
     rss_peak: dict[str, int] = {}

@@ -32,12 +32,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtransit.model.scenario import Scenario
-
 from kvtransit.agents._process import SUPERVISED_ENV, parse_ready_line
+from kvtransit.model.scenario import Scenario
+from kvtransit.runtime.http_client import get_json
+
 from .placement import LinkSetup, choose_links
 from .supervisor import MAX_RESTARTS, pinned_argv
-from kvtransit.agents.loadgen.agent import http_get_json
 
 READY_TIMEOUT_S = 60.0  # a cold start imports numpy, scipy, prometheus_client: seconds on a busy box
 STOP_GRACE_S = 5.0
@@ -211,7 +211,7 @@ class Launcher:
             await asyncio.wait_for(process.wait(), STOP_GRACE_S)
         except ProcessLookupError:
             pass
-        except asyncio.TimeoutError:
+        except TimeoutError:
             try:
                 os.kill(process.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -274,14 +274,14 @@ class Launcher:
         while True:
             await asyncio.sleep(0.5)
             try:
-                snapshot = await http_get_json(loadgen.host, loadgen.ready["metrics_port"], "/stats", 2.0)
+                snapshot = await get_json(loadgen.host, loadgen.ready["metrics_port"], "/stats", timeout_s=2.0)
                 link_bytes = 0.0
                 busy = 0.0
                 for decode in decodes:
-                    stats = await http_get_json(decode.host, decode.ready["metrics_port"], "/stats", 2.0)
+                    stats = await get_json(decode.host, decode.ready["metrics_port"], "/stats", timeout_s=2.0)
                     link_bytes += stats["link"]["wire_bytes"]
                     busy += stats["link"]["busy_s"]
-            except (OSError, ConnectionError, asyncio.TimeoutError, ValueError, KeyError):
+            except (TimeoutError, OSError, ConnectionError, ValueError, KeyError):
                 continue
             snapshot["link_Bps"] = (link_bytes / busy / self.scenario.effective_scale * self.scenario.effective_dilation
                                     if busy else None)

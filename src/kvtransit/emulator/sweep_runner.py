@@ -23,12 +23,12 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-from kvtransit.model.scenario import Scenario
+from kvtransit.agents.loadgen.workload_source import load_trace
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.sweep_plan import Grid, GoodputSearch, bisect_goodput, canonical_key, codec_label
+from kvtransit.model.scenario import Scenario
+from kvtransit.model.sweep_plan import GoodputSearch, Grid, bisect_goodput, canonical_key, codec_label
 
 from .launcher import Launcher, RunFailed
-from kvtransit.agents.loadgen.workload_source import load_trace
 
 # What a row says about its run, in the order the CSV lists them (model terms, milliseconds where "_ms").
 METRIC_COLUMNS = ("link_busy", "handoff_p99_ms", "ttft_p99_ms", "tpot_p99_ms", "slo_attainment", "goodput_rps",
@@ -75,7 +75,7 @@ def _kv_pool_columns(report: dict) -> dict:
 
 def failed_row(key: str, scenario: Scenario, error: str, *, wall_s: float) -> dict:
     return {"key": key, "status": "failed", "error": error, "wall_s": wall_s, "report": "",
-            **_parameters(scenario), **{m: None for m in METRIC_COLUMNS}}
+            **_parameters(scenario), **dict.fromkeys(METRIC_COLUMNS)}
 
 
 def _parameters(scenario: Scenario) -> dict:

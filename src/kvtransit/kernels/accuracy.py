@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ class AccuracyRow:
     v_err_centred: float
     attn_err: float | None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -133,23 +134,27 @@ def attention_outputs(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np
     scores -= scores.max(axis=-1, keepdims=True)
     w = np.exp(scores)
     w /= w.sum(axis=-1, keepdims=True)
-    return np.einsum("hqk,hkd->hqd", w, vv)
+    out: np.ndarray = np.einsum("hqk,hkd->hqd", w, vv)
+    return out
 
 
 def attention_error(sample: KVSample, k_hat: np.ndarray, v_hat: np.ndarray,
                     key_positions: np.ndarray | None = None) -> float | None:
-    if sample.q is None:
+    q, positions = sample.q, sample.q_positions
+    if q is None:
         return None
+    assert positions is not None  # a sample with queries has their positions
     num = den = 0.0
     for layer in range(sample.k.shape[0]):
-        ref = attention_outputs(sample.q[layer], sample.k[layer], sample.v[layer], sample.q_positions)
-        got = attention_outputs(sample.q[layer], k_hat[layer], v_hat[layer], sample.q_positions, key_positions)
+        ref = attention_outputs(q[layer], sample.k[layer], sample.v[layer], positions)
+        got = attention_outputs(q[layer], k_hat[layer], v_hat[layer], positions, key_positions)
         num += float(np.sum((got - ref) ** 2))
         den += float(np.sum(ref**2))
     return math.sqrt(num / den)
 
 
-def _row(method: str, setting: str, sample: KVSample, k_hat, v_hat, bytes_ratio: float, block: int,
+def _row(method: str, setting: str, sample: KVSample, k_hat: np.ndarray, v_hat: np.ndarray, bytes_ratio: float,
+         block: int,
          attn: float | None = None, attn_given: bool = False) -> AccuracyRow:
     return AccuracyRow(
         method, setting, bytes_ratio,
@@ -160,7 +165,7 @@ def _row(method: str, setting: str, sample: KVSample, k_hat, v_hat, bytes_ratio:
 
 
 def evaluate_codec(sample: KVSample, codec_name: str, *, dtype: str = "bfloat16", centre_block: int = 64,
-                   **codec_params) -> AccuracyRow:
+                   **codec_params: Any) -> AccuracyRow:
     """Encode [layers, 2, kv_heads, T, D] in `dtype` with the codec, decode, and measure."""
     codec = get_codec(codec_name, **codec_params)
     kv = np.stack([sample.k, sample.v], axis=1).astype(WIRE_DTYPES[dtype])
@@ -178,12 +183,14 @@ def subsample_baseline(sample: KVSample, keep: float, sinks: int, centre_block: 
     hold = kept[np.searchsorted(kept, np.arange(t), side="right") - 1]  # last kept token at or before each t
     k_hat, v_hat = sample.k[..., hold, :], sample.v[..., hold, :]
     attn = None
-    if sample.q is not None:
-        sub = KVSample(sample.name, sample.k[..., kept, :], sample.v[..., kept, :], sample.q, sample.q_positions)
+    q, positions = sample.q, sample.q_positions
+    if q is not None:
+        assert positions is not None  # a sample with queries has their positions
+        sub_k, sub_v = sample.k[..., kept, :], sample.v[..., kept, :]
         num = den = 0.0
         for layer in range(sample.k.shape[0]):
-            ref = attention_outputs(sample.q[layer], sample.k[layer], sample.v[layer], sample.q_positions)
-            got = attention_outputs(sub.q[layer], sub.k[layer], sub.v[layer], sample.q_positions, kept)
+            ref = attention_outputs(q[layer], sample.k[layer], sample.v[layer], positions)
+            got = attention_outputs(q[layer], sub_k[layer], sub_v[layer], positions, kept)
             num += float(np.sum((got - ref) ** 2))
             den += float(np.sum(ref**2))
         attn = math.sqrt(num / den)

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 from .errors import KernelInputError
 from .fft_backends import FFTBackend
@@ -53,8 +55,13 @@ def kept_count(n: int, keep: float) -> int:
 
 # --- Per-(n, kept) constant vectors, shaped (kept, 1) to broadcast over head_dim -------------------------
 
+def _column(v: np.ndarray) -> np.ndarray:
+    """A float32 column (kept, 1), contiguous, to broadcast over head_dim."""
+    return np.ascontiguousarray(v, dtype=np.float32)[:, None]
+
+
 @lru_cache(maxsize=256)
-def _dct_constants(n: int, kept: int):
+def _dct_constants(n: int, kept: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Forward weights a, b (y_j = a_j·Re V_src + b_j·Im V_src), the source bins, and f_j."""
     j = np.arange(kept)
     f = np.where(j == 0, math.sqrt(1 / (4 * n)), math.sqrt(1 / (2 * n)))
@@ -63,8 +70,7 @@ def _dct_constants(n: int, kept: int):
     src = np.where(upper, n - j, j)
     a = 2 * f * np.cos(theta)
     b = np.where(upper, -1.0, 1.0) * 2 * f * np.sin(theta)
-    col = lambda v: np.ascontiguousarray(v, dtype=np.float32)[:, None]  # noqa: E731
-    return col(a), col(b), src, f
+    return _column(a), _column(b), src, f
 
 
 # --- Fast bfloat16 <-> float32 (ml_dtypes' casts run at a few hundred MB/s; these are integer ops) ------
@@ -118,7 +124,7 @@ class _Scratch:
     def __init__(self) -> None:
         self._buffers: dict[str, np.ndarray] = {}
 
-    def get(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+    def get(self, name: str, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
         """A C-contiguous array of `shape` over buffer `name`, grown (zeroed) when too small; contents stale."""
         dtype = np.dtype(dtype)
         need = math.prod(shape) * dtype.itemsize
@@ -126,7 +132,8 @@ class _Scratch:
         if buf is None or buf.nbytes < need:
             buf = np.zeros(max(need, 1), np.uint8)  # zeroed: the bfloat16 stage relies on it (see _HIGH_HALF)
             self._buffers[name] = buf
-        return buf[:need].view(dtype).reshape(shape)
+        view: np.ndarray = buf[:need].view(dtype).reshape(shape)
+        return view
 
 
 # Idle scratch sets. The middlebox encodes in executor threads, and this pure layer may not use threading:
@@ -136,7 +143,7 @@ _idle_scratch: list[_Scratch] = []
 
 
 @contextmanager
-def _borrowed_scratch():
+def _borrowed_scratch() -> Iterator[_Scratch]:
     try:
         scratch = _idle_scratch.pop()
     except IndexError:
@@ -147,7 +154,7 @@ def _borrowed_scratch():
         _idle_scratch.append(scratch)
 
 
-def _chunks(rows: int, blocks: int, block_bytes: int):
+def _chunks(rows: int, blocks: int, block_bytes: int) -> Iterator[tuple[slice, slice]]:
     """(row slice, block slice) pairs covering [rows, blocks] in C order, each about CHUNK_BYTES of input."""
     per = max(1, CHUNK_BYTES // max(1, block_bytes))
     if per >= blocks:
@@ -172,7 +179,7 @@ def _stage(blocks: np.ndarray, reorder: bool, scratch: _Scratch) -> np.ndarray:
     h = (n + 1) // 2  # v[:h] = x[0::2], v[h:] = x[1::2] reversed
     if blocks.dtype == BF16:
         v = scratch.get("bf16-stage", blocks.shape, np.float32)
-        dest, src = v.view(np.uint16).reshape(blocks.shape + (2,))[..., _HIGH_HALF], blocks.view(np.uint16)
+        dest, src = v.view(np.uint16).reshape((*blocks.shape, 2))[..., _HIGH_HALF], blocks.view(np.uint16)
     else:
         v = scratch.get("stage", blocks.shape, np.float32)
         dest, src = v, blocks  # float16 widens in the assignment
@@ -189,7 +196,7 @@ def _forward_into(blocks: np.ndarray, variant: str, kept: int, backend: FFTBacke
     """coef[..., nb, kept, D] (float32) = the first `kept` real coefficients of each block of `blocks`."""
     n = blocks.shape[-2]
     x = _stage(blocks, variant == "dct", scratch)
-    spectrum = scratch.get("spectrum", x.shape[:-2] + (n // 2 + 1, x.shape[-1]), np.complex64)
+    spectrum = scratch.get("spectrum", (*x.shape[:-2], n // 2 + 1, x.shape[-1]), np.complex64)
     backend.rfft_into(x, spectrum, axis=-2)
     if variant == "dct":
         _dct_pack(spectrum, n, kept, coef, scratch)
@@ -198,8 +205,9 @@ def _forward_into(blocks: np.ndarray, variant: str, kept: int, backend: FFTBacke
 
 
 def forward_blocks(blocks: np.ndarray, variant: str, kept: int, backend: FFTBackend) -> np.ndarray:
-    """The first `kept` real coefficients of each block: [..., nb, n, D] (any float dtype) → [..., nb, kept, D] float32."""
-    coef = np.empty(blocks.shape[:-2] + (kept, blocks.shape[-1]), np.float32)
+    """The first `kept` real coefficients of each block: [..., nb, n, D] (any float dtype) → [..., nb, kept, D]
+    float32."""
+    coef = np.empty((*blocks.shape[:-2], kept, blocks.shape[-1]), np.float32)
     with _borrowed_scratch() as scratch:
         _forward_into(blocks, variant, kept, backend, coef, scratch)
     return coef
@@ -215,7 +223,7 @@ def _inverse_into(coef: np.ndarray, variant: str, n: int, backend: FFTBackend, v
         else:
             c[...] = coef
         coef = c
-    spectrum = scratch.get("spectrum", coef.shape[:-2] + (n // 2 + 1, coef.shape[-1]), np.complex64)
+    spectrum = scratch.get("spectrum", (*coef.shape[:-2], n // 2 + 1, coef.shape[-1]), np.complex64)
     if variant == "dct":
         _dct_unpack(coef, n, spectrum)
     else:
@@ -227,7 +235,7 @@ def inverse_blocks(coef: np.ndarray, variant: str, n: int, backend: FFTBackend) 
     """Zero-fill the dropped coefficients and transform back: [..., nb, kept, D] → [..., nb, n, D] float32.
 
     For ``dct`` the result is still in the reordered order v (see `reorder_back`)."""
-    v = np.empty(coef.shape[:-2] + (n, coef.shape[-1]), np.float32)
+    v = np.empty((*coef.shape[:-2], n, coef.shape[-1]), np.float32)
     with _borrowed_scratch() as scratch:
         _inverse_into(coef, variant, n, backend, v, scratch)
     return v
@@ -302,7 +310,7 @@ def _dct_pack(spectrum: np.ndarray, n: int, kept: int, coef: np.ndarray, scratch
     m = n // 2 + 1
     low = min(kept, m)
     d = spectrum.shape[-1]
-    products = scratch.get("pack", spectrum.shape[:-2] + (low, 2 * d), np.float32)
+    products = scratch.get("pack", (*spectrum.shape[:-2], low, 2 * d), np.float32)
     np.multiply(spectrum[..., :low, :].view(np.float32), _dct_interleaved_weights(n, kept, d), out=products)
     np.add(products[..., 0::2], products[..., 1::2], out=coef[..., :low, :])
     if kept > m:  # keep > 1/2: bins above n/2 are mirrored conjugates
@@ -310,8 +318,11 @@ def _dct_pack(spectrum: np.ndarray, n: int, kept: int, coef: np.ndarray, scratch
         coef[..., m:, :] = sel.real * a[m:] + sel.imag * b[m:]
 
 
+_InverseConstants = tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
 @lru_cache(maxsize=256)
-def _dct_inverse_constants(n: int, kept: int):
+def _dct_inverse_constants(n: int, kept: int) -> _InverseConstants:
     """For the inverse: V_k = Y_k·e^{iθ_k}/2 − i·Y_{n−k}·e^{iθ_k}/2, Y_j = y_j / f_j, θ_k = πk/2n.
 
     Returns the weights on y_k for Re and Im of V_k (k < low), and the mirrored pairs (j = n − k kept)
@@ -322,13 +333,13 @@ def _dct_inverse_constants(n: int, kept: int):
     j = np.arange(kept)
     half_over_f = 1 / (2 * f)  # y_j → Y_j / 2
     theta = np.pi * j / (2 * n)
-    col = lambda v: np.ascontiguousarray(v, dtype=np.float32)[:, None]  # noqa: E731
-    re_w = col((half_over_f * np.cos(theta))[:low])
-    im_w = col((half_over_f * np.sin(theta))[:low])
+    re_w = _column((half_over_f * np.cos(theta))[:low])
+    im_w = _column((half_over_f * np.sin(theta))[:low])
     mirrored = j[(j >= n - n // 2) & (j >= 1)]
     k = n - mirrored
     tk = np.pi * k / (2 * n)
-    return low, re_w, im_w, mirrored, k, col(half_over_f[mirrored] * np.sin(tk)), col(half_over_f[mirrored] * np.cos(tk))
+    half = half_over_f[mirrored]
+    return low, re_w, im_w, mirrored, k, _column(half * np.sin(tk)), _column(half * np.cos(tk))
 
 
 def _dct_unpack(coef: np.ndarray, n: int, spectrum: np.ndarray) -> None:
@@ -373,7 +384,7 @@ class BandKeepLayout:
 
     @property
     def payload_shape(self) -> tuple[int, ...]:
-        return self.shape[:-2] + (self.kept_tokens, self.shape[-1])
+        return (*self.shape[:-2], self.kept_tokens, self.shape[-1])
 
     def check(self) -> None:
         """Reject a layout no encoder could have produced (a corrupt or foreign header)."""
@@ -398,7 +409,7 @@ def layout_for(shape: tuple[int, ...], keep: float, block: int, sinks: int, vari
 
 def _split_tokens(view: np.ndarray, nb: int, n: int) -> np.ndarray:
     """[..., nb·n, D] → [..., nb, n, D] as a view (splitting one strided axis never needs a copy)."""
-    split = view.reshape(view.shape[:-2] + (nb, n, view.shape[-1]))
+    split = view.reshape((*view.shape[:-2], nb, n, view.shape[-1]))
     assert np.shares_memory(split, view) or split.size == 0
     return split
 
@@ -414,7 +425,7 @@ def _add_precision_noise(coef: np.ndarray, bits: int, rng: np.random.Generator) 
     coef += (rng.random(coef.shape, dtype=np.float32) - np.float32(0.5)) * step
 
 
-def _groups(layout: BandKeepLayout):
+def _groups(layout: BandKeepLayout) -> Iterator[tuple[int, int, int, int, int]]:
     """(first token, blocks, block length, kept per block, first payload token) of the full blocks, then the tail."""
     s, n, nb = layout.sinks, layout.block, layout.full_blocks
     if nb:
@@ -425,7 +436,7 @@ def _groups(layout: BandKeepLayout):
 
 def _rows(a: np.ndarray) -> np.ndarray:
     """[..., T, D] → [rows, T, D] (a view for the C-contiguous arrays the codec sees; a copy otherwise)."""
-    return a.reshape((math.prod(a.shape[:-2]),) + a.shape[-2:])
+    return a.reshape((math.prod(a.shape[:-2]), *a.shape[-2:]))
 
 
 def encode(kv: np.ndarray, layout: BandKeepLayout, backend: FFTBackend,
@@ -453,7 +464,7 @@ def _encode_groups(src: np.ndarray, dst: np.ndarray, layout: BandKeepLayout, bac
             # float32 payloads take the coefficients directly; others round from a float32 scratch.
             coef = out if out.dtype == np.float32 else scratch.get("coef", out.shape, np.float32)
             _forward_into(blocks[rs, bs], layout.variant, kept, backend, coef, scratch)
-            if rng is not None:
+            if rng is not None and precision_bits is not None:  # (rng is made only with precision_bits)
                 _add_precision_noise(coef, precision_bits, rng)
             if coef is not out:
                 store(out, coef, scratch)

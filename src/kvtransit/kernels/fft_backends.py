@@ -123,7 +123,8 @@ class PyFFTWBackend(FFTBackend):
 
         self._builders = pyfftw.builders
 
-    def _plan(self, kind: str, x: np.ndarray, axis: int, n: int | None):
+    def _plan(self, kind: str, x: np.ndarray, axis: int, n: int | None) -> Any:
+        """pyFFTW's builder object for this shape (untyped: pyFFTW ships no annotations)."""
         key = (kind, x.shape, x.dtype.str, axis, n)
         plan = self._plans.get(key)
         if plan is None:
@@ -134,10 +135,12 @@ class PyFFTWBackend(FFTBackend):
         return plan
 
     def rfft(self, x: np.ndarray, axis: int) -> np.ndarray:
-        return self._plan("r", x, axis, None)(x).copy()
+        spectrum: np.ndarray = self._plan("r", x, axis, None)(x).copy()
+        return spectrum
 
     def irfft(self, spectrum: np.ndarray, n: int, axis: int) -> np.ndarray:
-        return self._plan("i", spectrum, axis, n)(spectrum).copy()
+        signal: np.ndarray = self._plan("i", spectrum, axis, n)(spectrum).copy()
+        return signal
 
 
 _CONSTRUCTORS = {"scipy": ScipyBackend, "pyfftw": PyFFTWBackend, "numpy": NumpyBackend}

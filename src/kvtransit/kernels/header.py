@@ -80,7 +80,7 @@ class Header:
         return WIRE_DTYPES[self.dtype]
 
     @classmethod
-    def unpack(cls, data: bytes) -> "Header":
+    def unpack(cls, data: bytes) -> Header:
         data = bytes(data)
         if len(data) < _PREFIX.size:
             raise KernelInputError(f"codec header too short: {len(data)} bytes < {_PREFIX.size}")

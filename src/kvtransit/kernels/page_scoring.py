@@ -24,7 +24,7 @@ def page_representatives(keys: np.ndarray, page_size: int) -> np.ndarray:
     k = keys.astype(np.float32, copy=False)
     reps = []
     if full:
-        body = k[..., : full * page_size, :].reshape(k.shape[:-2] + (full, page_size, k.shape[-1]))
+        body = k[..., : full * page_size, :].reshape((*k.shape[:-2], full, page_size, k.shape[-1]))
         reps.append(body.mean(axis=-2))
     if tail:
         reps.append(k[..., full * page_size :, :].mean(axis=-2, keepdims=True))
@@ -35,4 +35,6 @@ def score_pages(query: np.ndarray, page_keys: np.ndarray) -> np.ndarray:
     """Dot product of `query` [..., D] with every page representative [..., pages, D] → [..., pages]."""
     if query.shape[-1] != page_keys.shape[-1]:
         raise KernelInputError(f"query head_dim {query.shape[-1]} != page key head_dim {page_keys.shape[-1]}")
-    return np.einsum("...d,...pd->...p", query.astype(np.float32, copy=False), page_keys.astype(np.float32, copy=False))
+    scores: np.ndarray = np.einsum("...d,...pd->...p", query.astype(np.float32, copy=False),
+                                   page_keys.astype(np.float32, copy=False))
+    return scores

@@ -39,7 +39,8 @@ def fp8_encode(x: np.ndarray, block: int) -> np.ndarray:
     scale = np.abs(b).max(axis=1, keepdims=True) / np.float32(E4M3_MAX)
     scale[scale == 0] = 1.0  # an all-zero block: any scale decodes to zeros
     codes = np.clip(b / scale, -E4M3_MAX, E4M3_MAX).astype(E4M3)  # E4M3 has no inf: clip, or NaN
-    return np.concatenate([codes.reshape(-1)[: x.size].view(np.uint8), scale.astype(np.float32).reshape(-1).view(np.uint8)])
+    return np.concatenate([codes.reshape(-1)[: x.size].view(np.uint8),
+                           scale.astype(np.float32).reshape(-1).view(np.uint8)])
 
 
 def fp8_decode(payload: np.ndarray, size: int, block: int) -> np.ndarray:
@@ -81,7 +82,8 @@ def fp4_decode(payload: np.ndarray, size: int) -> np.ndarray:
     values = np.zeros(nblocks * FP4_BLOCK, np.float32)
     values[:size] = nibbles[:size].view(E2M1).astype(np.float32)
     scale = payload[code_bytes : code_bytes + nblocks].view(E8M0).astype(np.float32)
-    return (values.reshape(nblocks, FP4_BLOCK) * scale[:, None]).reshape(-1)[:size]
+    decoded: np.ndarray = (values.reshape(nblocks, FP4_BLOCK) * scale[:, None]).reshape(-1)[:size]
+    return decoded
 
 
 def fp4_payload_bytes(size: int) -> int:

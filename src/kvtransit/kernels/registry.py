@@ -60,8 +60,13 @@ def _non_finite_error(kv: np.ndarray, where: str) -> KernelInputError:
     return KernelInputError(f"{where}: input has {count} NaN/Inf value(s), first at index {first} of shape {kv.shape}")
 
 
-def _payload_bytes(payload: Any, expected: int, codec: str) -> np.ndarray:
-    buf = np.frombuffer(payload, np.uint8) if not isinstance(payload, np.ndarray) else payload.reshape(-1).view(np.uint8)
+# What a codec decodes: the payload bytes as received (a view of the receive buffer) or as encoded.
+Payload = bytes | bytearray | memoryview | np.ndarray
+
+
+def _payload_bytes(payload: Payload, expected: int, codec: str) -> np.ndarray:
+    buf = (payload.reshape(-1).view(np.uint8) if isinstance(payload, np.ndarray)
+           else np.frombuffer(payload, np.uint8))
     if buf.size != expected:
         raise KernelInputError(f"{codec} payload: {buf.size} bytes, header implies {expected}")
     return buf
@@ -83,13 +88,13 @@ class Codec:
     def encode(self, kv: np.ndarray) -> Encoded:
         raise NotImplementedError
 
-    def decode(self, header: bytes, payload) -> np.ndarray:
+    def decode(self, header: bytes, payload: Payload) -> np.ndarray:
         h = Header.unpack(header)
         if h.codec != self.name:
             raise KernelInputError(f"header is for codec {h.codec!r}, this codec is {self.name!r}")
         return self._decode(h, payload)
 
-    def _decode(self, h: Header, payload) -> np.ndarray:
+    def _decode(self, h: Header, payload: Payload) -> np.ndarray:
         raise NotImplementedError
 
 
@@ -110,7 +115,7 @@ class NoneCodec(Codec):
             raise _non_finite_error(kv, "none")
         return Encoded(Header("none", dtype, kv.shape, ()).pack(), np.ascontiguousarray(kv))
 
-    def _decode(self, h: Header, payload) -> np.ndarray:
+    def _decode(self, h: Header, payload: Payload) -> np.ndarray:
         size = int(np.prod(h.shape))
         buf = _payload_bytes(payload, size * h.np_dtype.itemsize, "none")
         return buf.view(h.np_dtype).reshape(h.shape).copy()
@@ -141,7 +146,7 @@ class Fp8Codec(Codec):
             raise _non_finite_error(kv, "fp8")
         return Encoded(Header("fp8", dtype, kv.shape, (self.block,)).pack(), payload)
 
-    def _decode(self, h: Header, payload) -> np.ndarray:
+    def _decode(self, h: Header, payload: Payload) -> np.ndarray:
         size = int(np.prod(h.shape))
         (block,) = h.params
         if block < 1:
@@ -168,7 +173,7 @@ class Fp4BlockCodec(Codec):
             raise _non_finite_error(kv, "fp4-block")
         return Encoded(Header("fp4-block", dtype, kv.shape, (quant.FP4_BLOCK,)).pack(), quant.fp4_encode(kv))
 
-    def _decode(self, h: Header, payload) -> np.ndarray:
+    def _decode(self, h: Header, payload: Payload) -> np.ndarray:
         size = int(np.prod(h.shape))
         if h.params != (quant.FP4_BLOCK,):
             raise KernelInputError(f"fp4-block header: block {h.params[0]}, only {quant.FP4_BLOCK} is defined")
@@ -218,7 +223,7 @@ class BandKeepCodec(Codec):
             bandkeep.VARIANTS.index(layout.variant), self.precision_bits or 0))
         return Encoded(header.pack(), payload)
 
-    def _decode(self, h: Header, payload) -> np.ndarray:
+    def _decode(self, h: Header, payload: Payload) -> np.ndarray:
         block, sinks, kept_block, kept_tail, variant_id, _bits = h.params
         if variant_id >= len(bandkeep.VARIANTS):
             raise KernelInputError(f"freq-keep-k header: unknown variant id {variant_id}")
@@ -254,7 +259,7 @@ def get_codec(name: str, keep: float = bandkeep.DEFAULT_KEEP, block: int | None 
     raise KernelInputError(str(unknown_name("codec", name, CODEC_NAMES)))
 
 
-def decode(header: bytes, payload) -> np.ndarray:
+def decode(header: bytes, payload: Payload) -> np.ndarray:
     """Invert any codec from its header and payload bytes alone (FFT backend: auto)."""
     h = Header.unpack(header)
     codec = get_codec(h.codec) if h.codec != "freq-keep-k" else get_codec(h.codec, block=h.params[0])

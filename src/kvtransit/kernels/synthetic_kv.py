@@ -49,7 +49,7 @@ def _splitmix64(x: int) -> int:
 
 def _periodic_lowpass(rng: np.random.Generator, shape: tuple[int, ...], tokens: int, corner: float) -> np.ndarray:
     """Unit-variance noise, periodic along axis -2, with a first-order low-pass spectrum of the given corner."""
-    white = rng.standard_normal(shape[:-2] + (tokens, shape[-1])).astype(np.float32)
+    white = rng.standard_normal((*shape[:-2], tokens, shape[-1])).astype(np.float32)
     spectrum = np.fft.rfft(white, axis=-2)
     freqs = np.fft.rfftfreq(tokens)  # cycles per token
     gain = 1.0 / np.sqrt(1.0 + (freqs * corner) ** 2)
@@ -74,7 +74,7 @@ class SyntheticKv:
             return
         rng = np.random.default_rng([0x4B56, seed & 0xFFFFFFFF])
         shape = (kv_heads, bank_tokens, head_dim)
-        bank = np.empty((templates, 2) + shape, dtype=bfloat16)
+        bank = np.empty((templates, 2, *shape), dtype=bfloat16)
         sinks = np.empty((templates, 2, kv_heads, 1, head_dim), dtype=bfloat16)
         for t in range(templates):
             k = _periodic_lowpass(rng, shape, bank_tokens, K_CORNER_TOKENS)

@@ -48,7 +48,8 @@ class ModelSpec:
         if self.d_model % self.n_heads:
             raise ConfigError(f"model {self.name!r}: d_model {self.d_model} is not a multiple of heads {self.n_heads}")
         if self.n_heads % self.kv_heads:
-            raise ConfigError(f"model {self.name!r}: heads {self.n_heads} is not a multiple of kv_heads {self.kv_heads}")
+            raise ConfigError(f"model {self.name!r}: heads {self.n_heads} "
+                              f"is not a multiple of kv_heads {self.kv_heads}")
         if self.experts_active > self.experts:
             raise ConfigError(
                 f"model {self.name!r}: experts_active {self.experts_active} > experts {self.experts}"

@@ -55,7 +55,8 @@ def fp4_block_ratio(block: int) -> float:
 
 
 def codec_declaration(
-    name: str, keep: float = DEFAULT_KEEP, block: int = DEFAULT_FP4_BLOCK, transform_length: int = DEFAULT_TRANSFORM_LENGTH
+    name: str, keep: float = DEFAULT_KEEP, block: int = DEFAULT_FP4_BLOCK,
+    transform_length: int = DEFAULT_TRANSFORM_LENGTH,
 ) -> KernelDeclaration:
     """The declaration of the codec preset `name`. `keep` is for freq-keep-k, `block` for fp4-block."""
     if name == "none":

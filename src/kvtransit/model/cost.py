@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .catalog import ModelSpec
 from .devices import Device
 from .energy import gpu_energy_j
-from .errors import ConfigError, require_positive
+from .errors import ConfigError
 
 # REFERENCE §3: achieved fraction of peak FLOP/s and of HBM bandwidth, and the fixed per-step overhead.
 FLOPS_EFFICIENCY = 0.55

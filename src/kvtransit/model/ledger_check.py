@@ -50,7 +50,7 @@ _NUMBER = re.compile(r"\d+(\.\d+)?")
 @dataclass
 class LedgerVerdict:
     requests: int = 0
-    outcomes: dict = field(default_factory=lambda: {o: 0 for o in OUTCOMES})
+    outcomes: dict = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     failed_reasons: dict = field(default_factory=dict)
     lost: list = field(default_factory=list)  # request ids
     duplicated: list = field(default_factory=list)

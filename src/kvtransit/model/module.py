@@ -223,7 +223,8 @@ class TransitTime:
 
 
 def transit_time(
-    input_bytes: int, decl: KernelDeclaration, link_bandwidth_Bps: float, link_latency_s: float, module: Module = Module()
+    input_bytes: int, decl: KernelDeclaration, link_bandwidth_Bps: float, link_latency_s: float,
+    module: Module = Module(),
 ) -> TransitTime:
     """`link_latency + 1 µs + max(wire_bytes / link_bw, ops / (1.6 × link_bw))` (REFERENCE §5)."""
     require_positive("link bandwidth", link_bandwidth_Bps)

@@ -28,9 +28,9 @@ from .devices import DEVICES, Device, device_by_name
 from .errors import ConfigError, unknown_name
 from .link_catalog import LINKS, Link, link_by_name
 from .module import MODULE_BUDGETS, KernelDeclaration, Module, Policy
+from .prefix_workloads import PREFIX_WORKLOADS
 from .slo import TPOT_SLO_S, TTFT_SLO_S
 from .traces import TRACE_FORMATS, TRACE_SAMPLING
-from .prefix_workloads import PREFIX_WORKLOADS
 from .workload import ARRIVALS, DEFAULT_MAX_TOKENS, LengthDist, WorkloadSpec
 
 # What one host can push through the testbed's KV link, bytes per second of scaled link rate, and stay
@@ -207,7 +207,8 @@ class Scenario:
         object.__setattr__(self, "sinks", _number("sinks", self.sinks, lo=0, integer=True))
         object.__setattr__(self, "block", _number("block", self.block, lo=2, integer=True))
         object.__setattr__(self, "seed", _number("seed", self.seed, integer=True))
-        object.__setattr__(self, "max_concurrency", _number("max_concurrency", self.max_concurrency, lo=0, integer=True))
+        object.__setattr__(self, "max_concurrency",
+                           _number("max_concurrency", self.max_concurrency, lo=0, integer=True))
         _number("keep", self.keep, lo=0, hi=1, lo_open=True)
         for name in ("rate", "burstiness", "prompt_mean", "output_mean"):
             _number(name, getattr(self, name), lo=0, lo_open=True)

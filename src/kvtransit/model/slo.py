@@ -23,6 +23,7 @@ Pure: times are plain floats in seconds, passed in.
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -90,7 +91,7 @@ class RequestRecord:
     @property
     def itl_s(self) -> list[float]:
         times = self.token_times_s
-        return [b - a for a, b in zip(times, times[1:])]
+        return [b - a for a, b in itertools.pairwise(times)]
 
     @property
     def e2e_s(self) -> float | None:
@@ -186,7 +187,7 @@ def summarise(records: Sequence[RequestRecord], warmup_fraction: float = WARMUP_
     for r in records:
         if r.outcome is Outcome.FAILED:
             reasons[r.failure] = reasons.get(r.failure, 0) + 1
-    counts = {outcome: 0 for outcome in Outcome}
+    counts = dict.fromkeys(Outcome, 0)
     for r in records:
         counts[r.outcome] += 1
     return Summary(

@@ -20,8 +20,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
-from .errors import ConfigError
 from .catalog import model_by_name
+from .errors import ConfigError
 from .link_catalog import link_by_name
 from .scenario import Scenario, auto_channels_and_dilation
 
@@ -101,7 +101,7 @@ class Grid:
         seen, out = set(), []
         names = list(self.axes)
         for combo in itertools.product(*(self.axes[n] for n in names)):
-            point = dict(zip(names, combo))
+            point = dict(zip(names, combo, strict=True))
             codec = point.get("codec", self.base.get("codec"))
             if codec == "none" and "compress_at" in point:
                 point["compress_at"] = "transit"  # nothing to compress: where is moot
@@ -150,13 +150,13 @@ def _link_grid(link: str, axes: dict, **base) -> Grid:
 
 PRESETS: dict[str, tuple[str, list[Grid]]] = {
     "handoff-25g": (
-        "the deck's hand-off study: loads 8/10/12/14 req/s x codecs none/fp8/freq-keep-k in transit and at the "
-        "GPU, over eth-25g",
+        ("the deck's hand-off study: loads 8/10/12/14 req/s x codecs none/fp8/freq-keep-k in transit and at the "
+         "GPU, over eth-25g"),
         [_link_grid("eth-25g", {"rate": [8.0, 10.0, 12.0, 14.0], "codec": list(DECK_CODECS),
                                 "compress_at": ["transit", "gpu"]})]),
     "links-8rps": (
-        "the deck's link comparison at 8 req/s: nvlink4, ib-ndr, eth-100g, eth-25g x codecs none/fp8/freq-keep-k "
-        "in transit",
+        ("the deck's link comparison at 8 req/s: nvlink4, ib-ndr, eth-100g, eth-25g x codecs none/fp8/freq-keep-k "
+         "in transit"),
         [_link_grid(link, {"codec": list(DECK_CODECS)}, rate=8.0, compress_at="transit") for link in DECK_LINKS]),
 }
 PRESETS["deck"] = ("both deck studies: handoff-25g then links-8rps",
@@ -170,8 +170,8 @@ KVPOOL_WORKLOAD = dict(model="llama3-8b", device="h100", gpus=1, prefill=1, deco
                        prompt_mean=256.0, prompt_cv=0.5, output_mean=64.0, output_cv=0.5, requests=60, rate=2.0,
                        seed=1, link="eth-25g")
 PRESETS["kvpool"] = (
-    "prefix reuse over eth-25g, 4 shared 2,048-token system prompts: no cache, local cache, pool without and "
-    "with freq-keep-k",
+    ("prefix reuse over eth-25g, 4 shared 2,048-token system prompts: no cache, local cache, pool without and "
+     "with freq-keep-k"),
     [Grid({**KVPOOL_WORKLOAD, **preset_emulation("eth-25g")}, {"kv_pool": ["off", "local", "pool"], "codec": ["none"]}),
      Grid({**KVPOOL_WORKLOAD, **preset_emulation("eth-25g")}, {"kv_pool": ["pool"], "codec": ["freq-keep-k"]})])
 

@@ -19,6 +19,7 @@ Pure: parsers take lines and a source name (for errors), never open files.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import random
@@ -82,7 +83,8 @@ def parse_mooncake(lines: Iterable[str], source: str = "<trace>") -> list[TraceR
         if not isinstance(hash_ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hash_ids):
             raise TraceError(f"{where}: hash_ids must be a list of integers")
         first_ms = timestamp if first_ms is None else first_ms
-        records.append(TraceRecord((timestamp - first_ms) / 1e3, _whole(obj["input_length"], "input_length", where, lo=1),
+        records.append(TraceRecord((timestamp - first_ms) / 1e3,
+                                   _whole(obj["input_length"], "input_length", where, lo=1),
                                    _whole(obj["output_length"], "output_length", where, lo=1), tuple(hash_ids)))
     return _in_time_order(records, source)
 
@@ -139,7 +141,7 @@ def parse_azure(lines: Iterable[str], source: str = "<trace>") -> list[TraceReco
 def _in_time_order(records: list[TraceRecord], source: str) -> list[TraceRecord]:
     if not records:
         raise TraceError(f"{source}: no requests in the trace")
-    for i, (a, b) in enumerate(zip(records, records[1:]), start=2):
+    for i, (a, b) in enumerate(itertools.pairwise(records), start=2):
         if b.arrival_s < a.arrival_s:
             raise TraceError(f"{source}: request {i} arrives before request {i - 1} (a trace must be in time order)")
     return records

@@ -28,7 +28,7 @@ from typing import Any
 from kvtransit.shaping.userspace import DelayLine, TokenBucket
 
 from .clock import Clock, MonotonicClock
-from .transport import Endpoint, Part, _borrowed
+from .transport import Endpoint, Part, is_borrowed
 
 # 256 KiB slices: at 50 MB/s one slice is 5 ms of link time, at 3.125 GB/s (eth-25g) 84 µs, so pacing
 # is smooth at the timer resolution we can hold (≈ 1 µs with the clock's spin, see clock.py).
@@ -240,7 +240,7 @@ class Transfer:
             release_ns = round(delay.release_time(serialised_s) * 1e9)
             # The slice waits in our queue past this call, and its owner may reuse the memory (a
             # received payload view is overwritten at the next receive): keep our own copy.
-            self._due.append((release_ns, bytes(piece) if _borrowed(piece) else piece))
+            self._due.append((release_ns, bytes(piece) if is_borrowed(piece) else piece))
             self._more.set()
             self.record.wire_bytes += len(piece)
             lead_ns = round(max(self._shaper.lead_bytes / bucket.rate_Bps, MIN_LEAD_S) * 1e9)

@@ -65,7 +65,7 @@ class Capabilities:
                 "delay_backend": "netem" if self.netem else "userspace"}
 
 
-USERSPACE_ONLY = Capabilities(root=False, tc=False, qdiscs={q: False for q in PROBED_QDISCS},
+USERSPACE_ONLY = Capabilities(root=False, tc=False, qdiscs=dict.fromkeys(PROBED_QDISCS, False),
                               notes=("kernel shaping not probed: user-space shaper only",))
 
 
@@ -75,7 +75,7 @@ def probe(runner: Runner = run_command) -> Capabilities:
     has_tc = shutil.which("tc") is not None and shutil.which("ip") is not None
     if not (is_root and has_tc):
         why = "not root" if not is_root else "tc or ip not on PATH"
-        return Capabilities(is_root, has_tc, {q: False for q in PROBED_QDISCS}, (f"{why}: user-space shaper only",))
+        return Capabilities(is_root, has_tc, dict.fromkeys(PROBED_QDISCS, False), (f"{why}: user-space shaper only",))
     namespace = f"{new_run_id()}probe"
     found: dict[str, bool] = {}
     notes: list[str] = []

@@ -71,7 +71,8 @@ def _ip(namespace: str | None, *args: str) -> list[str]:
 # -- rate -----------------------------------------------------------------------------------------------
 
 
-def rate_argv(namespace: str | None, dev: str, spec: LinkSpec, qdisc: str = "tbf", verb: str = "add") -> list[list[str]]:
+def rate_argv(namespace: str | None, dev: str, spec: LinkSpec, qdisc: str = "tbf",
+              verb: str = "add") -> list[list[str]]:
     """The root rate limiter. verb "add" builds it; "change" retunes it in place (same qdisc, same handle)."""
     assert spec.rate_Bps is not None, "rate_argv needs a spec with a rate"
     wire = wire_rate_Bps(spec.rate_Bps, spec.mtu)
@@ -112,7 +113,8 @@ def netem_options(spec: LinkSpec) -> list[str]:
             opts += ["distribution", spec.distribution]
     if spec.gilbert_elliott is not None:
         ge = spec.gilbert_elliott
-        opts += ["loss", "gemodel", f"{ge.p_pct:g}%", f"{ge.r_pct:g}%", f"{ge.loss_bad_pct:g}%", f"{ge.loss_good_pct:g}%"]
+        opts += ["loss", "gemodel", f"{ge.p_pct:g}%", f"{ge.r_pct:g}%", f"{ge.loss_bad_pct:g}%",
+                 f"{ge.loss_good_pct:g}%"]
     elif spec.loss_pct:
         opts += ["loss", "random", f"{spec.loss_pct:g}%"]
         if spec.loss_correlation_pct:

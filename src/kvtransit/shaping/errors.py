@@ -21,6 +21,7 @@ class CommandFailed(ShapingError):
         self.argv = list(argv)
         self.returncode = returncode
         self.stderr = stderr.strip()
-        ValueError.__init__(self, f"command failed (exit {returncode}): {' '.join(self.argv)}: {self.stderr or '(no stderr)'}")
+        ValueError.__init__(self, f"command failed (exit {returncode}): {' '.join(self.argv)}: "
+                                  f"{self.stderr or '(no stderr)'}")
         self.field = "command"
         self.value = " ".join(self.argv)

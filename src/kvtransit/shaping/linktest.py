@@ -23,7 +23,8 @@ from .runner import Runner, run_command
 from .spec import LinkSpec
 from .topology import LinkPlan, build_testbed
 
-SINK_PORT, ECHO_PORT, RELAY_PORT, ZERO_RELAY_PORT = 5201, 5202, 5203, 5204  # inside our own fresh namespaces: nothing else listens
+# Inside our own fresh namespaces: nothing else listens.
+SINK_PORT, ECHO_PORT, RELAY_PORT, ZERO_RELAY_PORT = 5201, 5202, 5203, 5204
 READY_TIMEOUT_S = 10.0
 DEFAULT_WARMUP_S = 0.5  # slow start and the bucket's initial burst are over well within this at >= 10 Mbit/s
 

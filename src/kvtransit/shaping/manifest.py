@@ -45,7 +45,7 @@ class Manifest:
         os.replace(tmp, self.path)  # atomic: a reader never sees half a manifest
 
     @classmethod
-    def load(cls, path: str | Path) -> "Manifest":
+    def load(cls, path: str | Path) -> Manifest:
         path = Path(path)
         try:
             data = json.loads(path.read_text())
@@ -76,7 +76,8 @@ def _existing_links(runner: Runner, namespace: str | None) -> set[str]:
     return names
 
 
-def cleanup_argv_plan(manifest: Manifest, namespaces: set[str | None], links: dict[str | None, set[str]]) -> list[list[str]]:
+def cleanup_argv_plan(manifest: Manifest, namespaces: set[str | None],
+                      links: dict[str | None, set[str]]) -> list[list[str]]:
     """The delete commands for what still exists, newest first. Pure, so its order can be tested.
     `namespaces` holds None when the root namespace's devices are to be considered."""
     argvs = []

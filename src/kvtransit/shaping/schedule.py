@@ -13,6 +13,7 @@ into steps of `bin_s` seconds with the rate each bin delivers.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ class Schedule:
             raise ShapingError("schedule", "", "has no steps")
         if self.steps[0].t_s != 0:
             raise ShapingError("schedule", self.steps[0].t_s, "first step must start at t=0")
-        for before, after in zip(self.steps, self.steps[1:]):
+        for before, after in itertools.pairwise(self.steps):
             if after.t_s <= before.t_s:
                 raise ShapingError("schedule", after.t_s, f"step times must increase (after {before.t_s:g})")
         if self.period_s is not None and self.period_s <= self.steps[-1].t_s:

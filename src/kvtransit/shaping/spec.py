@@ -31,7 +31,8 @@ SHAPED_MTU = 9000
 MAX_LATENCY_S = 10.0
 
 
-def _check_number(name: str, value: object, *, low: float = 0.0, high: float = math.inf, low_open: bool = False) -> float:
+def _check_number(name: str, value: object, *, low: float = 0.0, high: float = math.inf,
+                  low_open: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ShapingError(name, value, "must be a finite number")
     if value < low or (low_open and value == low) or value > high:
@@ -104,9 +105,9 @@ class LinkSpec:
             raise ShapingError("loss_pct", self.loss_pct, "give random loss or gilbert_elliott, not both")
         if isinstance(self.mtu, bool) or not isinstance(self.mtu, int) or not MIN_MTU <= self.mtu <= MAX_MTU:
             raise ShapingError("mtu", self.mtu, f"must be an integer in [{MIN_MTU}, {MAX_MTU}]")
-        if self.limit_bytes is not None:
-            if isinstance(self.limit_bytes, bool) or not isinstance(self.limit_bytes, int) or self.limit_bytes < self.mtu:
-                raise ShapingError("limit_bytes", self.limit_bytes, f"must be an integer >= the MTU ({self.mtu})")
+        limit = self.limit_bytes
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < self.mtu):
+            raise ShapingError("limit_bytes", limit, f"must be an integer >= the MTU ({self.mtu})")
 
     # -- construction helpers -------------------------------------------------------------------------
 
@@ -119,7 +120,7 @@ class LinkSpec:
         loss_pct: float = 0.0,
         limit: str | None = None,
         **rest,
-    ) -> "LinkSpec":
+    ) -> LinkSpec:
         """From tc-style strings: LinkSpec.parse(rate="200mbit", latency="5ms", jitter="1ms", limit="1mb")."""
         return cls(
             rate_Bps=parse_rate(rate, "rate") if rate is not None else None,
@@ -130,7 +131,7 @@ class LinkSpec:
             **rest,
         )
 
-    def scaled(self, scale: float) -> "LinkSpec":
+    def scaled(self, scale: float) -> LinkSpec:
         """The same link with its rate multiplied by the payload scale s (DESIGN §2; 0 < s <= 1 there, any
         positive factor here so time dilation 1/d composes). Latency is not scaled: transfer times stay equal."""
         _check_number("scale", scale, low_open=True)
@@ -138,7 +139,7 @@ class LinkSpec:
             return self
         return replace(self, rate_Bps=self.rate_Bps * scale)
 
-    def with_changes(self, **changes) -> "LinkSpec":
+    def with_changes(self, **changes) -> LinkSpec:
         """A copy with some fields changed, validated again (for run-time `tc qdisc change`)."""
         return replace(self, **changes)
 
@@ -175,7 +176,7 @@ class LinkSpec:
         return out
 
     @classmethod
-    def from_description(cls, data: dict) -> "LinkSpec":
+    def from_description(cls, data: dict) -> LinkSpec:
         data = dict(data)
         ge = data.pop("gilbert_elliott", None)
         return cls(gilbert_elliott=GilbertElliott(**ge) if ge else None, **data)

@@ -151,7 +151,7 @@ class Testbed:
     def cleanup(self) -> list[list[str]]:
         return cleanup(self.manifest, self._runner)
 
-    def __enter__(self) -> "Testbed":
+    def __enter__(self) -> Testbed:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -210,7 +210,8 @@ def _root_subnets(links: Sequence[LinkPlan], run_id: str, runner: Runner) -> dic
             chosen[wanted[len(chosen)]] = prefix
     if len(chosen) < len(wanted):
         raise ShapingError("root namespace", f"10.{ROOT_SUBNET_OCTET}.0.0/16",
-                           f"has no free /24 for {len(wanted)} link(s): routes {', '.join(map(str, routes))} overlap it")
+                           f"has no free /24 for {len(wanted)} link(s): "
+                           f"routes {', '.join(map(str, routes))} overlap it")
     return chosen
 
 
@@ -247,7 +248,7 @@ def build_testbed(
             runner(commands.netns_add_argv(ns))
             manifest.record("netns", name=ns)
             runner(commands.link_set_argv(ns, "lo", "up"))
-        for index, (link, link_plan) in enumerate(zip(links, plans)):
+        for index, (link, link_plan) in enumerate(zip(links, plans, strict=True)):
             mtu = link.spec.mtu if link.spec else 1500
             dev_a, dev_b = f"{run_id}{index}a", f"{run_id}{index}b"
             assert len(dev_a) <= IFNAMSIZ

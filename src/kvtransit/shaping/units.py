@@ -56,14 +56,14 @@ def parse_size(text: str, field: str = "limit") -> int:
     value, unit = _split(field, text)
     if unit not in _SIZE_UNITS:
         raise ShapingError(field, text, f"unknown size unit {unit!r}; use b, kb, mb or gb")
-    return int(round(value * _SIZE_UNITS[unit]))
+    return round(value * _SIZE_UNITS[unit])
 
 
 def format_rate_bits(rate_Bps: float) -> str:
     """A rate as tc wants it: whole bits per second ("200000000bit"), exact and unambiguous."""
-    return f"{int(round(rate_Bps * 8))}bit"
+    return f"{round(rate_Bps * 8)}bit"
 
 
 def format_time_us(seconds: float) -> str:
     """A duration as tc wants it, in whole microseconds ("5000us")."""
-    return f"{int(round(seconds * 1e6))}us"
+    return f"{round(seconds * 1e6)}us"

@@ -12,7 +12,7 @@ The frame layout, transition table, limits and error codes are documented in doc
 from . import events, limits
 from ._connection import Connection
 from ._crc import crc32c, crc32c_combine
-from ._frames import HEADER_SIZE, FrameType
+from ._frames import HEADER_SIZE, FrameType, pack_header
 from ._state import ROLE_FRAMES, STATE_TRANSITIONS, State
 from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from .events import NEED_DATA, AckStatus, ConnectionClosed, DType, Role
@@ -21,4 +21,4 @@ from .limits import MAX_CODEC_HEADER, MAX_META, MAX_PAYLOAD, WIRE_VERSION, clip_
 __all__ = ["Connection", "Role", "DType", "AckStatus", "State", "FrameType", "ErrorCode", "NEED_DATA",
            "ConnectionClosed", "ProtocolError", "RemoteProtocolError", "LocalProtocolError", "events", "limits",
            "ROLE_FRAMES", "STATE_TRANSITIONS", "HEADER_SIZE", "MAX_PAYLOAD", "MAX_META", "MAX_CODEC_HEADER",
-           "WIRE_VERSION", "crc32c", "crc32c_combine", "clip_message", "clip_reason"]
+           "WIRE_VERSION", "crc32c", "crc32c_combine", "clip_message", "clip_reason", "pack_header"]

@@ -18,12 +18,12 @@ max_frame_length + read_size bytes (see max_buffer).
 from __future__ import annotations
 
 from . import events as ev
-from ._frames import EVENT_TYPES, HEADER_SIZE, FrameType, decode_body, encode, parse_header
+from ._frames import EVENT_TYPES, HEADER_SIZE, FrameType, Header, decode_body, encode, parse_header
 from ._state import ROLE_FRAMES, KvStreams, State, check_transition
 from .errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from .limits import DEFAULT_READ_SIZE, MAX_CODEC_HEADER, MAX_META, MAX_PAYLOAD, WIRE_VERSION
 
-_KV_TYPES = frozenset({FrameType.KV_BEGIN, FrameType.KV_CHUNK, FrameType.KV_END})
+_KV_EVENTS = (ev.KvBegin, ev.KvChunk, ev.KvEnd)
 
 
 class Connection:
@@ -48,19 +48,19 @@ class Connection:
         self._buf = bytearray(read_size)
         self._start = 0
         self._end = 0
-        self._header = None  # parsed header of the frame being received
-        self._header_next_state = None
+        self._header: Header | None = None  # parsed header of the frame being received
+        self._header_next_state: State | None = None  # their state after it (set with _header)
         self._eof = False
         self._failure: RemoteProtocolError | None = None
         self._view_out = False  # a payload view into _buf was handed out and may still be held
 
     # ------------------------------------------------------------------------------------------ sending
 
-    def send(self, event) -> bytes:
+    def send(self, event: ev.Event) -> bytes:
         """The frame for `event`, as one bytes object (copies the payload: use send_parts for KV)."""
         return b"".join(self.send_parts(event))
 
-    def send_parts(self, event) -> list[bytes | memoryview]:
+    def send_parts(self, event: ev.Event) -> list[bytes | memoryview]:
         """[head] or, for KvChunk, [head, payload view]: hand to transport.writelines() without copying the
         payload. head = fixed header + codec header + meta."""
         frame_type = EVENT_TYPES.get(type(event))
@@ -76,23 +76,24 @@ class Connection:
             next_state = check_transition(self.our_role, self.their_role, self.our_state, frame_type)
             if isinstance(next_state, str):
                 raise LocalProtocolError(next_state, ErrorCode.ILLEGAL_FRAME)
-            if frame_type == FrameType.HELLO:
+            # (The frame type is the event's exact type: isinstance below tells mypy what it is.)
+            if isinstance(event, ev.Hello):
                 self._check_hello(event, self.our_role, LocalProtocolError)
-            if frame_type in _KV_TYPES:
+            if isinstance(event, _KV_EVENTS):
                 problem = self._sent_kv.check(event, frame_type)
                 if problem:
                     raise LocalProtocolError(problem, ErrorCode.KV_SEQUENCE)
             head, payload, payload_crc, payload_length = encode(event, LocalProtocolError, self.max_payload)
-            if frame_type == FrameType.KV_END:
+            if isinstance(event, ev.KvEnd):
                 problem = self._sent_kv.checksum_error(event)
                 if problem:
                     raise LocalProtocolError(problem, ErrorCode.KV_CHECKSUM_MISMATCH)
         except LocalProtocolError:
             self.our_state = State.ERROR
             raise
-        if frame_type in _KV_TYPES:
+        if isinstance(event, _KV_EVENTS):
             self._sent_kv.apply(event, frame_type, payload_crc, payload_length)
-        elif frame_type == FrameType.ERROR:
+        elif isinstance(event, ev.Error):
             self._sent_kv.abort(event.request_id)
         self.our_state = next_state
         return [head] if payload is None else [head, payload]
@@ -108,7 +109,7 @@ class Connection:
 
     # ---------------------------------------------------------------------------------------- receiving
 
-    def receive_data(self, data) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Feed bytes from the peer; b"" means EOF."""
         if self._eof:
             raise LocalProtocolError("receive_data after EOF", ErrorCode.ILLEGAL_FRAME)
@@ -137,7 +138,7 @@ class Connection:
                                      f"get_buffer() offered", ErrorCode.ILLEGAL_FRAME)
         self._end += nbytes
 
-    def next_event(self):
+    def next_event(self) -> ev.Received:
         """The next event, NEED_DATA, or ConnectionClosed() after EOF at a frame boundary."""
         if self._failure is not None:
             raise RemoteProtocolError(f"connection already failed: {self._failure}", self._failure.code)
@@ -159,7 +160,7 @@ class Connection:
 
     # ---------------------------------------------------------------------------------------- internals
 
-    def _next_event(self):
+    def _next_event(self) -> ev.Received:
         available = self._end - self._start
         h = self._header
         if h is None:
@@ -184,19 +185,21 @@ class Connection:
             return ev.NEED_DATA
         event = decode_body(h, self._buf, self._start, RemoteProtocolError, self._payload_view)
         frame_type = h.frame_type
-        if frame_type == FrameType.HELLO:
+        # decode_body returns the event class of the header's frame type: isinstance tells mypy which.
+        if isinstance(event, ev.Hello):
             self._check_hello(event, self.their_role, RemoteProtocolError)
-        elif frame_type in _KV_TYPES:
+        elif isinstance(event, _KV_EVENTS):
             problem = self._received_kv.check(event, frame_type)
             if problem:
                 raise RemoteProtocolError(problem, ErrorCode.KV_SEQUENCE)
-            if frame_type == FrameType.KV_END:
+            if isinstance(event, ev.KvEnd):
                 problem = self._received_kv.checksum_error(event)
                 if problem:
                     raise RemoteProtocolError(problem, ErrorCode.KV_CHECKSUM_MISMATCH)
             self._received_kv.apply(event, frame_type, h.payload_crc, h.payload_length)
-        elif frame_type == FrameType.ERROR:
+        elif isinstance(event, ev.Error):
             self._received_kv.abort(event.request_id)
+        assert self._header_next_state is not None  # set with self._header
         self.their_state = self._header_next_state
         self._start += h.frame_length
         self._header = None
@@ -205,7 +208,8 @@ class Connection:
         return event
 
     @staticmethod
-    def _check_hello(hello: ev.Hello, expected_role: ev.Role, err) -> None:
+    def _check_hello(hello: ev.Hello, expected_role: ev.Role,
+                     err: type[LocalProtocolError | RemoteProtocolError]) -> None:
         if hello.role != expected_role:
             raise err(f"Hello from role {ev.Role(hello.role).name.lower()}, expected "
                       f"{expected_role.name.lower()}", ErrorCode.ILLEGAL_FRAME)

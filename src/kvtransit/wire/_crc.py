@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import google_crc32c
 
@@ -20,19 +21,24 @@ _POLY = 0x82F63B78  # CRC32C (Castagnoli), reflected: RFC 3720 §B.4
 _X0 = 1 << 31  # the polynomial "1" in reflected bit order
 
 
-def crc32c(data) -> int:
+# The C extension's entry point; its stubs leave the result untyped (it is a Python int).
+_value: Callable[[object], int] = google_crc32c.value
+
+
+def crc32c(data: object) -> int:
+    """CRC32C of any contiguous buffer: bytes, bytearray, memoryview, a numpy array."""
     if type(data) is bytes:
-        return google_crc32c.value(data)
+        return _value(data)
     try:
-        return google_crc32c.value(data)  # numpy arrays and other release-free buffers
+        return _value(data)  # numpy arrays and other release-free buffers
     except TypeError:
         pass
-    view = memoryview(data)
+    view = memoryview(data)  # type: ignore[arg-type]  # any buffer; not one: TypeError, as before
     if view.nbytes == 0:
         return 0
     if not view.readonly:
-        return google_crc32c.value((ctypes.c_char * view.nbytes).from_buffer(view))
-    return google_crc32c.value(bytes(view))
+        return _value((ctypes.c_char * view.nbytes).from_buffer(view))
+    return _value(bytes(view))
 
 
 def _multmodp(a: int, b: int) -> int:

@@ -10,13 +10,26 @@ from __future__ import annotations
 import enum
 import math
 import struct
+from collections.abc import Callable
 from operator import index
+from typing import Any, TypeVar
 
 from . import events as ev
 from ._crc import crc32c
 from .errors import ErrorCode, ProtocolError
-from .limits import (MAGIC, MAX_CODEC_HEADER, MAX_CODEC_NAME, MAX_HASH_IDS, MAX_MESSAGE, MAX_META, MAX_NAME,
-                     MAX_NDIM, MAX_REASON, MAX_TOKENS_PER_REQUEST, WIRE_VERSION)
+from .limits import (
+    MAGIC,
+    MAX_CODEC_HEADER,
+    MAX_CODEC_NAME,
+    MAX_HASH_IDS,
+    MAX_MESSAGE,
+    MAX_META,
+    MAX_NAME,
+    MAX_NDIM,
+    MAX_REASON,
+    MAX_TOKENS_PER_REQUEST,
+    WIRE_VERSION,
+)
 
 
 class FrameType(enum.IntEnum):
@@ -76,6 +89,20 @@ class Header:
 
     __slots__ = ("frame_type", "flags", "request_id", "layer", "chunk", "dtype", "shape", "codec_id",
                  "codec_header_length", "meta_length", "payload_length", "payload_crc", "meta_crc", "frame_length")
+    frame_type: FrameType
+    flags: int
+    request_id: int
+    layer: int
+    chunk: int
+    dtype: int
+    shape: tuple[int, ...]
+    codec_id: int
+    codec_header_length: int
+    meta_length: int
+    payload_length: int
+    payload_crc: int
+    meta_crc: int
+    frame_length: int
 
     def describe(self) -> str:
         """`KvChunk request 7 layer 3 chunk 0`: where an error happened, for messages."""
@@ -89,22 +116,28 @@ class Header:
 
 EVENT_NAMES = {t: cls.__name__ for cls, t in EVENT_TYPES.items()}
 
+# Which error to raise: LocalProtocolError when encoding ours, RemoteProtocolError when decoding theirs.
+ErrorClass = type[ProtocolError]
+# A bytes-like object the caller owns, read in place.
+Buffer = bytes | bytearray | memoryview
+_E = TypeVar("_E", bound=enum.Enum)
 
-def _fail(err, message: str, code: ErrorCode = ErrorCode.FIELD_OUT_OF_RANGE) -> ProtocolError:
+
+def _fail(err: ErrorClass, message: str, code: ErrorCode = ErrorCode.FIELD_OUT_OF_RANGE) -> ProtocolError:
     return err(message, code)
 
 
-def _int_in(err, name: str, value, lo: int, hi: int) -> int:
+def _int_in(err: ErrorClass, name: str, value: Any, lo: int, hi: int) -> int:
     try:
-        value = index(value)
+        number = index(value)
     except TypeError:
         raise _fail(err, f"{name} must be an int, got {value!r}") from None
-    if not lo <= value <= hi:
-        raise _fail(err, f"{name} {value} out of range [{lo}, {hi}]")
-    return value
+    if not lo <= number <= hi:
+        raise _fail(err, f"{name} {number} out of range [{lo}, {hi}]")
+    return number
 
 
-def _text(err, name: str, value: str, limit: int) -> bytes:
+def _text(err: ErrorClass, name: str, value: object, limit: int) -> bytes:
     if not isinstance(value, str):
         raise _fail(err, f"{name} must be a str, got {value!r}")
     data = value.encode("utf-8")
@@ -113,7 +146,7 @@ def _text(err, name: str, value: str, limit: int) -> bytes:
     return data
 
 
-def _enum(err, name: str, enum_cls, value):
+def _enum(err: ErrorClass, name: str, enum_cls: type[_E], value: object) -> _E:
     try:
         return enum_cls(value)
     except ValueError:
@@ -123,20 +156,23 @@ def _enum(err, name: str, enum_cls, value):
 # ---------------------------------------------------------------------------------------------- encode
 
 
-def encode(event, err, max_payload: int) -> tuple[bytes, memoryview | None, int, int]:
-    """event → (header + codec header + meta, payload view or None, payload_crc, payload_length)."""
+def encode(event: Any, err: ErrorClass, max_payload: int) -> tuple[bytes, memoryview | None, int, int]:
+    """event → (header + codec header + meta, payload view or None, payload_crc, payload_length).
+
+    `event` is Any on purpose: anything may be handed in, and each field is checked here, by its frame type."""
     frame_type = EVENT_TYPES.get(type(event))
     if frame_type is None:
         raise _fail(err, f"cannot send {event!r}: not a wire event", ErrorCode.ILLEGAL_FRAME)
     request_id = layer = chunk = dtype = ndim = codec_id = flags = 0
-    shape = (0, 0, 0, 0, 0)
+    shape: tuple[int, ...] = (0, 0, 0, 0, 0)
     codec_header = b""
     payload = None
     payload_crc = payload_length = 0
 
     if frame_type == FrameType.HELLO:
-        meta = _HELLO.pack(_int_in(err, "Hello.version", event.version, 0, 0xFFFF),
-                           _enum(err, "Hello.role", ev.Role, event.role)) + _text(err, "Hello.name", event.name, MAX_NAME)
+        meta = (_HELLO.pack(_int_in(err, "Hello.version", event.version, 0, 0xFFFF),
+                            _enum(err, "Hello.role", ev.Role, event.role))
+                + _text(err, "Hello.name", event.name, MAX_NAME))
     elif frame_type == FrameType.REQUEST:
         meta = _REQUEST.pack(_int_in(err, "Request.prompt_tokens", event.prompt_tokens, 1, MAX_TOKENS_PER_REQUEST),
                              _int_in(err, "Request.output_tokens", event.output_tokens, 1, MAX_TOKENS_PER_REQUEST),
@@ -211,15 +247,25 @@ def encode(event, err, max_payload: int) -> tuple[bytes, memoryview | None, int,
 
     if frame_type in REQUEST_SCOPED:
         request_id = _int_in(err, f"{type(event).__name__}.request_id", event.request_id, 0, U64)
-    meta_crc = crc32c(codec_header + meta)
-    body = _HEADER_BODY.pack(MAGIC, WIRE_VERSION, frame_type, flags, request_id, layer, chunk, dtype, ndim,
-                             codec_id, *shape, len(codec_header), 0, len(meta), payload_length, payload_crc,
-                             meta_crc)
-    head = body + crc32c(body).to_bytes(4, "big") + codec_header + meta
-    return head, payload, payload_crc, payload_length
+    header = pack_header(frame_type, flags=flags, request_id=request_id, layer=layer, chunk=chunk, dtype=dtype,
+                         shape=shape[:ndim], codec_id=codec_id, codec_header_length=len(codec_header),
+                         meta_length=len(meta), payload_length=payload_length, payload_crc=payload_crc,
+                         meta_crc=crc32c(codec_header + meta))
+    return header + codec_header + meta, payload, payload_crc, payload_length
 
 
-def _pack_hash_ids(err, name: str, hash_ids, *, allow_empty: bool) -> bytes:
+def pack_header(frame_type: int, *, flags: int = 0, request_id: int = 0, layer: int = 0, chunk: int = 0,
+                dtype: int = 0, shape: tuple[int, ...] = (), codec_id: int = 0, codec_header_length: int = 0,
+                meta_length: int = 0, payload_length: int = 0, payload_crc: int = 0, meta_crc: int = 0) -> bytes:
+    """The fixed header with its own CRC, fields as given and NOT checked against the limits (`encode` checks
+    first): also how a fault injector builds a well-formed header that announces what a peer must refuse."""
+    body = _HEADER_BODY.pack(MAGIC, WIRE_VERSION, frame_type, flags, request_id, layer, chunk, dtype, len(shape),
+                             codec_id, *shape, *(0,) * (MAX_NDIM - len(shape)), codec_header_length, 0, meta_length,
+                             payload_length, payload_crc, meta_crc)
+    return body + crc32c(body).to_bytes(4, "big")
+
+
+def _pack_hash_ids(err: ErrorClass, name: str, hash_ids: Any, *, allow_empty: bool) -> bytes:
     ids = tuple(hash_ids)
     if not ids and not allow_empty:
         raise _fail(err, f"{name} is empty (a pool frame names at least one block)")
@@ -228,7 +274,7 @@ def _pack_hash_ids(err, name: str, hash_ids, *, allow_empty: bool) -> bytes:
     return b"".join(_HASH_ID.pack(_int_in(err, f"{name}[{i}]", h, 0, U64)) for i, h in enumerate(ids))
 
 
-def _unpack_hash_ids(err, name: str, data: bytes, where: str, *, allow_empty: bool) -> tuple[int, ...]:
+def _unpack_hash_ids(err: ErrorClass, name: str, data: bytes, where: str, *, allow_empty: bool) -> tuple[int, ...]:
     if len(data) % _HASH_ID.size:
         raise _fail(err, f"{name} on {where}: {len(data)} bytes is not a whole number of 8-byte ids",
                     ErrorCode.MALFORMED_META)
@@ -238,8 +284,8 @@ def _unpack_hash_ids(err, name: str, data: bytes, where: str, *, allow_empty: bo
     return tuple(h for (h,) in _HASH_ID.iter_unpack(data))
 
 
-def _check_chunk_sizes(err, where: str, dtype, dims, raw_bytes: int, codec_id: int, payload_length: int,
-                       max_payload: int) -> None:
+def _check_chunk_sizes(err: ErrorClass, where: str, dtype: int, dims: tuple[int, ...], raw_bytes: int,
+                       codec_id: int, payload_length: int, max_payload: int) -> None:
     expected_raw = math.prod(dims) * ev.DType(dtype).itemsize
     if raw_bytes != expected_raw:
         raise _fail(err, f"raw_bytes {raw_bytes} != prod(shape {tuple(dims)}) × {ev.DType(dtype).name} itemsize "
@@ -254,7 +300,7 @@ def _check_chunk_sizes(err, where: str, dtype, dims, raw_bytes: int, codec_id: i
 # ---------------------------------------------------------------------------------------------- decode
 
 
-def parse_header(buf, offset: int, max_payload: int, err) -> Header:
+def parse_header(buf: Buffer, offset: int, max_payload: int, err: ErrorClass) -> Header:
     """Validate the fixed header at buf[offset:offset+HEADER_SIZE] (all of it must be there)."""
     (magic, version, frame_type, flags, request_id, layer, chunk, dtype, ndim, codec_id, s0, s1, s2, s3, s4,
      codec_header_length, reserved, meta_length, payload_length, payload_crc, meta_crc,
@@ -310,7 +356,8 @@ def parse_header(buf, offset: int, max_payload: int, err) -> Header:
     return h
 
 
-def decode_body(h: Header, buf, offset: int, err, payload_view):
+def decode_body(h: Header, buf: Buffer, offset: int, err: ErrorClass,
+                payload_view: Callable[[int, int], memoryview]) -> ev.Event:
     """The event of a frame whose bytes are all in buf[offset:offset+h.frame_length].
 
     payload_view(start, stop) returns the payload as a view of the buffer (the caller owns the buffer)."""
@@ -391,22 +438,23 @@ def decode_body(h: Header, buf, offset: int, err, payload_view):
     return ev.Bye(reason=_decode_text(meta, "Bye.reason", MAX_REASON, err))
 
 
-def _unpack_exact(s: struct.Struct, meta: bytes, where: str, err):
+def _unpack_exact(s: struct.Struct, meta: bytes, where: str, err: ErrorClass) -> tuple[Any, ...]:
     if len(meta) != s.size:
         raise _fail(err, f"meta_length {len(meta)} on {where}, expected {s.size}", ErrorCode.MALFORMED_META)
     return s.unpack(meta)
 
 
-def _unpack_head(s: struct.Struct, meta: bytes, where: str, err):
+def _unpack_head(s: struct.Struct, meta: bytes, where: str, err: ErrorClass) -> tuple[Any, ...]:
     if len(meta) < s.size:
         raise _fail(err, f"meta_length {len(meta)} on {where}, expected at least {s.size}", ErrorCode.MALFORMED_META)
     return s.unpack_from(meta)
 
 
-def _decode_text(data: bytes, name: str, limit: int, err) -> str:
+def _decode_text(data: bytes, name: str, limit: int, err: ErrorClass) -> str:
     if len(data) > limit:
         raise _fail(err, f"{name} is {len(data)} bytes, exceeds its limit of {limit}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise _fail(err, f"{name} is not valid UTF-8 ({e.reason} at byte {e.start})", ErrorCode.MALFORMED_META) from None
+        raise _fail(err, f"{name} is not valid UTF-8 ({e.reason} at byte {e.start})",
+                    ErrorCode.MALFORMED_META) from None

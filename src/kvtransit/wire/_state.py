@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ._crc import crc32c_combine
 from ._frames import EVENT_NAMES, FrameType
-from .events import Role
+from .events import KvBegin, KvChunk, KvEnd, KvEvent, Role
 from .limits import MAX_OPEN_KV_STREAMS
 
 F = FrameType
@@ -104,7 +104,7 @@ class KvStreams:
     Each check returns an error message (str) or None, so the caller picks whose fault it is.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._open: dict[int, _KvStream] = {}
 
     def __len__(self) -> int:
@@ -124,43 +124,43 @@ class KvStreams:
             return f"{name} for request {request_id}, which has no open KV stream (KvBegin must come first)"
         return f"{name} for request {request_id}, whose KV stream is already open"
 
-    def check(self, event, frame_type: FrameType) -> str | None:
+    def check(self, event: KvEvent, frame_type: FrameType) -> str | None:
         """Is this KV event legal now? (Does not change anything.)"""
         problem = self._phase_error(event.request_id, frame_type)
         if problem:
             return problem
-        if frame_type == F.KV_BEGIN:
+        if isinstance(event, KvBegin):
             if len(self._open) >= MAX_OPEN_KV_STREAMS:
-                return f"KvBegin for request {event.request_id}: {len(self._open)} KV streams already open " \
-                       f"(MAX_OPEN_KV_STREAMS {MAX_OPEN_KV_STREAMS})"
+                return (f"KvBegin for request {event.request_id}: {len(self._open)} KV streams already open "
+                        f"(MAX_OPEN_KV_STREAMS {MAX_OPEN_KV_STREAMS})")
             return None
         s = self._open[event.request_id]
-        if frame_type == F.KV_CHUNK:
+        if isinstance(event, KvChunk):
             if event.chunk != s.next_chunk:
-                return f"KvChunk request {event.request_id} chunk {event.chunk} out of order (expected chunk " \
-                       f"{s.next_chunk})"
+                return (f"KvChunk request {event.request_id} chunk {event.chunk} out of order (expected chunk "
+                        f"{s.next_chunk})")
             if event.chunk >= s.n_chunks:
                 return f"KvChunk request {event.request_id} chunk {event.chunk} beyond n_chunks {s.n_chunks}"
             if event.layer >= s.n_layers:
                 return f"KvChunk request {event.request_id} layer {event.layer} beyond n_layers {s.n_layers}"
             return None
         if event.n_chunks != s.next_chunk or s.next_chunk != s.n_chunks:
-            return f"KvEnd request {event.request_id} says n_chunks {event.n_chunks}, but {s.next_chunk} of " \
-                   f"{s.n_chunks} chunks were sent"
+            return (f"KvEnd request {event.request_id} says n_chunks {event.n_chunks}, but {s.next_chunk} of "
+                    f"{s.n_chunks} chunks were sent")
         return None
 
-    def checksum_error(self, event) -> str | None:
+    def checksum_error(self, event: KvEnd) -> str | None:
         s = self._open[event.request_id]
         if event.checksum != s.checksum or event.wire_bytes != s.wire_bytes:
-            return f"KvEnd request {event.request_id} says checksum {event.checksum:#010x} over " \
-                   f"{event.wire_bytes} bytes, the chunks gave {s.checksum:#010x} over {s.wire_bytes} bytes"
+            return (f"KvEnd request {event.request_id} says checksum {event.checksum:#010x} over "
+                    f"{event.wire_bytes} bytes, the chunks gave {s.checksum:#010x} over {s.wire_bytes} bytes")
         return None
 
-    def apply(self, event, frame_type: FrameType, payload_crc: int = 0, payload_length: int = 0) -> None:
+    def apply(self, event: KvEvent, frame_type: FrameType, payload_crc: int = 0, payload_length: int = 0) -> None:
         """Record a KV event that check() accepted."""
-        if frame_type == F.KV_BEGIN:
+        if isinstance(event, KvBegin):
             self._open[event.request_id] = _KvStream(event.n_layers, event.n_chunks)
-        elif frame_type == F.KV_CHUNK:
+        elif isinstance(event, KvChunk):
             s = self._open[event.request_id]
             s.next_chunk += 1
             s.checksum = crc32c_combine(s.checksum, payload_crc, payload_length)

@@ -205,9 +205,9 @@ class ConnectionClosed:
 class _NeedData:
     """Sentinel returned by next_event() when the buffer holds no complete frame."""
 
-    _instance = None
+    _instance: _NeedData | None = None
 
-    def __new__(cls):
+    def __new__(cls) -> _NeedData:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -220,3 +220,6 @@ NEED_DATA = _NeedData()
 
 Event = (Hello | Request | FirstToken | KvBegin | KvChunk | KvEnd | Tokens | Ack | Error | Bye | PoolFetch | PoolHit
          | PoolPut)
+KvEvent = KvBegin | KvChunk | KvEnd
+# What Connection.next_event() hands out.
+Received = Event | ConnectionClosed | _NeedData

@@ -9,39 +9,32 @@ module and the shaped link. Per connection (role KVPOOL, the peer a MIDDLEBOX; d
   → stored, then `Ack(id, OK, "stored k of n")`. A stream whose chunks do not split evenly into its blocks
   (or with no PoolPut before it) is refused with an Error naming the request; its bytes are dropped.
 
-Storage rules (capacity, LRU, disk tier, CRC32C on read) are `kvpool_store.BlockStore`'s. Capacities are
-given in model bytes (the KV at full size) and held at the run's payload scale, like everything else.
+The put stream is read by `agents/pool_stream.PutAssembler`, as the middlebox's pool path reads it. Storage
+rules (capacity, LRU, disk tier, CRC32C on read) are `store.BlockStore`'s. Capacities are given in model bytes
+(the KV at full size) and held at the run's payload scale, like everything else. The pool keeps no time of its
+own (its LRU is by use order, not by clock), so it takes no Clock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
 
 from kvtransit.model.prefix import BLOCK_TOKENS
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire.errors import ErrorCode, ProtocolError
-from kvtransit.wire.events import (Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, PoolFetch, PoolHit,
-                                   PoolPut, Role)
-from kvtransit.wire.limits import WIRE_VERSION
+from kvtransit.wire.events import Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, PoolFetch, PoolHit, Role
+from kvtransit.wire.limits import WIRE_VERSION, clip_message, clip_reason
 
 from .._process import Address, announce_ready, listen, new_registry, start_http
+from ..pool_stream import OpenPut, PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened
 from .store import BlockStore, StoredBlock, StoredChunk
 
 log = logging.getLogger(__name__)
 
 TIERS = ("memory", "disk")
-
-
-@dataclass
-class _Put:
-    hash_ids: tuple[int, ...]
-    begin: KvBegin | None = None
-    chunks: list = field(default_factory=list)
-    refused: bool = False
 
 
 class KvPool:
@@ -95,32 +88,33 @@ class KvPool:
 
     async def serve(self, endpoint: Endpoint) -> None:
         await endpoint.send(Hello(role=Role.KVPOOL, version=WIRE_VERSION, name=self.name))
-        puts: dict[int, _Put] = {}
+        puts = PutAssembler()
         try:
             async for event in endpoint:
-                if isinstance(event, PoolFetch):
-                    await self._fetch(endpoint, event)
-                elif isinstance(event, PoolPut):
-                    puts[event.request_id] = _Put(event.hash_ids)
-                elif isinstance(event, KvBegin):
-                    await self._put_begin(endpoint, puts, event)
-                elif isinstance(event, KvChunk):
-                    put = puts.get(event.request_id)
-                    if put is not None and not put.refused:
-                        put.chunks.append(StoredChunk(event.layer, event.dtype, tuple(event.shape), event.codec_id,
-                                                      bytes(event.codec_header), bytes(event.payload),
-                                                      event.raw_bytes, event.payload_crc))
-                elif isinstance(event, KvEnd):
-                    await self._put_end(endpoint, puts.pop(event.request_id, None), event.request_id)
-                elif isinstance(event, Error) and event.request_id is not None:
-                    if puts.pop(event.request_id, None) is not None:
-                        self.store.counters.put["failed"] += 1
-                        if self.metrics is not None:
-                            self.metrics.blocks_put.labels(outcome="failed").inc()
-                elif isinstance(event, Bye):
-                    break
+                match event:
+                    case PoolFetch():
+                        await self._fetch(endpoint, event)
+                    case Bye():
+                        break
+                    case _:
+                        await self._put_step(endpoint, puts.receive(event))
         except (ProtocolError, ConnectionError) as exc:
             log.warning("pool client %s: %s", endpoint.peername, exc)
+
+    async def _put_step(self, endpoint: Endpoint, step) -> None:
+        match step:
+            case PutOpened(put):
+                await self._put_begin(endpoint, put)
+            case PutChunk(put, chunk) if put.refused is None:
+                put.chunks.append(StoredChunk(chunk.layer, chunk.dtype, tuple(chunk.shape), chunk.codec_id,
+                                              bytes(chunk.codec_header), bytes(chunk.payload), chunk.raw_bytes,
+                                              chunk.payload_crc))
+            case PutEnded(put) if put.refused is None:
+                await self._put_end(endpoint, put)
+            case PutAborted():
+                self.store.counters.put["failed"] += 1
+                if self.metrics is not None:
+                    self.metrics.blocks_put.labels(outcome="failed").inc()
 
     async def _fetch(self, endpoint: Endpoint, fetch: PoolFetch) -> None:
         before = self._snapshot()
@@ -149,32 +143,27 @@ class KvPool:
                 self.metrics.served_bytes.labels(codec=blocks[0].codec).inc(len(c.payload) * self.model_bytes_per_byte)
         await endpoint.send(endpoint.connection.kv_end(rid))
 
-    async def _put_begin(self, endpoint: Endpoint, puts: dict[int, _Put], begin: KvBegin) -> None:
-        rid = begin.request_id
-        put = puts.get(rid)
-        problem = None
-        if put is None:
-            problem = f"KvBegin for request {rid} without a PoolPut naming its blocks"
-            put = puts[rid] = _Put(())
-        elif begin.n_chunks % len(put.hash_ids):
-            problem = (f"put of request {rid}: {begin.n_chunks} chunks do not split evenly into its "
-                       f"{len(put.hash_ids)} blocks")
-        put.begin = begin
-        if problem:
-            put.refused = True
-            log.warning(problem)
-            await endpoint.send(Error(code=ErrorCode.REQUEST_FAILED, message=problem, request_id=rid))
+    async def _put_begin(self, endpoint: Endpoint, put: OpenPut) -> None:
+        rid, n_chunks = put.request_id, put.begin.n_chunks
+        if not put.hash_ids:
+            put.refused = f"KvBegin for request {rid} without a PoolPut naming its blocks"
+        elif n_chunks % len(put.hash_ids):
+            put.refused = (f"put of request {rid}: {n_chunks} chunks do not split evenly into its "
+                           f"{len(put.hash_ids)} blocks")
+        if put.refused:
+            log.warning(put.refused)
+            await endpoint.send(Error(code=ErrorCode.REQUEST_FAILED, message=clip_message(put.refused),
+                                      request_id=rid))
 
-    async def _put_end(self, endpoint: Endpoint, put: _Put | None, rid: int) -> None:
-        if put is None or put.refused or put.begin is None:
-            return
+    async def _put_end(self, endpoint: Endpoint, put: OpenPut) -> None:
         per_block = put.begin.n_chunks // len(put.hash_ids)
         blocks = [StoredBlock(block_id, put.begin.codec, tuple(put.chunks[i * per_block:(i + 1) * per_block]))
                   for i, block_id in enumerate(put.hash_ids)]
         before = self._snapshot()
         stored = self.store.put(blocks)
         self._sync_counters(before)
-        await endpoint.send(Ack(request_id=rid, status=AckStatus.OK, detail=f"stored {stored} of {len(blocks)}"))
+        await endpoint.send(Ack(request_id=put.request_id, status=AckStatus.OK,
+                                detail=clip_reason(f"stored {stored} of {len(blocks)}")))
 
     def stats(self) -> dict:
         c = self.store.counters

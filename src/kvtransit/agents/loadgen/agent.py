@@ -11,33 +11,34 @@
 
 Times: token arrivals are stamped on receipt at the client; "KV ready" is decode's stamp (a Tokens entry
 with index 0); the first token's producer stamp (prefill) is kept for the hand-off. All on the host's shared
-CLOCK_MONOTONIC, reported in model seconds (÷ dilation).
+CLOCK_MONOTONIC (the injected `clock`: a MonotonicClock, or a ManualClock in tests), reported in model seconds
+(÷ dilation).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kvtransit.agents._process import Address, announce_ready, new_registry, start_http
+from kvtransit.model.ledger_check import LEDGER_FILE
+from kvtransit.model.ledger_check import read as ledger_check
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import PrefillRouter, ServingRequest
 from kvtransit.model.slo import RequestRecord, percentile
 from kvtransit.runtime import metrics as runtime_metrics
-from kvtransit.runtime.clock import MonotonicClock
+from kvtransit.runtime.clock import Clock, MonotonicClock
+from kvtransit.runtime.http_client import get_json
+from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S
 from kvtransit.runtime.transport import Endpoint, open_endpoint
 from kvtransit.wire.events import Bye, Error, FirstToken, Hello, Request, Role, Tokens
 from kvtransit.wire.limits import WIRE_VERSION
 
-from kvtransit.model.ledger_check import LEDGER_FILE
-from kvtransit.model.ledger_check import read as ledger_check
-
 from . import report as run_report
 from .ledger_writer import LedgerWriter
-from .._process import Address, announce_ready, new_registry, start_http
 from .workload_source import new_record, requests_for
 
 log = logging.getLogger(__name__)
@@ -52,29 +53,14 @@ RECONNECT_MIN_S = 0.1
 RECONNECT_MAX_S = 1.0
 
 
-async def http_get_json(host: str, port: int, path: str, timeout_s: float = 5.0) -> dict:
-    """GET a JSON route of a local agent (its /stats)."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), timeout_s)
-    finally:
-        writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status = head.split(b" ", 2)[1] if b" " in head else b"?"
-    if status != b"200":
-        raise ConnectionError(f"GET http://{host}:{port}{path} answered {status.decode(errors='replace')}")
-    return json.loads(body)
-
-
 class LoadGenerator:
     def __init__(self, scenario: Scenario, *, name: str, prefills: list[Address], decodes: list[Address],
                  metrics_listen: Address, stats_from: list[Address] = (), report_path: Path | None = None,
                  drain_timeout_s: float | None = None, progress: Progress | None = None,
-                 ledger_path: Path | None = None):
+                 ledger_path: Path | None = None, clock: Clock | None = None):
         """`ledger_path`: the request ledger (ledger_writer.py); default `ledger.jsonl` in the run directory
-        beside the report (REPORT.run/, the launcher's default run dir)."""
+        beside the report (REPORT.run/, the launcher's default run dir). `clock`: what sends are timed on and
+        arrivals stamped with (default: the monotonic clock)."""
         self.scenario = scenario
         self.name = name
         self.prefill_addresses, self.decode_addresses = list(prefills), list(decodes)
@@ -83,7 +69,7 @@ class LoadGenerator:
         self.report_path = report_path
         self.registry, _ = new_registry("loadgen")
         self.metrics = runtime_metrics.loadgen_metrics(self.registry)
-        self.clock = MonotonicClock()
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.workload = requests_for(scenario)
         self.records: dict[int, RequestRecord] = {}
         self.router = PrefillRouter(len(prefills))
@@ -176,7 +162,8 @@ class LoadGenerator:
                 elif isinstance(event, Bye):
                     break
         finally:
-            for rid in [r for r in self._open if self._prefill_of.get(r) == index and not self.records[r].token_times_s]:
+            waiting = [r for r in self._open if self._prefill_of.get(r) == index and not self.records[r].token_times_s]
+            for rid in waiting:
                 self._fail(rid, f"prefill {self.prefill_addresses[index]} connection lost")
 
     def _peer_error(self, peer: str, index: int, event: Error) -> None:
@@ -292,8 +279,8 @@ class LoadGenerator:
         stats = []
         for address in self.stats_from:
             try:
-                stats.append(await http_get_json(address.host, address.port, "/stats"))
-            except (OSError, ConnectionError, asyncio.TimeoutError, ValueError) as exc:
+                stats.append(await get_json(address.host, address.port, "/stats"))
+            except (TimeoutError, OSError, ConnectionError, ValueError) as exc:
                 log.warning("no stats from %s: %s", address, exc)
         return stats
 
@@ -301,14 +288,13 @@ class LoadGenerator:
         stop = stop or asyncio.Event()
         http = await start_http(self.metrics_listen, self.registry, self.snapshot)
         if self.ledger_path is not None:
-            self.ledger = LedgerWriter(self.ledger_path)
+            self.ledger = LedgerWriter(self.ledger_path, clock=self.clock)
         self._running = True
         prefills = [await self._connect(a, Role.PREFILL) for a in self.prefill_addresses]
         decodes = [await self._connect(a, Role.DECODE) for a in self.decode_addresses]
         announce_ready("loadgen", self.name, metrics_port=http.port)
         readers = [asyncio.create_task(self._read_prefill(i, e)) for i, e in enumerate(prefills)]
         readers += [asyncio.create_task(self._follow_decode(i, e, decodes)) for i, e in enumerate(decodes)]
-        started = time.monotonic()
         self._t0_ns = self.clock.now_ns()
         dispatch = asyncio.create_task(self._dispatch(prefills))
         progress = asyncio.create_task(self._report_progress())
@@ -326,15 +312,13 @@ class LoadGenerator:
             self._running = False
             for task in (dispatch, progress, stopper):
                 task.cancel()
-            run_wall_s = time.monotonic() - started
+            run_wall_s = (self.clock.now_ns() - self._t0_ns) / 1e9
             for rid in list(self._open):  # the deadline passed (or the run was stopped) with these unfinished
                 self.records[rid].timed_out = True
                 self._settle(rid)
             for endpoint in [*prefills, *decodes]:
-                try:
-                    await asyncio.wait_for(endpoint.send(Bye(reason="run over")), 1.0)
-                except (ConnectionError, RuntimeError, asyncio.TimeoutError):
-                    pass
+                with contextlib.suppress(TimeoutError, ConnectionError, RuntimeError):
+                    await asyncio.wait_for(endpoint.send(Bye(reason="run over")), GOODBYE_TIMEOUT_S)
             for task in readers:
                 task.cancel()
             await asyncio.gather(*readers, dispatch, progress, stopper, return_exceptions=True)

@@ -1,24 +1,26 @@
 """The load generator's side of the request ledger: append-only JSONL, one record per line, flushed as written.
 
 Record kinds and the checker are in `kvtransit.model.ledger_check` (pure). `t` on kv_ready and outcome records is
-CLOCK_MONOTONIC seconds, the host's shared clock, so a chaos run can line them up with when a fault began. Lines are written whole and flushed at
-once, so a load generator killed mid-run leaves at most a torn last line, which the checker tolerates.
+the injected clock in seconds: CLOCK_MONOTONIC by default (MonotonicClock), the host's shared clock, so a chaos run
+can line them up with when a fault began. Lines are written whole and flushed at once, so a load generator killed
+mid-run leaves at most a torn last line, which the checker tolerates.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from kvtransit.model.ledger_check import OUTCOMES
+from kvtransit.runtime.clock import Clock, MonotonicClock
 
 
 class LedgerWriter:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, clock: Clock | None = None):
         self.path = Path(path)
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # One run's history: a new run starts the file afresh (as it does the report), then only appends.
         # Line-buffered: every record reaches the file as one write() when its line ends.
@@ -36,10 +38,13 @@ class LedgerWriter:
             self.write(ev="tokens", src=source, entries=entries)
 
     def kv_ready(self, request_id: int, source: str) -> None:
-        self.write(ev="kv_ready", id=request_id, src=source, t=time.monotonic())
+        self.write(ev="kv_ready", id=request_id, src=source, t=self._now_s())
 
     def outcome(self, request_id: int, outcome: str, reason: str | None) -> None:
-        self.write(ev="outcome", id=request_id, outcome=outcome, reason=reason, t=time.monotonic())
+        self.write(ev="outcome", id=request_id, outcome=outcome, reason=reason, t=self._now_s())
+
+    def _now_s(self) -> float:
+        return self.clock.now_ns() / 1e9
 
     def peer(self, stats: dict) -> None:
         self.write(ev="peer", role=stats.get("role"), name=stats.get("name"),

@@ -15,12 +15,12 @@ import json
 import math
 from pathlib import Path
 
+from kvtransit.agents._process import finite_json
 from kvtransit.model import fidelity
 from kvtransit.model.energy import link_energy_j, module_energy_j
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord, summarise
 
-from .._process import finite_json
 from .kv_pool_report import kv_pool_headline, kv_pool_summary
 from .workload_source import workload_description
 

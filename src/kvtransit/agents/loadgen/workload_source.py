@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvtransit.model.prefix_workloads import prefix_requests
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord
 from kvtransit.model.traces import TraceError, TraceReplay, detect_format, parse_trace, replay
-from kvtransit.model.prefix_workloads import prefix_requests
 from kvtransit.model.workload import RequestSpec, generate
 
 

@@ -10,25 +10,25 @@
     DELETE /faults/NAME     remove it (404 if there is none)
 
 JSON in and out. A bad body is a 400 that names the field and the value; an unknown kernel is a 400 with
-the valid choices; the chain is unchanged after any error. A kernel change applies to hand-offs that start
-after it (a hand-off in flight keeps the codec its KvBegin announced).
+the valid choices; the chain is unchanged after any error. `PUT /kernel` and `PUT /link` change the stage of
+that name in the chain (stages/chain.py), and answer with the chain as `GET /chain` shows it. A kernel change
+applies to hand-offs that start after it (a hand-off in flight keeps the codec its KvBegin announced).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from kvtransit.runtime.http import HttpError, HttpRequest, HttpServer
 
 from .app import Middlebox
 from .faults import make_fault
+from .stages.link import LINK_FIELDS
 
 FAULTS_PREFIX = "/faults/"
 
 KERNEL_FIELDS = {"codec": str, "keep": (int, float), "block": int, "sinks": int, "variant": str,
                  "precision_bits": (int, type(None)), "transform_charged": bool}
-LINK_FIELDS = ("rate_Bps", "latency_s", "jitter_s")
 # Integer kernel fields beyond the longest prompt (REFERENCE §4: lengths are capped at 32,768 tokens) mean
 # nothing, and a huge transform block would make the kernel allocate without bound: refused at the API.
 MAX_KERNEL_TOKENS = 32_768
@@ -79,15 +79,11 @@ def register_control_routes(http: HttpServer, middlebox: Middlebox) -> None:
         return middlebox.stats()
 
     async def put_kernel(request: HttpRequest) -> list:
-        update = _kernel_update(_object_body(request))
         # ConfigError / KernelInputError are ValueErrors: the HTTP layer answers 400 with their message.
-        middlebox.set_kernel(replace(middlebox.kernel.config, **update))
-        return middlebox.describe_chain()
+        return middlebox.reconfigure("kernel", _kernel_update(_object_body(request)))
 
     async def put_link(request: HttpRequest) -> list:
-        update = _link_update(_object_body(request))
-        middlebox.set_link(**update)
-        return middlebox.describe_chain()
+        return middlebox.reconfigure("link", _link_update(_object_body(request)))
 
     async def get_faults(_request: HttpRequest) -> list:
         return middlebox.faults.describe()
@@ -97,7 +93,7 @@ def register_control_routes(http: HttpServer, middlebox: Middlebox) -> None:
 
     async def put_fault(request: HttpRequest) -> list:
         # make_fault raises ConfigError (a ValueError: a 400 naming the field) for a bad type or parameter.
-        middlebox.faults.put(make_fault(fault_name(request), _object_body(request)))
+        middlebox.faults.put(make_fault(fault_name(request), _object_body(request), clock=middlebox.clock))
         return middlebox.faults.describe()
 
     async def delete_fault(request: HttpRequest) -> list:

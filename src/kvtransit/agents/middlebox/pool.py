@@ -4,9 +4,10 @@
     prefill ◀──PoolHit + blocks (compact)── module ◀══link══ kvpool         (fetch: TTFT pays this)
     prefill ──PoolPut + raw blocks──▶ kernel ══link══▶ kvpool ──Ack──▶ prefill   (write-back, compressed once)
 
-- **Write-back** (put): the prefill sends new blocks raw; each chunk runs down the same kernel → module
-  stages as a hand-off (compressed once, on the way out), then over the put lane of the pool link to the
-  pool, which stores the compact form. The pool's Ack is relayed to the prefill.
+- **Write-back** (put): the prefill sends new blocks raw (read by `agents/pool_stream.PutAssembler`, as the
+  pool reads them); each chunk runs down the same stage chain as a hand-off (pipeline.KvStream: compressed
+  once, on the way out), then over the put lane of the pool link to the pool, which stores the compact form.
+  The pool's Ack is relayed to the prefill.
 - **Fetch**: the pool streams the blocks as stored; they cross the fetch lane of the pool link at their wire
   (compact) size, paced by the link's rate and latency, and the module is charged the inverse transform
   (REFERENCE §5's pricing, the same `ModuleStage` as the forward direction: its modelled compute holds the
@@ -24,19 +25,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from kvtransit.kernels import KernelInputError
-from kvtransit.model.errors import ConfigError
-from kvtransit.runtime.egress import EgressShaper, TransferRecord
+from kvtransit.runtime.clock import Clock
+from kvtransit.runtime.egress import EgressShaper
 from kvtransit.runtime.metrics import pool_relay_metrics
+from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S, TaskSet
 from kvtransit.runtime.transport import Endpoint, open_endpoint
-from kvtransit.wire import WIRE_VERSION, ErrorCode
+from kvtransit.wire import WIRE_VERSION, ErrorCode, clip_message, clip_reason
 from kvtransit.wire.errors import ProtocolError
 from kvtransit.wire.events import (Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, PoolFetch, PoolHit,
                                    PoolPut, Role)
 
+from ..pool_stream import OpenPut, PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened
+from .accounting import PoolAccounting
+from .app import Middlebox
 from .items import ChunkInFlight
+from .pipeline import Abandoned, Delivered, KvStream, Refused
 from .stages.kernel import PLACEMENT_MODULE
 
 log = logging.getLogger(__name__)
@@ -46,48 +51,37 @@ POOL_RETRY_S = 1.0  # after a failed dial, the next request waits at least this 
 
 @dataclass
 class _Put:
-    hash_ids: tuple[int, ...]
+    """A write-back on its way to the pool: who to answer, and its stream of chunks."""
+
+    put: OpenPut
     owner: Endpoint
-    begin: KvBegin | None = None
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-
-
-_END = object()
+    stream: KvStream
 
 
 class PoolRelay:
-    """Owned by a Middlebox; shares its kernel and module stages, has its own two lanes to the pool."""
+    """Owned by a Middlebox; shares its stage chain, has its own two lanes to the pool."""
 
-    def __init__(self, middlebox, pool_host: str, pool_port: int, *, registry):
+    def __init__(self, middlebox: Middlebox, pool_host: str, pool_port: int, *, registry):
         self.mb = middlebox
+        self.clock: Clock = middlebox.clock
         self.pool_host, self.pool_port = pool_host, pool_port
-        self.metrics = pool_relay_metrics(registry)
         scenario = middlebox.scenario
         shaped = scenario.scaled_link
-        self.dilation = middlebox.dilation
-        latency_s = shaped.latency_s + scenario.module.added_latency_s * self.dilation
-        self.fetch_lane = EgressShaper(rate_Bps=shaped.bandwidth_Bps, latency_s=latency_s, clock=middlebox.clock,
-                                       on_transfer_done=lambda r: self._lane_done("fetch", r))
-        self.put_lane = EgressShaper(rate_Bps=shaped.bandwidth_Bps, latency_s=latency_s, clock=middlebox.clock,
-                                     on_transfer_done=lambda r: self._lane_done("put", r))
+        self.accounting = PoolAccounting(pool_relay_metrics(registry), dilation=middlebox.dilation,
+                                         model_bytes_per_byte=middlebox.model_bytes_per_byte)
+        latency_s = shaped.latency_s + scenario.module.added_latency_s * middlebox.dilation
+        self.fetch_lane = EgressShaper(rate_Bps=shaped.bandwidth_Bps, latency_s=latency_s, clock=self.clock,
+                                       on_transfer_done=lambda r: self.accounting.lane_done("fetch", r))
+        self.put_lane = EgressShaper(rate_Bps=shaped.bandwidth_Bps, latency_s=latency_s, clock=self.clock,
+                                     on_transfer_done=lambda r: self.accounting.lane_done("put", r))
         # Two connections to the pool, so a long write-back never holds a fetch behind it on one socket.
         self._fetch_conn: Endpoint | None = None
         self._put_conn: Endpoint | None = None
         self._dial_lock = asyncio.Lock()
-        self._last_failed_dial = -POOL_RETRY_S
+        self._last_failed_dial_ns: int | None = None
         self._fetch_owner: dict[int, Endpoint] = {}
         self._put_owner: dict[int, Endpoint] = {}
-        self._tasks: set[asyncio.Task] = set()
-        self.totals = {"fetches": 0, "fetch_raw_bytes": 0, "fetch_wire_bytes": 0, "puts": 0, "put_raw_bytes": 0,
-                       "put_wire_bytes": 0, "failed": 0, "module_energy_j": 0.0, "module_ops": 0.0}
-        for phase in ("fetch", "put"):
-            for stage in ("raw", "wire"):
-                self.metrics.bytes.labels(phase=phase, stage=stage)
-            for outcome in ("ok", "failed"):
-                self.metrics.requests.labels(phase=phase, outcome=outcome)
-
-    def _lane_done(self, phase: str, record: TransferRecord) -> None:
-        self.metrics.transfer_seconds.labels(phase=phase).observe((record.queue_s + record.transfer_s) / self.dilation)
+        self._tasks = TaskSet(f"{middlebox.name} pool relay")
 
     # -- the pool side ----------------------------------------------------------------------------------
 
@@ -97,8 +91,8 @@ class PoolRelay:
             if self._fetch_conn is not None and not self._fetch_conn.is_closing and \
                     self._put_conn is not None and not self._put_conn.is_closing:
                 return self._fetch_conn, self._put_conn
-            loop = asyncio.get_running_loop()
-            if loop.time() - self._last_failed_dial < POOL_RETRY_S:
+            if self._last_failed_dial_ns is not None and \
+                    self.clock.now_ns() - self._last_failed_dial_ns < POOL_RETRY_S * 1e9:
                 raise ConnectionError(f"kvpool at {self.pool_host}:{self.pool_port} is down (retrying shortly)")
             for conn in (self._fetch_conn, self._put_conn):
                 if conn is not None:
@@ -113,11 +107,11 @@ class PoolRelay:
                         raise ConnectionError(f"the kvpool did not say Hello (got {first!r})")
                     conns.append(conn)
             except (ConnectionError, OSError, ProtocolError) as exc:
-                self._last_failed_dial = loop.time()
+                self._last_failed_dial_ns = self.clock.now_ns()
                 raise ConnectionError(f"kvpool at {self.pool_host}:{self.pool_port} unreachable: {exc}") from None
             self._fetch_conn, self._put_conn = conns
-            self._spawn(self._read_fetches(self._fetch_conn), "pool fetch reader")
-            self._spawn(self._read_put_acks(self._put_conn), "pool put reader")
+            self._tasks.spawn(self._read_fetches(self._fetch_conn), "pool fetch reader")
+            self._tasks.spawn(self._read_put_acks(self._put_conn), "pool put reader")
             return self._fetch_conn, self._put_conn
 
     async def _read_fetches(self, conn: Endpoint) -> None:
@@ -125,18 +119,20 @@ class PoolRelay:
         reason = "kvpool connection closed"
         try:
             while (event := await _from_pool(conn)) is not None:
-                if isinstance(event, PoolHit):
-                    await self._relay_fetch(conn, event)
-                elif isinstance(event, Error) and event.request_id is not None:
-                    await self._tell(self._fetch_owner.pop(event.request_id, None), event, "fetch")
-                elif isinstance(event, Bye):
-                    break
+                match event:
+                    case PoolHit():
+                        await self._relay_fetch(conn, event)
+                    case Error() if event.request_id is not None:
+                        await self._tell(self._fetch_owner.pop(event.request_id, None), event, "fetch")
+                    case Bye():
+                        break
         except PoolLost as exc:
             reason = str(exc)
         finally:
             conn.abort()
             for rid, owner in list(self._fetch_owner.items()):
-                await self._tell(owner, Error(code=ErrorCode.REQUEST_FAILED, message=reason, request_id=rid), "fetch")
+                await self._tell(owner, Error(code=ErrorCode.REQUEST_FAILED, message=clip_message(reason),
+                                              request_id=rid), "fetch")
             self._fetch_owner.clear()
 
     async def _relay_fetch(self, conn: Endpoint, hit: PoolHit) -> None:
@@ -144,42 +140,44 @@ class PoolRelay:
         rid = hit.request_id
         owner = self._fetch_owner.pop(rid, None)
         kernel = self.mb.kernel
+        module = self.mb.chain.module
         streaming = hit.blocks > 0  # the pool's KV stream for this fetch is still to be read
         # Every frame is paced from the answer's arrival (as the hand-off is from its first token): the time
         # this host spends reading the pool's frames is not charged on top of the link's.
-        start_ns = self.mb.clock.now_ns()
+        start_ns = self.clock.now_ns()
         try:
             if owner is None or owner.is_closing:
                 raise ConnectionError(f"the prefill that asked for fetch {rid} is gone")
             async with self.fetch_lane.transfer(owner, label=f"fetch {rid}") as link:
                 await link.send(hit, ready_ns=start_ns)
                 while streaming:
-                    event = await _from_pool(conn)
-                    if event is None:
-                        raise PoolLost("kvpool closed mid-fetch")
-                    if isinstance(event, KvBegin):
-                        await link.send(event, ready_ns=start_ns)
-                    elif isinstance(event, KvChunk):
-                        item = ChunkInFlight(chunk=event, arrived_ns=self.mb.clock.now_ns(), raw_bytes=event.raw_bytes,
-                                             codec=kernel.name if event.codec_id else "none",
-                                             placement=PLACEMENT_MODULE if event.codec_id else "none")
-                        # Decompressing on the way in costs the module what compressing did (the inverse
-                        # transform, REFERENCE §5 pricing); a module slower than the wire holds the link.
-                        item = self.mb.module_stage.process(item, kernel)
-                        await link.send(event, ready_ns=start_ns, min_serialise_s=item.modelled_compute_s)
-                        self._account("fetch", event.raw_bytes, len(event.payload), item)
-                    elif isinstance(event, KvEnd):
-                        streaming = False
-                        await link.send(owner.connection.kv_end(rid), ready_ns=start_ns)
-                    elif isinstance(event, Error):
-                        streaming = False
-                        await link.send(event)
-                        self._count("fetch", "failed")
-                        return
-            self._count("fetch", "ok")
+                    match await _from_pool(conn):
+                        case None:
+                            raise PoolLost("kvpool closed mid-fetch")
+                        case KvBegin() as begin:
+                            await link.send(begin, ready_ns=start_ns)
+                        case KvChunk() as chunk:
+                            item = ChunkInFlight(chunk=chunk, arrived_ns=self.clock.now_ns(), raw_bytes=chunk.raw_bytes,
+                                                 codec=kernel.name if chunk.codec_id else "none",
+                                                 placement=PLACEMENT_MODULE if chunk.codec_id else "none")
+                            # Decompressing on the way in costs the module what compressing did (the inverse
+                            # transform, REFERENCE §5 pricing); a module slower than the wire holds the link.
+                            item = module.price(item, kernel)
+                            await link.send(chunk, ready_ns=start_ns, min_serialise_s=item.modelled_compute_s)
+                            self.accounting.chunk("fetch", item, raw=chunk.raw_bytes, wire=len(chunk.payload),
+                                                  module_j=module.energy_j(item))
+                        case KvEnd():
+                            streaming = False
+                            await link.send(owner.connection.kv_end(rid), ready_ns=start_ns)
+                        case Error() as error:
+                            streaming = False
+                            await link.send(error)
+                            self.accounting.outcome("fetch", ok=False)
+                            return
+            self.accounting.outcome("fetch", ok=True)
         except (ConnectionError, ProtocolError) as exc:  # the prefill's side; the pool's is PoolLost
             log.info("fetch %d not delivered: %s", rid, exc)
-            self._count("fetch", "failed")
+            self.accounting.outcome("fetch", ok=False)
             while streaming:  # read the rest of the answer off the pool connection, and drop it
                 event = await _from_pool(conn)
                 if event is None:
@@ -190,19 +188,21 @@ class PoolRelay:
         reason = "kvpool connection closed"
         try:
             while (event := await _from_pool(conn)) is not None:
-                if isinstance(event, Ack):
-                    self._count("put", "ok" if event.status == AckStatus.OK else "failed")
-                    await self._tell(self._put_owner.pop(event.request_id, None), event, None)
-                elif isinstance(event, Error) and event.request_id is not None:
-                    await self._tell(self._put_owner.pop(event.request_id, None), event, "put")
-                elif isinstance(event, Bye):
-                    break
+                match event:
+                    case Ack():
+                        self.accounting.outcome("put", ok=event.status == AckStatus.OK)
+                        await self._tell(self._put_owner.pop(event.request_id, None), event, None)
+                    case Error() if event.request_id is not None:
+                        await self._tell(self._put_owner.pop(event.request_id, None), event, "put")
+                    case Bye():
+                        break
         except PoolLost as exc:
             reason = str(exc)
         finally:
             conn.abort()
             for rid, owner in list(self._put_owner.items()):
-                await self._tell(owner, Ack(request_id=rid, status=AckStatus.FAILED, detail=reason[:200]), "put")
+                await self._tell(owner, Ack(request_id=rid, status=AckStatus.FAILED, detail=clip_reason(reason)),
+                                 "put")
             self._put_owner.clear()
 
     # -- the prefill side -------------------------------------------------------------------------------
@@ -210,33 +210,34 @@ class PoolRelay:
     async def handle_prefill(self, endpoint: Endpoint) -> None:
         """One prefill's pool connection: fetches and write-backs in, answers out."""
         await endpoint.send(Hello(role=Role.MIDDLEBOX, version=WIRE_VERSION, name=self.mb.name))
-        announced: dict[int, tuple[int, ...]] = {}
+        assembler = PutAssembler()
         puts: dict[int, _Put] = {}
         try:
             async for event in endpoint:
-                if isinstance(event, PoolFetch):
-                    await self._start_fetch(endpoint, event)
-                elif isinstance(event, PoolPut):
-                    announced[event.request_id] = event.hash_ids
-                elif isinstance(event, KvBegin):
-                    put = puts[event.request_id] = _Put(announced.pop(event.request_id, ()), endpoint, event)
-                    self._spawn(self._forward_put(put), f"put {event.request_id}")
-                elif isinstance(event, KvChunk):
-                    put = puts[event.request_id]
-                    # Our own copy (the payload is a view of the receive buffer), through kernel and module.
-                    chunk = replace(event, payload=bytes(event.payload))
-                    item = ChunkInFlight(chunk=chunk, arrived_ns=self.mb.clock.now_ns(), raw_bytes=event.raw_bytes)
-                    put.queue.put_nowait(asyncio.ensure_future(self.mb._run_stages(item, self.mb.kernel)))
-                elif isinstance(event, KvEnd):
-                    puts.pop(event.request_id).queue.put_nowait(_END)
-                elif isinstance(event, Error) and event.request_id in puts:
-                    puts.pop(event.request_id).queue.put_nowait(event)
-                elif isinstance(event, Bye):
-                    break
+                match event:
+                    case PoolFetch():
+                        await self._start_fetch(endpoint, event)
+                    case Bye():
+                        break
+                    case _:
+                        await self._put_step(endpoint, puts, assembler.receive(event))
         finally:
-            for put in puts.values():
-                put.queue.put_nowait(Error(code=ErrorCode.REQUEST_FAILED, message="prefill went away mid-put",
-                                           request_id=put.begin.request_id))
+            for put in assembler.close():
+                puts.pop(put.request_id).stream.abort("prefill went away mid-put")
+
+    async def _put_step(self, endpoint: Endpoint, puts: dict[int, _Put], step) -> None:
+        match step:
+            case PutOpened(put):
+                stream = KvStream(put.request_id, self.mb.chain, self.mb.kernel)
+                puts[put.request_id] = _Put(put, endpoint, stream)
+                self._tasks.spawn(self._forward_put(puts[put.request_id]), f"put {put.request_id}")
+            case PutChunk(put, chunk):
+                await puts[put.request_id].stream.ingest(chunk, arrived_ns=self.clock.now_ns(),
+                                                         source_codec=put.begin.codec)
+            case PutEnded(put):
+                puts.pop(put.request_id).stream.end()
+            case PutAborted(put, error):
+                puts.pop(put.request_id).stream.abort(error.message, error.code)
 
     async def _start_fetch(self, owner: Endpoint, fetch: PoolFetch) -> None:
         try:
@@ -245,97 +246,70 @@ class PoolRelay:
             await fetch_conn.send(fetch)
         except (ConnectionError, ProtocolError) as exc:
             self._fetch_owner.pop(fetch.request_id, None)
-            await self._tell(owner, Error(code=ErrorCode.REQUEST_FAILED, message=f"pool down: {exc}"[:1000],
+            await self._tell(owner, Error(code=ErrorCode.REQUEST_FAILED, message=clip_message(f"pool down: {exc}"),
                                           request_id=fetch.request_id), "fetch")
 
     async def _forward_put(self, put: _Put) -> None:
-        rid = put.begin.request_id
-        kernel = self.mb.kernel
-        begin = put.begin
-        if begin.codec == "none" and kernel.codec is not None:
-            begin = replace(begin, codec=kernel.name)
+        rid = put.put.request_id
+        stream = put.stream
+        begin = put.put.begin
+        if begin.codec == "none" and stream.kernel.codec is not None:
+            begin = replace(begin, codec=stream.kernel.name)
         try:
-            if not put.hash_ids:
-                raise ConfigError(f"KvBegin for request {rid} on the pool path without a PoolPut naming its blocks")
+            if not put.put.hash_ids:
+                await self._refuse_put(put, f"KvBegin for request {rid} on the pool path without a PoolPut naming "
+                                            "its blocks")
+                return
             _, put_conn = await self._pool()
             self._put_owner[rid] = put.owner
             async with self.put_lane.transfer(put_conn, label=f"put {rid}") as link:
-                await link.send(PoolPut(request_id=rid, hash_ids=put.hash_ids))
+                await link.send(PoolPut(request_id=rid, hash_ids=put.put.hash_ids))
                 await link.send(begin)
-                while True:
-                    entry = await put.queue.get()
-                    if entry is _END:
-                        await link.send(put_conn.connection.kv_end(rid))
-                        return
-                    if isinstance(entry, Error):
-                        await link.send(entry)
-                        self._put_owner.pop(rid, None)
-                        self._count("put", "failed")
-                        return
-                    item = await entry
-                    await link.send(item.chunk, min_serialise_s=item.modelled_compute_s)
-                    self._account("put", item.raw_bytes, item.wire_bytes, item)
-        except (ConnectionError, ProtocolError, ConfigError, KernelInputError) as exc:
-            self._put_owner.pop(rid, None)
-            await self._tell(put.owner, Ack(request_id=rid, status=AckStatus.FAILED, detail=str(exc)[:200]), "put")
-            await self._drain(put)
+                outcome = await stream.deliver(link, kv_end=put_conn.connection.kv_end, on_sent=self._on_put_sent)
+            match outcome:
+                case Delivered():
+                    pass  # the pool's Ack (or Error) answers the prefill
+                case Abandoned():  # the prefill gave up on it: nobody to answer
+                    self._put_owner.pop(rid, None)
+                    self.accounting.outcome("put", ok=False)
+                case Refused(reason):
+                    await self._refuse_put(put, reason)
+        except (ConnectionError, ProtocolError) as exc:
+            await self._refuse_put(put, str(exc))
+        finally:
+            await stream.discard()
 
-    @staticmethod
-    async def _drain(put: _Put) -> None:
-        while True:
-            entry = await put.queue.get()
-            if entry is _END or isinstance(entry, Error):
-                return
-            with contextlib.suppress(Exception):
-                await entry
+    async def _refuse_put(self, put: _Put, reason: str) -> None:
+        """The put will not be stored: a FAILED Ack tells the prefill (a write-back is never retried)."""
+        rid = put.put.request_id
+        self._put_owner.pop(rid, None)
+        await self._tell(put.owner, Ack(request_id=rid, status=AckStatus.FAILED, detail=clip_reason(reason)), "put")
+
+    def _on_put_sent(self, item: ChunkInFlight) -> None:
+        self.accounting.chunk("put", item, raw=item.raw_bytes, wire=item.wire_bytes,
+                              module_j=self.mb.chain.module.energy_j(item))
 
     # -- bookkeeping ------------------------------------------------------------------------------------
 
     async def _tell(self, owner: Endpoint | None, event, failed_phase: str | None) -> None:
         if failed_phase is not None:
-            self._count(failed_phase, "failed")
+            self.accounting.outcome(failed_phase, ok=False)
         if owner is None or owner.is_closing:
             return
         with contextlib.suppress(ConnectionError, ProtocolError):
             await owner.send(event)
 
-    def _count(self, phase: str, outcome: str) -> None:
-        self.metrics.requests.labels(phase=phase, outcome=outcome).inc()
-        if outcome == "ok":
-            self.totals["fetches" if phase == "fetch" else "puts"] += 1
-        else:
-            self.totals["failed"] += 1
-
-    def _account(self, phase: str, raw: int, wire: int, item: ChunkInFlight) -> None:
-        m = self.metrics
-        model = self.mb.model_bytes_per_byte
-        m.bytes.labels(phase=phase, stage="raw").inc(raw * model)
-        m.bytes.labels(phase=phase, stage="wire").inc(wire * model)
-        self.totals[f"{phase}_raw_bytes"] += raw
-        self.totals[f"{phase}_wire_bytes"] += wire
-        self.totals["module_energy_j"] += self.mb.module_stage.energy_j(item)
-        self.totals["module_ops"] += item.module_ops
-
-    def _spawn(self, coro, name: str) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     def stats(self) -> dict:
-        return {**self.totals, "pool": f"{self.pool_host}:{self.pool_port}",
+        return {**self.accounting.stats(), "pool": f"{self.pool_host}:{self.pool_port}",
                 "fetch_lane_busy": self.fetch_lane.busy_ratio(), "put_lane_busy": self.put_lane.busy_ratio()}
 
     async def close(self) -> None:
         for conn in (self._fetch_conn, self._put_conn):
             if conn is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(conn.send(Bye(reason="middlebox stopping")), 1.0)
+                    await asyncio.wait_for(conn.send(Bye(reason="middlebox stopping")), GOODBYE_TIMEOUT_S)
                 conn.abort()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=2.0)
+        await self._tasks.close()
 
 
 class PoolLost(Exception):

@@ -10,8 +10,8 @@ from kvtransit.wire.events import Role
 
 from .._process import Address, _port_in_use, announce_ready, listen, new_registry, start_http
 from .app import Middlebox
-from .pool import PoolRelay
 from .control import register_control_routes
+from .pool import PoolRelay
 
 
 class MiddleboxProcess:

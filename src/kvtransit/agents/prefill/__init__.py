@@ -1,1 +1,2 @@
-"""The prefill process (`kvtransit prefill`): `agent.py` is the serving loop, `prefix_cache.py` its side of the KV tier."""
+"""The prefill process (`kvtransit prefill`): `agent.py` is the serving loop, `prefix_cache.py` its side of the KV
+tier."""

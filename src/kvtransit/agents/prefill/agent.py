@@ -5,36 +5,41 @@ the roofline prefill time × dilation on absolute deadlines, sends each request'
 step, then streams the request's KV (real bytes, per layer or ≤ 8 MiB piece of one) towards decode through
 the middlebox, and keeps it until the Ack for that request comes back.
 
+What a step holds and costs is planned by the pure `model.prefill_plan` (the roofline time from the cached and
+computed tokens, the GPU codec with `compress_at="gpu"`, the energy); this file does the holding and the I/O.
 The KV of a batch is generated (and, with `compress_at="gpu"`, encoded) while the step's timer runs, so the
 host's real work overlaps the modelled GPU time; if it overruns, the step wakes late and the fidelity guard
-sees it. With `compress_at="gpu"` the codec's GPU time (`Scenario.gpu_codec_s`) is added to the step.
+sees it.
+
+Steps are held on the injected `clock` (a ManualClock in tests). Housekeeping waits (reconnect backoff, the
+hand-off expiry poll, a retry's delay) stay on the loop's own timer: on the clock they would count as step
+wake-ups in the fidelity guard's lateness figures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import time
 from dataclasses import dataclass, field
 
+from kvtransit.agents import kvframes
+from kvtransit.agents._process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
 from kvtransit.kernels.synthetic_kv import SyntheticKv
-from kvtransit.model.cost import (prefill_step_cached_s, prefill_step_s, prefill_work, prefill_work_cached,
-                                  step_energy_j)
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
+from kvtransit.model.prefill_plan import BatchEntry, codec_on_gpu, plan_prefill_step
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import PrefillQueue, ServingRequest
 from kvtransit.runtime import metrics as runtime_metrics
-from kvtransit.runtime.clock import MonotonicClock
+from kvtransit.runtime.clock import Clock, DeadlineSchedule, MonotonicClock
+from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S, TaskSet
 from kvtransit.runtime.transport import Endpoint, open_endpoint
 from kvtransit.wire.errors import ErrorCode, ProtocolError
 from kvtransit.wire.events import Ack, AckStatus, Bye, Error, FirstToken, Hello, KvBegin, Request, Role
-from kvtransit.wire.limits import WIRE_VERSION
+from kvtransit.wire.limits import WIRE_VERSION, clip_message
 
-from .. import kvframes
-from .._process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
 from .prefix_cache import Lookup, PrefixReuse
 
 log = logging.getLogger(__name__)
@@ -67,25 +72,27 @@ class _Pending:
 
 class PrefillAgent:
     def __init__(self, scenario: Scenario, *, name: str, listen: Address, kv_to: Address, metrics_listen: Address,
-                 pool_via: Address | None = None):
-        """`pool_via`: the middlebox's pool port, for `--kv-pool pool` (prefix_cache.py)."""
+                 pool_via: Address | None = None, clock: Clock | None = None):
+        """`pool_via`: the middlebox's pool port, for `--kv-pool pool` (prefix_cache.py). `clock`: what steps are
+        held on (default: the monotonic clock, its wake-up lateness fed to the fidelity guard)."""
         self.scenario = scenario
         self.name = name
         self.listen_address, self.kv_to, self.metrics_listen = listen, kv_to, metrics_listen
         self.registry, shared = new_registry("prefill")
         self.metrics = runtime_metrics.prefill_metrics(self.registry)
         self.lateness: list[float] = []
-        self.clock = MonotonicClock(observe_lateness=lateness_observer(shared, "prefill", self.lateness))
+        self.clock: Clock = clock if clock is not None else MonotonicClock(
+            observe_lateness=lateness_observer(shared, "prefill", self.lateness))
         layout = scenario.kv_layout
         self.layout = layout
         self.kv = SyntheticKv(layout.layers, layout.kv_heads, layout.head_dim, scenario.seed,
                               sample_path=scenario.kv_sample_path)
-        self.gpu_codec = kvframes.codec_for(scenario) if scenario.compress_at == "gpu" else None
+        self.gpu_codec = kvframes.codec_for(scenario) if codec_on_gpu(scenario) else None
         # Prefix reuse (off by default): each request's lookup, kept until its step has run.
         self.prefix = (PrefixReuse(scenario, registry=self.registry, kv=self.kv, clock=self.clock, pool_via=pool_via,
                                    name=name) if scenario.kv_pool != "off" else None)
         self._lookups: dict[int, Lookup] = {}
-        self._lookup_tasks: set[asyncio.Task] = set()
+        self._lookup_tasks = TaskSet("prefill lookups")
         self.queue = PrefillQueue()
         self._pending: dict[int, _Pending] = {}
         self._work = asyncio.Event()
@@ -112,9 +119,7 @@ class PrefillAgent:
             if isinstance(event, Request):
                 self._pending[event.request_id] = _Pending(event, endpoint)
                 if self.prefix is not None:  # look up (and fetch) its cached prefix first: TTFT pays for it
-                    task = asyncio.get_running_loop().create_task(self._admit_after_lookup(event))
-                    self._lookup_tasks.add(task)
-                    task.add_done_callback(self._lookup_tasks.discard)
+                    self._lookup_tasks.spawn(self._admit_after_lookup(event), f"lookup {event.request_id}")
                     continue
                 self.queue.push(ServingRequest(event.request_id, event.prompt_tokens, event.output_tokens))
                 self.metrics.queued_tokens.set(self.queue.queued_tokens)
@@ -137,61 +142,55 @@ class PrefillAgent:
 
     # -- the step loop -----------------------------------------------------------------------------------
 
+    def _batch_entry(self, request_id: int) -> BatchEntry:
+        request = self._pending[request_id].request
+        cached = self._lookups[request_id].cached_tokens if self.prefix is not None else 0
+        return BatchEntry(request_id, request.prompt_tokens, request.output_tokens, cached)
+
     async def _step_loop(self) -> None:
-        scenario, model, device = self.scenario, self.scenario.model_spec, self.scenario.device_spec
-        last_deadline_ns: int | None = None  # None: idle, the next step starts now
+        schedule: DeadlineSchedule | None = None  # None: idle, the next step starts now
         while True:
             if not len(self.queue):
-                last_deadline_ns = None
+                schedule = None
                 self._work.clear()
                 await self._work.wait()
                 continue
             batch = self.queue.take_batch()
             self.metrics.queued_tokens.set(self.queue.queued_tokens)
-            lens = [self._pending[r.request_id].request.prompt_tokens for r in batch]
-            if self.prefix is not None:  # (prompt, cached) per request: the cached KV is re-read, not recomputed
-                cached = [(n, self._lookups[r.request_id].cached_tokens) for n, r in zip(lens, batch)]
-                model_s = prefill_step_cached_s(model, device, scenario.gpus, cached)
-                work = prefill_work_cached(model, cached)
-            else:
-                model_s = prefill_step_s(model, device, scenario.gpus, lens)
-                work = prefill_work(model, lens)
-            model_s += sum(scenario.gpu_codec_s(n) for n in lens)
-            # Back-to-back steps chain on deadlines (step k due at t0 + Σ durations); after idling, from now.
-            start_ns = self.clock.now_ns() if last_deadline_ns is None else last_deadline_ns
-            deadline_ns = start_ns + round(scenario.wall_s(model_s) * 1e9)
+            plan = plan_prefill_step(self.scenario, [self._batch_entry(r.request_id) for r in batch])
+            # Back-to-back steps chain on deadlines (step k due at t0 + Σ durations, so a late wake-up is not
+            # carried into the next step); after idling, from now.
+            schedule = schedule or DeadlineSchedule(self.clock)
+            deadline_ns = schedule.add(plan.wall_s)
+            pendings = {e.request_id: self._pending[e.request_id] for e in plan.entries}  # an Ack may release one
             started = time.perf_counter()
-            pendings = [self._pending[r.request_id] for r in batch]  # an Ack may release one meanwhile
-            for pending in pendings:  # the host's real work overlaps the modelled step
-                if pending.request.output_tokens > 1:
-                    self._make_frames(pending)
-                    # The hand-off starts at the first token, the end of this step (REFERENCE §4). The KV goes
-                    # to the middlebox now, stamped with that time, and the middlebox holds it until then: the
-                    # host's own cost of producing, framing and relaying the bytes overlaps the modelled step
-                    # instead of landing on the hand-off (which a kernel shaper, tc, could never win back).
-                    pending.frames[0] = dataclasses.replace(pending.frames[0], first_token_ns=deadline_ns)
-                    pending.deadline_ns = deadline_ns + round(HANDOFF_DEADLINE_S * 1e9)
-                    self._enqueue(pending)
+            for entry in plan.handoffs:  # the host's real work overlaps the modelled step
+                self._stage_handoff(pendings[entry.request_id], deadline_ns)
             self.host_kv_s += time.perf_counter() - started
             await self.clock.sleep_until(deadline_ns)
-            last_deadline_ns = deadline_ns
             self.steps += 1
-            self.shortest_step_wall_s = min(self.shortest_step_wall_s, scenario.wall_s(model_s))
-            self.metrics.step_seconds.observe(model_s)
-            energy = step_energy_j(device, work)
-            if self.gpu_codec is not None:  # the all-GPU baseline's codec, as modelled in Scenario.gpu_codec_work
-                energy += sum(step_energy_j(device, scenario.gpu_codec_work(n)) for n in lens)
-            self.gpu_energy_j += energy
-            self.metrics.gpu_energy_joules.inc(energy)
+            self.shortest_step_wall_s = min(self.shortest_step_wall_s, plan.wall_s)
+            self.metrics.step_seconds.observe(plan.model_s)
+            self.gpu_energy_j += plan.energy_j
+            self.metrics.gpu_energy_joules.inc(plan.energy_j)
             t_ns = self.clock.now_ns()
             if self.prefix is not None:  # the blocks this step computed go to the cache, in the background
-                for r in batch:
-                    self.prefix.write_back(r.request_id, self._lookups.pop(r.request_id))
-            for pending in pendings:
-                await self._first_token(pending, t_ns)
-                if pending.request.output_tokens <= 1:  # nothing to decode: done at prefill (as in the simulator)
-                    self._pending.pop(pending.request.request_id, None)
+                for entry in plan.entries:
+                    self.prefix.write_back(entry.request_id, self._lookups.pop(entry.request_id))
+            for entry in plan.entries:
+                await self._first_token(pendings[entry.request_id], t_ns)
+                if not entry.hands_off:  # nothing to decode: done at prefill (as in the simulator)
+                    self._pending.pop(entry.request_id, None)
                     self.metrics.requests.labels(outcome="ok").inc()
+
+    def _stage_handoff(self, pending: _Pending, first_token_ns: int) -> None:
+        """The hand-off starts at the first token, the end of this step (REFERENCE §4). The KV goes to the
+        middlebox now, stamped with that time, and the middlebox holds it until then: the host's own cost of
+        producing, framing and relaying the bytes overlaps the modelled step instead of landing on the hand-off
+        (which a kernel shaper, tc, could never win back)."""
+        self._make_frames(pending, first_token_ns)
+        pending.deadline_ns = first_token_ns + round(HANDOFF_DEADLINE_S * 1e9)
+        self._enqueue(pending)
 
     async def _first_token(self, pending: _Pending, t_ns: int) -> None:
         try:
@@ -199,7 +198,7 @@ class PrefillAgent:
         except (ConnectionError, RuntimeError) as exc:
             log.warning("could not send first token of request %d: %s", pending.request.request_id, exc)
 
-    def _make_frames(self, pending: _Pending) -> None:
+    def _make_frames(self, pending: _Pending, first_token_ns: int) -> None:
         request, layout = pending.request, self.layout
         tokens = request.prompt_tokens
         rows_per_layer = 2 * layout.kv_heads
@@ -219,7 +218,7 @@ class PrefillAgent:
                 frames.append(kvframes.encoded_chunk(request.request_id, index, piece, rows, codec, codec_name))
         begin = KvBegin(request_id=request.request_id, prompt_tokens=tokens, output_tokens=request.output_tokens,
                         n_layers=layout.layers, n_chunks=len(frames), raw_bytes=layout.request_bytes(tokens),
-                        codec=codec_name, first_token_ns=0)
+                        codec=codec_name, first_token_ns=first_token_ns)
         pending.frames = [begin, *frames]
         pending.held_bytes = sum(len(f.payload) for f in frames)
 
@@ -254,7 +253,7 @@ class PrefillAgent:
                 # must not hold this KV, or the ones queued behind it, forever.
                 remaining_s = max(0.0, (pending.deadline_ns - self.clock.now_ns()) / 1e9)
                 await asyncio.wait_for(self._send_frames(link, pending, begin, chunks), remaining_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pending.last_error = f"the middlebox at {self.kv_to} took no more bytes (stalled mid-stream)"
                 await self._give_up(pending)
                 # Its stream is cut mid-frame: the connection cannot carry anything more. The middlebox sees it
@@ -324,7 +323,7 @@ class PrefillAgent:
 
     async def _tell_client(self, pending: _Pending, reason: str) -> None:
         with contextlib.suppress(ConnectionError, ProtocolError, RuntimeError):
-            await pending.client.send(Error(code=ErrorCode.REQUEST_FAILED, message=reason[:1000],
+            await pending.client.send(Error(code=ErrorCode.REQUEST_FAILED, message=clip_message(reason),
                                             request_id=pending.request.request_id))
 
     async def _expire(self) -> None:
@@ -370,7 +369,7 @@ class PrefillAgent:
                 await asyncio.sleep(delay)
                 try:
                     link = await self._connect_kv()
-                except (OSError, ConnectionError, ProtocolError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, OSError, ConnectionError, ProtocolError) as exc:
                     delay = min(BACKOFF_MAX_S, delay * 2)
                     log.info("middlebox at %s not reachable yet: %s", self.kv_to, exc)
                     continue
@@ -421,23 +420,20 @@ class PrefillAgent:
         server = await listen(self.listen_address, "--listen", self._serve_client, Role.PREFILL, Role.LOADGEN)
         http = await start_http(self.metrics_listen, self.registry, self.stats)
         announce_ready("prefill", self.name, listen_port=server.port, metrics_port=http.port)
-        tasks = [asyncio.create_task(coro, name=name) for name, coro in (
-            ("step loop", self._step_loop()), ("kv link", self._kv_link_loop(self.kv_link)),
-            ("hand-off deadlines", self._expire()))]
-        stopper = asyncio.create_task(stop.wait())
+        loops = TaskSet("prefill")
+        for name, coro in (("step loop", self._step_loop()), ("kv link", self._kv_link_loop(self.kv_link)),
+                           ("hand-off deadlines", self._expire()), ("stop", stop.wait())):
+            loops.spawn(coro, name)
         try:
-            done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is not stopper and task.exception() is not None:
+            done, _ = await asyncio.wait(list(loops), return_when=asyncio.FIRST_COMPLETED)
+            for task in done:  # a loop only ends by failing; the stop task ends cleanly
+                if task.exception() is not None:
                     raise task.exception()
         finally:
-            for task in [*tasks, stopper]:
-                task.cancel()
-            await asyncio.gather(*tasks, stopper, return_exceptions=True)
-            try:
-                await asyncio.wait_for(self.kv_link.send(Bye(reason="prefill stopping")), 1.0)
-            except (ConnectionError, RuntimeError, asyncio.TimeoutError, Exception):  # best effort on the way out
-                pass
+            await loops.close()
+            await self._lookup_tasks.close()
+            with contextlib.suppress(Exception):  # best effort on the way out
+                await asyncio.wait_for(self.kv_link.send(Bye(reason="prefill stopping")), GOODBYE_TIMEOUT_S)
             self.kv_link.abort()
             if self.prefix is not None:
                 await self.prefix.close()

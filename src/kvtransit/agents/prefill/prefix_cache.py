@@ -23,18 +23,31 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvtransit.agents import kvframes
+from kvtransit.agents._process import Address
 from kvtransit.model.prefix import BLOCK_TOKENS, PrefixIndex, cached_tokens, capacity_blocks_for, storable
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock
+from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S, TaskSet
 from kvtransit.runtime.transport import Endpoint, open_endpoint
 from kvtransit.wire.errors import ProtocolError
-from kvtransit.wire.events import (Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, PoolFetch, PoolHit,
-                                   PoolPut, Request, Role)
+from kvtransit.wire.events import (
+    Ack,
+    AckStatus,
+    Bye,
+    Error,
+    Hello,
+    KvBegin,
+    KvChunk,
+    KvEnd,
+    PoolFetch,
+    PoolHit,
+    PoolPut,
+    Request,
+    Role,
+)
 from kvtransit.wire.limits import WIRE_VERSION
-
-from .. import kvframes
-from .._process import Address
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +94,7 @@ class PrefixTotals:
     fetch_wire_bytes: int = 0
     writeback_raw_bytes: int = 0
     writebacks: dict = field(default_factory=lambda: {"ok": 0, "failed": 0})
-    lookups: dict = field(default_factory=lambda: {o: 0 for o in OUTCOMES})
+    lookups: dict = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
 
 
 class PrefixReuse:
@@ -112,7 +125,7 @@ class PrefixReuse:
         self._next_dial = 0.0
         self._fetches: dict[int, _Fetch] = {}
         self._puts: dict[int, asyncio.Future] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskSet("prefix write-backs")
 
     @property
     def enabled(self) -> bool:
@@ -154,7 +167,7 @@ class PrefixReuse:
             await conn.send(PoolFetch(request_id=request_id, hash_ids=result.hash_ids))
             outcome = await asyncio.wait_for(asyncio.shield(fetch.future),
                                              FETCH_TIMEOUT_S * self.scenario.effective_dilation)
-        except (asyncio.TimeoutError, ConnectionError, ProtocolError) as exc:
+        except (TimeoutError, ConnectionError, ProtocolError) as exc:
             outcome = f"fetch-failed: {type(exc).__name__} {exc}"
         finally:
             self._fetches.pop(request_id, None)
@@ -193,9 +206,7 @@ class PrefixReuse:
             return
         if result.outcome == "pool-down":
             return  # nothing to write to; the next lookup dials again
-        task = asyncio.get_running_loop().create_task(self._put(request_id, result), name=f"put {request_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._put(request_id, result), f"put {request_id}")
 
     def _put_frames(self, request_id: int, result: Lookup) -> list:
         """PoolPut, then KvBegin and each new block as rows of whole token runs: every layer's K and V rows,
@@ -229,7 +240,7 @@ class PrefixReuse:
                 await conn.write_parts(conn.connection.send_parts(conn.connection.kv_end(request_id)))
             raw = frames[1].raw_bytes
             ok = await asyncio.wait_for(done, FETCH_TIMEOUT_S * 3 * self.scenario.effective_dilation)
-        except (ConnectionError, OSError, ProtocolError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, ConnectionError, OSError, ProtocolError) as exc:
             log.info("write-back of request %d failed: %s", request_id, exc)
             ok, raw = False, 0
         finally:
@@ -323,13 +334,10 @@ class PrefixReuse:
                 "local_evictions": self.local.evictions if self.local is not None else None}
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=1.0)
+        await self._tasks.close(deadline_s=1.0)  # a write-back in flight is dropped: the cache is an optimisation
         if self._conn is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._conn.send(Bye(reason="prefill stopping")), 1.0)
+                await asyncio.wait_for(self._conn.send(Bye(reason="prefill stopping")), GOODBYE_TIMEOUT_S)
             self._conn.abort()
         if self._reader is not None:
             self._reader.cancel()

@@ -17,6 +17,7 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 
 from kvtransit.model.errors import ConfigError
+from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.transport import Endpoint, Part
 
 from .bandwidth import Bandwidth
@@ -36,15 +37,16 @@ MAX_FAULTS = 32  # a chain this long is a mistake, not an experiment; bounds wha
 Write = Callable[[Sequence[Part]], Awaitable[None]]
 
 
-def make_fault(name: str, body: dict) -> Fault:
-    """A fault from its API body ({"type": ..., params}); ConfigError names what was wrong."""
+def make_fault(name: str, body: dict, *, clock: Clock | None = None) -> Fault:
+    """A fault from its API body ({"type": ..., params}); ConfigError names what was wrong. `clock`: the
+    middlebox's, which a fault that holds writes waits on."""
     if not FAULT_NAME.match(name):
         raise ConfigError(f"fault name {name[:80]!r}: use 1-64 letters, digits, '_', '.', '-'")
     kind = body.get("type")
     if not isinstance(kind, str) or kind not in FAULT_TYPES:
         raise ConfigError(f"fault {name!r}: unknown type {kind!r} (choose from: {', '.join(FAULT_TYPES)})")
     params = {k: v for k, v in body.items() if k != "type"}
-    return FAULT_TYPES[kind](name, **params)
+    return FAULT_TYPES[kind](name, params, clock=clock)
 
 
 class FaultChain:
@@ -111,9 +113,9 @@ class FaultedEndpoint(Endpoint):
     """An Endpoint (same socket, same protocol object) whose writes go through a FaultChain."""
 
     def __init__(self, endpoint: Endpoint, chain: FaultChain):
-        super().__init__(endpoint._protocol)
+        super().__init__(endpoint)  # takes the endpoint's connection over (Endpoint's documented way to wrap)
         self.chain = chain
-        self._framed = _FramedWithFaults(endpoint._protocol.connection, chain)
+        self._framed = _FramedWithFaults(endpoint.connection, chain)
 
     @property
     def connection(self):

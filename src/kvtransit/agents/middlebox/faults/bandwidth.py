@@ -3,7 +3,7 @@ shaping: a rate collapse without touching the link's configuration."""
 
 from __future__ import annotations
 
-import asyncio
+from kvtransit.runtime.clock import Clock
 
 from .base import Fault, nbytes
 
@@ -14,15 +14,13 @@ class Bandwidth(Fault):
     kind = "bandwidth"
     params = {"rate_Bps": (1e6, 1.0, MAX_RATE)}
 
-    def __init__(self, name: str, **values) -> None:
-        super().__init__(name, **values)
-        self._next_free = 0.0
+    def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
+        super().__init__(name, values, clock=clock)
+        self._next_free_ns = 0  # when the capped "wire" has finished the bytes already let through
 
     async def write(self, parts, next_write, endpoint) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        start = max(now, self._next_free)
-        self._next_free = start + nbytes(parts) / self.rate_Bps
+        start_ns = max(self.clock.now_ns(), self._next_free_ns)
+        self._next_free_ns = start_ns + round(nbytes(parts) / self.rate_Bps * 1e9)
         # Hold until these bytes would have finished serialising at the capped rate.
-        await asyncio.sleep(self._next_free - now)
+        await self.clock.sleep_until(self._next_free_ns)
         await next_write(parts)

@@ -1,4 +1,7 @@
-"""What every fault is: a name, validated parameters, a write hook and an optional frame hook."""
+"""What every fault is: a name, validated parameters, a write hook and an optional frame hook.
+
+A fault that holds writes for a time waits on the middlebox's clock (`self.clock`, runtime.clock), so its
+timing is tested on a ManualClock without sleeping."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 
 from kvtransit.model.errors import ConfigError
+from kvtransit.runtime.clock import Clock, MonotonicClock
 from kvtransit.runtime.transport import Part
 
 
@@ -14,8 +18,11 @@ class Fault:
     # parameter -> (default, minimum, maximum); every parameter is a finite number in range
     params: dict[str, tuple[float, float, float]] = {}
 
-    def __init__(self, name: str, **values) -> None:
+    def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
+        """`values`: the parameters by name (the API body without "type"); the rest take their default."""
+        values = values or {}
         self.name = name
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
         unknown = sorted(set(values) - set(self.params))
         if unknown:
             raise ConfigError(f"fault {name!r} ({self.kind}): unknown parameter {unknown[0]!r} "

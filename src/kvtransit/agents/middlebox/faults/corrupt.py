@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+from kvtransit.runtime.clock import Clock
 from kvtransit.wire.events import KvChunk
 
 from .base import Fault
@@ -15,8 +16,8 @@ class Corrupt(Fault):
     kind = "corrupt"
     params = {"probability": (1.0, 0.0, 1.0), "seed": (0, 0, 2**32)}
 
-    def __init__(self, name: str, **values) -> None:
-        super().__init__(name, **values)
+    def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
+        super().__init__(name, values, clock=clock)
         self._rng = random.Random(int(self.seed))
         self.corrupted = 0
 

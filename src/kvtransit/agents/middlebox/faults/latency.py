@@ -7,8 +7,9 @@ to one write per latency), not a pure delay line. For propagation delay use the 
 
 from __future__ import annotations
 
-import asyncio
 import random
+
+from kvtransit.runtime.clock import Clock, sleep_for
 
 from .base import Fault
 
@@ -19,11 +20,11 @@ class Latency(Fault):
     kind = "latency"
     params = {"latency_s": (0.01, 0.0, MAX_S), "jitter_s": (0.0, 0.0, MAX_S)}
 
-    def __init__(self, name: str, **values) -> None:
-        super().__init__(name, **values)
+    def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
+        super().__init__(name, values, clock=clock)
         self._rng = random.Random(name)
 
     async def write(self, parts, next_write, endpoint) -> None:
         jitter = self._rng.uniform(-self.jitter_s, self.jitter_s) if self.jitter_s else 0.0
-        await asyncio.sleep(max(0.0, self.latency_s + jitter))
+        await sleep_for(self.clock, max(0.0, self.latency_s + jitter))
         await next_write(parts)

@@ -3,6 +3,8 @@ loses bytes, it loses the connection). Each new connection gets the allowance ag
 
 from __future__ import annotations
 
+from kvtransit.runtime.clock import Clock
+
 from .base import Fault, nbytes
 
 MAX_BYTES = float(1 << 40)
@@ -12,8 +14,8 @@ class LimitData(Fault):
     kind = "limit_data"
     params = {"bytes": (1 << 20, 0, MAX_BYTES)}
 
-    def __init__(self, name: str, **values) -> None:
-        super().__init__(name, **values)
+    def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
+        super().__init__(name, values, clock=clock)
         self._passed: dict[int, int] = {}
 
     async def write(self, parts, next_write, endpoint) -> None:

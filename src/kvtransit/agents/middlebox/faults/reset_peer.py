@@ -3,6 +3,8 @@ dropped), like a peer or middlebox crashing mid-transfer. Every connection is re
 
 from __future__ import annotations
 
+from kvtransit.runtime.clock import Clock
+
 from .base import Fault, nbytes
 
 MAX_BYTES = float(1 << 40)
@@ -12,8 +14,8 @@ class ResetPeer(Fault):
     kind = "reset_peer"
     params = {"after_bytes": (0, 0, MAX_BYTES)}
 
-    def __init__(self, name: str, **values) -> None:
-        super().__init__(name, **values)
+    def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
+        super().__init__(name, values, clock=clock)
         self._seen: dict[int, int] = {}  # id(endpoint) -> bytes passed on it
 
     async def write(self, parts, next_write, endpoint) -> None:

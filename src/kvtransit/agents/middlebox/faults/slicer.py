@@ -3,8 +3,9 @@ apart: the receiver sees frames arrive in many short reads, split anywhere (its 
 
 from __future__ import annotations
 
-import asyncio
 import random
+
+from kvtransit.runtime.clock import Clock, sleep_for
 
 from .base import Fault
 
@@ -16,8 +17,8 @@ class Slicer(Fault):
     params = {"average_bytes": (1024, 1, MAX_BYTES), "size_variation_bytes": (512, 0, MAX_BYTES),
               "delay_s": (0.0, 0.0, 1.0)}
 
-    def __init__(self, name: str, **values) -> None:
-        super().__init__(name, **values)
+    def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
+        super().__init__(name, values, clock=clock)
         self._rng = random.Random(name)
 
     async def write(self, parts, next_write, endpoint) -> None:
@@ -29,4 +30,4 @@ class Slicer(Fault):
                 await next_write([bytes(view[start:start + size])])
                 start += size
                 if self.delay_s:
-                    await asyncio.sleep(self.delay_s)
+                    await sleep_for(self.clock, self.delay_s)

@@ -5,7 +5,8 @@ fault is removed, and then go through as if the link came back up (TCP would hav
 from __future__ import annotations
 
 import asyncio
-import contextlib
+
+from kvtransit.runtime.clock import Clock, sleep_for
 
 from .base import Fault
 
@@ -16,8 +17,8 @@ class Timeout(Fault):
     kind = "timeout"
     params = {"timeout_s": (0.0, 0.0, MAX_S)}
 
-    def __init__(self, name: str, **values) -> None:
-        super().__init__(name, **values)
+    def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
+        super().__init__(name, values, clock=clock)
         self._removed = asyncio.Event()
 
     def close(self) -> None:
@@ -25,11 +26,20 @@ class Timeout(Fault):
 
     async def write(self, parts, next_write, endpoint) -> None:
         if self.timeout_s > 0:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._removed.wait(), self.timeout_s)
+            await self._removed_or_expired()
             if not self._removed.is_set():
                 endpoint.abort()
                 raise ConnectionResetError(f"fault {self.name!r}: connection timed out after {self.timeout_s} s")
         else:
             await self._removed.wait()
         await next_write(parts)
+
+    async def _removed_or_expired(self) -> None:
+        """Wait until the fault is removed or `timeout_s` has passed on the clock, whichever comes first."""
+        removed = asyncio.ensure_future(self._removed.wait())
+        expired = asyncio.ensure_future(sleep_for(self.clock, self.timeout_s))
+        try:
+            await asyncio.wait((removed, expired), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (removed, expired):
+                waiter.cancel()

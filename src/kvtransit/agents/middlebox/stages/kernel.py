@@ -11,18 +11,23 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
 
-from ...kvframes import IDENTITY_CODEC_ID, byte_view, codec_id
 from kvtransit.kernels import get_codec
 from kvtransit.kernels.registry import Codec
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.module import Action, BudgetResult, KernelDeclaration, Module, Policy, budget_check
 from kvtransit.wire.events import DType
 
+from ...kvframes import IDENTITY_CODEC_ID, byte_view, codec_id
 from ..items import ChunkInFlight
+from .base import Stage
+
+if TYPE_CHECKING:
+    from .chain import ChainSettings
 
 # Wire element types the codecs accept (the prefill sends BF16, REFERENCE §1; tests also send f16/f32).
 NUMPY_DTYPES = {DType.BF16: np.dtype(ml_dtypes.bfloat16), DType.F16: np.dtype(np.float16),
@@ -83,17 +88,32 @@ def activate(config: KernelConfig, module: Module, policy: Policy) -> ActiveKern
     return ActiveKernel(config, codec, declaration, verdict, placement)
 
 
-class KernelStage:
+class KernelStage(Stage):
+    """The codec on each raw chunk. `kernel` is the live one: a hand-off takes it at its KvBegin."""
+
     name = "kernel"
 
-    def __init__(self, kernel: ActiveKernel, *, threads: int = 1):
+    def __init__(self, kernel: ActiveKernel, *, module: Module, policy: Policy, threads: int = 1):
+        """`module`, `policy`: what a new kernel is judged by (`reconfigure`)."""
         self.kernel = kernel
+        self.module = module
+        self.policy = policy
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kernel")
+
+    @classmethod
+    def from_settings(cls, settings: ChainSettings) -> KernelStage:
+        kernel = activate(settings.kernel, settings.module, settings.policy)
+        return cls(kernel, module=settings.module, policy=settings.policy, threads=settings.kernel_threads)
 
     def describe(self) -> dict:
         k = self.kernel
         return {"stage": self.name, **k.config.as_dict(), "placement": k.placement,
                 "budget": None if k.budget is None else k.budget.describe()}
+
+    def reconfigure(self, update: dict) -> None:
+        """`PUT /kernel`: any subset of KernelConfig's fields; the rest keep their value. Refused (ConfigError,
+        KernelInputError) before anything changes; applies to hand-offs that start from now on."""
+        self.kernel = activate(replace(self.kernel.config, **update), self.module, self.policy)
 
     async def process(self, item: ChunkInFlight, kernel: ActiveKernel) -> ChunkInFlight:
         """Encode `item` with `kernel` (the one its hand-off started with; a live change applies to the next)."""

@@ -1,32 +1,103 @@
 """Link stage: the shared FIFO hand-off link (REFERENCE §4), shaped in user space.
 
 A thin face on runtime.egress.EgressShaper: `channels` concurrent hand-offs in FIFO order, each paced by
-a token bucket at the scaled link rate and released one link latency later. Rate and latency change live
-(the control API). The module's added latency rides on the delay line, since it is latency, not occupancy.
+a token bucket at the scaled link rate and released one link latency later. Chunks are not processed here:
+a stream is delivered onto the shaper (pipeline.KvStream.deliver). Rate and latency change live (the control
+API's `PUT /link`). The module's added latency rides on the delay line, since it is latency, not occupancy.
+
+With `--link-backend tc` the kernel's qdisc on our egress shapes the rate, and this stage keeps only the delay
+line, the module's hold, and a hold for tbf's first burst (`tc_burst_hold_ns`).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from kvtransit.model.errors import ConfigError
 from kvtransit.model.link_catalog import Link
 from kvtransit.runtime.egress import EgressShaper
+from kvtransit.shaping.commands import burst_bytes as tc_burst_bytes
+from kvtransit.shaping.commands import wire_rate_Bps as tc_wire_rate_Bps
+from kvtransit.shaping.spec import SHAPED_MTU  # the shaped veth's MTU: its header overhead enters the hold
+
+from .base import Stage
+
+if TYPE_CHECKING:
+    from .chain import ChainSettings
+
+LINK_BACKENDS = ("userspace", "tc")
+# With the link's rate shaped by the kernel (tc on the egress veth), the user-space token bucket stays in
+# the chain only to hold a transit-bound module's extra time: it runs this many times faster than the link,
+# so it never binds on the bytes themselves (TCP back-pressure from tc's queue paces the writes).
+TC_BYPASS_FACTOR = 8.0
+LINK_FIELDS = ("rate_Bps", "latency_s", "jitter_s")
 
 
-class LinkStage:
+def tc_burst_hold_ns(goodput_Bps: float) -> int:
+    """How long tc's tbf lets its first burst through at once, in ns, for a link shaped to `goodput_Bps`.
+
+    tbf starts each hand-off after an idle gap with a full bucket (shaping.commands.burst_bytes, at the wire
+    rate that carries `goodput_Bps` of TCP payload over SHAPED_MTU frames): holding each hand-off back by the
+    burst's own time makes it end when latency + bytes / rate says."""
+    wire_Bps = tc_wire_rate_Bps(goodput_Bps, SHAPED_MTU)
+    return round(tc_burst_bytes(wire_Bps) / wire_Bps * 1e9)
+
+
+class LinkStage(Stage):
     name = "link"
 
     def __init__(self, link: Link, shaper: EgressShaper, *, module_latency_s: float, model_link: Link,
-                 dilation: float):
+                 dilation: float, backend: str = "userspace"):
+        if backend not in LINK_BACKENDS:
+            raise ConfigError(f"unknown link backend {backend!r} (choose from: {', '.join(LINK_BACKENDS)})")
         self.link = link  # what is shaped (scaled rate, dilated latency)
         self.model_link = model_link  # what is modelled (REFERENCE §2), for energy and reports
         self.shaper = shaper
         self.module_latency_s = module_latency_s
         self.dilation = dilation
+        self.backend = backend
+        # Added to every hand-off's start (see tc_burst_hold_ns); nothing to hold when our bucket shapes.
+        self.start_hold_ns = tc_burst_hold_ns(link.bandwidth_Bps) if backend == "tc" else 0
+
+    @classmethod
+    def from_settings(cls, settings: ChainSettings) -> LinkStage:
+        shaped = settings.shaped_link
+        bypass = TC_BYPASS_FACTOR if settings.link_backend == "tc" else 1.0
+        shaper = EgressShaper(rate_Bps=shaped.bandwidth_Bps * bypass,
+                              latency_s=shaped.latency_s + settings.module_latency_s, channels=settings.channels,
+                              clock=settings.clock, on_transfer_done=settings.on_transfer_done)
+        return cls(shaped, shaper, module_latency_s=settings.module_latency_s, model_link=settings.model_link,
+                   dilation=settings.dilation, backend=settings.link_backend)
 
     def describe(self) -> dict:
         return {"stage": self.name, "link": self.model_link.name, "rate_Bps": self.shaper.rate_Bps,
-                "latency_s": self.shaper.latency_s - self.module_latency_s,
-                "module_latency_s": self.module_latency_s, "channels": self.shaper.channels,
-                "queued": self.shaper.queued, "active": self.shaper.active}
+                "latency_s": self.latency_s, "module_latency_s": self.module_latency_s,
+                "channels": self.shaper.channels, "queued": self.shaper.queued, "active": self.shaper.active}
+
+    @property
+    def latency_s(self) -> float:
+        """The link's own latency, shaped (the delay line also carries the module's)."""
+        return self.shaper.latency_s - self.module_latency_s
+
+    @property
+    def shaped_rate_Bps(self) -> float:
+        """The rate the link is shaped to (by our bucket, or by tc)."""
+        rate = self.shaper.rate_Bps
+        return rate / TC_BYPASS_FACTOR if self.backend == "tc" else rate
+
+    def reconfigure(self, update: dict) -> None:
+        """`PUT /link`: any subset of rate_Bps, latency_s, jitter_s (shaped figures)."""
+        unknown = sorted(set(update) - set(LINK_FIELDS))
+        if unknown:
+            raise ConfigError(f"unknown link field {unknown[0]!r} (fields: {', '.join(LINK_FIELDS)})")
+        rate_Bps, latency_s, jitter_s = (update.get(name) for name in LINK_FIELDS)
+        if rate_Bps is not None:
+            if self.backend == "tc":
+                raise ConfigError("the link's rate is shaped by tc here (--link-backend tc): change it with "
+                                  "shaping/ (kvtransit links), not through the middlebox")
+            self.set_rate(rate_Bps)
+        if latency_s is not None or jitter_s is not None:
+            self.set_latency(self.latency_s if latency_s is None else latency_s, jitter_s)
 
     def set_rate(self, rate_Bps: float) -> None:
         self.shaper.set_rate(rate_Bps)

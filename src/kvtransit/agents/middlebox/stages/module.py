@@ -8,13 +8,19 @@ Only chunks the kernel ran on *in the module* are charged; a host or GPU placeme
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvtransit.model.module import Module
 
 from ..items import ChunkInFlight
+from .base import Stage
 from .kernel import PLACEMENT_MODULE, ActiveKernel
 
+if TYPE_CHECKING:
+    from .chain import ChainSettings
 
-class ModuleStage:
+
+class ModuleStage(Stage):
     name = "module"
 
     def __init__(self, module: Module, *, link_rate_Bps: float, model_bytes_per_byte: float):
@@ -24,13 +30,23 @@ class ModuleStage:
         self.link_rate_Bps = link_rate_Bps
         self.model_bytes_per_byte = model_bytes_per_byte
 
+    @classmethod
+    def from_settings(cls, settings: ChainSettings) -> ModuleStage:
+        return cls(settings.module, link_rate_Bps=settings.shaped_link.bandwidth_Bps,
+                   model_bytes_per_byte=settings.model_bytes_per_byte)
+
     def describe(self) -> dict:
         m = self.module
         return {"stage": self.name, "module": m.name, "line_rate_Bps": m.line_rate_Bps,
                 "ops_per_byte_budget": m.ops_per_byte, "pj_per_input_bit": m.pj_per_input_bit,
                 "added_latency_s": m.added_latency_s}
 
-    def process(self, item: ChunkInFlight, kernel: ActiveKernel) -> ChunkInFlight:
+    async def process(self, item: ChunkInFlight, kernel: ActiveKernel) -> ChunkInFlight:
+        return self.price(item, kernel)
+
+    def price(self, item: ChunkInFlight, kernel: ActiveKernel) -> ChunkInFlight:
+        """Charge `item` to the module: ops, modelled compute time, transit-bound or not. Pure arithmetic, so
+        the pool path also uses it for the inverse transform on a fetch."""
         if item.placement != PLACEMENT_MODULE or kernel.declaration is None:
             return item
         ops = item.raw_bytes * kernel.declaration.charged_ops_per_byte

@@ -1,0 +1,56 @@
+"""Helpers for driving an agent's loops on a ManualClock over in-memory endpoints (no sockets, no sleeping)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from kvtransit.runtime.clock import ManualClock
+from kvtransit.runtime.transport import Endpoint, memory_pair
+from kvtransit.wire.events import Hello, Role
+from kvtransit.wire.limits import WIRE_VERSION
+
+
+class LateClock:
+    """A ManualClock whose sleepers all wake `late_ns` after their deadline: a timer that is always late."""
+
+    def __init__(self, manual: ManualClock, late_ns: int):
+        self.manual, self.late_ns = manual, late_ns
+
+    def now_ns(self) -> int:
+        return self.manual.now_ns()
+
+    async def sleep_until(self, deadline_ns: int) -> int:
+        await self.manual.sleep_until(deadline_ns + self.late_ns)
+        return self.manual.now_ns() - deadline_ns
+
+
+def hello(role: Role) -> Hello:
+    return Hello(role=role, version=WIRE_VERSION, name=f"{role.name.lower()}-test")
+
+
+async def greeted_pair(ours: Role, theirs: Role, serve) -> tuple[Endpoint, asyncio.Task]:
+    """Our endpoint to `serve(their_endpoint)` (an agent's handler, which says Hello first), greeted."""
+    endpoint, served = memory_pair(ours, theirs)
+    task = asyncio.create_task(serve(served))
+    await endpoint.send(hello(ours))
+    assert isinstance(await endpoint.next_event(), Hello)
+    return endpoint, task
+
+
+def collect(endpoint: Endpoint, clock, into: list) -> asyncio.Task:
+    """Append (event, clock time of receipt) for everything `endpoint` receives."""
+
+    async def read() -> None:
+        while (event := await endpoint.next_event()) is not None:
+            into.append((event, clock.now_ns()))
+
+    return asyncio.create_task(read())
+
+
+async def cancel(*tasks: asyncio.Task) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

@@ -1,0 +1,101 @@
+"""Decode's step loop on a ManualClock: a hand-off's KV is stamped ready on arrival, then each step holds the
+roofline decode time of the running batch on absolute deadlines. No sockets, no sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvtransit.agents._process import Address
+from kvtransit.agents.decode import DecodeAgent
+from kvtransit.model.cost import decode_step_s
+from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving import DecodeBatcher, ServingRequest
+from kvtransit.runtime.clock import ManualClock
+from kvtransit.wire.events import Ack, AckStatus, Role, Tokens
+
+from ._manual_time import LateClock, cancel, collect, greeted_pair
+from ._wire_samples import kv_stream
+
+SCENARIO = Scenario(codec="none", dilation=3.0)
+ANY = Address("127.0.0.1", 0)
+T0 = 10**12
+
+
+def step_holds_s(*requests: ServingRequest, steps: int) -> list[float]:
+    """The wall seconds each of the first `steps` decode steps holds for these requests (the model's batcher)."""
+    batcher = DecodeBatcher(SCENARIO.kv_capacity_tokens)
+    for request in requests:
+        batcher.enqueue(request)
+    holds = []
+    for _ in range(steps):
+        batcher.admit()
+        holds.append(SCENARIO.wall_s(decode_step_s(SCENARIO.model_spec, SCENARIO.device_spec, SCENARIO.gpus,
+                                                   batcher.running, batcher.context_tokens)))
+        batcher.step()
+    return holds
+
+
+async def start(clock):
+    agent = DecodeAgent(SCENARIO, name="decode-test", listen=ANY, client_listen=ANY, metrics_listen=ANY,
+                        accuracy_sample=0, clock=clock)
+    client, serving_client = await greeted_pair(Role.LOADGEN, Role.DECODE, agent._serve_client)
+    link, serving_kv = await greeted_pair(Role.MIDDLEBOX, Role.DECODE, agent._serve_kv)
+    tokens: list = []
+    tasks = [serving_client, serving_kv, collect(client, clock, tokens), asyncio.create_task(agent._step_loop())]
+    return agent, link, tokens, tasks
+
+
+async def hand_off(link, request_id: int) -> Ack:
+    for event in kv_stream(request_id):
+        await link.send(event)
+    await link.send(link.connection.kv_end(request_id))
+    return await link.next_event()
+
+
+def token_times(tokens) -> dict[int, int]:
+    """token index → its stamp, for every Tokens entry received."""
+    return {e.token_index: e.t_ns for event, _ in tokens if isinstance(event, Tokens) for e in event.entries}
+
+
+async def test_kv_ready_is_stamped_on_arrival_and_each_step_ends_on_its_absolute_deadline():
+    clock = ManualClock(T0)
+    agent, link, tokens, tasks = await start(clock)
+    try:
+        ack = await hand_off(link, 5)  # prompt 8, output 4: three decode steps
+        assert (ack.status, ack.t_ns) == (AckStatus.OK, T0)
+        await clock.advance_ns(0)
+        assert token_times(tokens) == {0: T0}
+        holds = step_holds_s(ServingRequest(5, 8, 4), steps=3)
+        deadlines = [T0 + round(sum(holds[:k + 1]) * 1e9) for k in range(3)]
+        await clock.advance_ns(deadlines[0] - 1 - T0)
+        assert token_times(tokens) == {0: T0}  # the first step is still held
+        await clock.advance_ns(deadlines[2] - clock.now_ns())
+        assert token_times(tokens) == {0: T0, 1: deadlines[0], 2: deadlines[1], 3: deadlines[2]}
+        assert agent.steps == 3 and agent.outcomes["ok"] == 1
+    finally:
+        await cancel(*tasks)
+
+
+async def test_a_late_wake_up_is_not_carried_into_the_next_step():
+    manual = ManualClock(T0)
+    late = 2_000_000  # every wake-up 2 ms late
+    _agent, link, tokens, tasks = await start(LateClock(manual, late))
+    try:
+        await hand_off(link, 5)
+        holds = step_holds_s(ServingRequest(5, 8, 4), steps=3)
+        deadlines = [T0 + round(sum(holds[:k + 1]) * 1e9) for k in range(3)]
+        await manual.advance_ns(deadlines[2] + late - T0)
+        # Each token is stamped at its (late) wake-up, but step k still ends at t0 + Σ holds: TPOT does not grow.
+        assert token_times(tokens) == {0: T0, **{k + 1: deadlines[k] + late for k in range(3)}}
+    finally:
+        await cancel(*tasks)
+
+
+async def test_with_nothing_running_the_loop_holds_no_step():
+    clock = ManualClock(T0)
+    agent, _link, tokens, tasks = await start(clock)
+    try:
+        await clock.advance(10.0)
+        assert agent.steps == 0 and tokens == [] and clock.pending == 0  # waiting for work, not on the clock
+    finally:
+        await cancel(*tasks)
