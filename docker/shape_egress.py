@@ -1,6 +1,6 @@
 """Shape this container's egress towards one peer with the scenario's scaled link (runs before the agent).
 
-    python3 shape_egress.py --to decode-link -- kvtransit middlebox --link eth-25g --scale 0.001 ... 
+    python3 shape_egress.py --to decode-link -- kvtransit middlebox --link eth-25g --scale 0.001 ...
 
 The scenario is read from the agent's own command line (the flags after `--`), so the shaped rate is the
 scaled link the agent itself computes (Scenario.scaled_link: rate x effective scale / dilation). The device

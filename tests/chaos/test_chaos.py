@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from kvtransit.emulator import chaos
-from kvtransit.agents.kvframes import MAX_CHUNK_BYTES
+from kvtransit.agents.common.kv_frames import MAX_CHUNK_BYTES
 from kvtransit.agents.middlebox.app import DEFAULT_INFLIGHT_BYTES
+from kvtransit.emulator import chaos
 from kvtransit.model.workload import generate
 from kvtransit.runtime.transport import FlowLimits
 

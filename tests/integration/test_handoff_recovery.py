@@ -9,13 +9,12 @@ import json
 
 import pytest
 
-from kvtransit.agents._process import Address, parse_ready_line
-from kvtransit.agents.decode import DecodeAgent
+from kvtransit.agents.common.process import Address, parse_ready_line
+from kvtransit.agents.decode.agent import DecodeAgent
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.transport import open_endpoint
 from kvtransit.wire.events import Ack, AckStatus, Error, Hello, Role, Tokens
-
-from ..unit._wire_samples import kv_stream
+from tests.unit._wire_samples import kv_stream
 
 pytestmark = pytest.mark.timeout(60)
 ANY = Address("127.0.0.1", 0)
@@ -58,7 +57,7 @@ async def ready_entries(client, request_id: int, wait_s: float = 0.5) -> int:
             if isinstance(event, Tokens):
                 seen += sum(1 for e in event.entries if e.request_id == request_id and e.token_index == 0)
             assert not isinstance(event, Error), f"decode failed the request to the client: {event}"
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return seen
 
 

@@ -18,7 +18,7 @@ import sys
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvtransit.agents._process import Address
+from kvtransit.agents.common.process import Address
 from kvtransit.agents.kvpool.agent import KvPool
 from kvtransit.agents.kvpool.store import BlockStore
 from kvtransit.agents.middlebox.app import Middlebox
@@ -160,7 +160,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         proc.terminate()
         try:
             await asyncio.wait_for(proc.wait(), 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvtransit.agents.kvframes import as_rows, byte_view, row_slices
+from kvtransit.agents.common.kv_frames import as_rows, byte_view, row_slices
 from kvtransit.agents.middlebox import Middlebox
 from kvtransit.agents.middlebox.control import register_control_routes
 from kvtransit.kernels import decode as decode_codec
@@ -30,8 +30,8 @@ from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.http import HttpServer
 from kvtransit.runtime.transport import open_endpoint, serve
 from kvtransit.wire import WIRE_VERSION, ErrorCode
+from kvtransit.wire.events import Ack, AckStatus, DType, Error, Hello, KvBegin, KvChunk, KvEnd, Role
 from kvtransit.wire.limits import MAX_MESSAGE, MAX_REASON
-from kvtransit.wire.events import (Ack, AckStatus, DType, Error, Hello, KvBegin, KvChunk, KvEnd, Role)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 LAYERS, HEADS, TOKENS, HEAD_DIM = 4, 2, 256, 16

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.agents import kvframes
-from kvtransit.emulator.launcher import Launcher, RunFailed
+from kvtransit.agents.common import kv_frames
 from kvtransit.agents.loadgen.report import REPORT_KEYS
+from kvtransit.emulator.launcher import Launcher, RunFailed
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.cost import decode_step_s
 from kvtransit.model.scenario import Scenario
@@ -140,13 +140,13 @@ def test_compress_at_gpu_puts_the_codecs_own_bytes_on_the_wire(tmp_path):
     scenario = Scenario(**fields)
     layout = scenario.kv_layout
     kv = SyntheticKv(layout.layers, layout.kv_heads, layout.head_dim, scenario.seed)
-    codec = kvframes.codec_for(scenario)
+    codec = kv_frames.codec_for(scenario)
     wire = raw = 0
     for r in report["per_request"]:
         if r["output_tokens"] < 2:
             continue
         for layer in range(layout.layers):
-            rows = kvframes.as_rows(kv.layer(r["id"], layer, r["prompt_tokens"]))
+            rows = kv_frames.as_rows(kv.layer(r["id"], layer, r["prompt_tokens"]))
             wire += codec.encode(rows).payload.nbytes
             raw += rows.nbytes
     assert report["requests"]["ok"] == 4

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kvtransit.cli import main
 from kvtransit.emulator.launcher import Launcher
 from kvtransit.emulator.sweep_runner import PointRunner, ResultsStore, search_goodput
-from kvtransit.cli import main
 from kvtransit.model.scenario import Scenario
 
 pytestmark = pytest.mark.timeout(180)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtransit.wire import NEED_DATA, Connection, ConnectionClosed, Role
+from kvtransit.wire import NEED_DATA, Connection, Role
 
 READ_BYTES = 1 << 18
 
@@ -88,5 +88,3 @@ class Peer:
         with contextlib.suppress(ConnectionError):
             await self.writer.wait_closed()
 
-
-__all__ = ["ConnectionClosed", "Peer", "RssSampler", "percentile", "rss_bytes"]

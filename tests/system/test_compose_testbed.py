@@ -48,7 +48,8 @@ pytestmark = [
 
 def _run(argv: list[str], env: dict, timeout: float = STEP_TIMEOUT_S) -> str:
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout[-3000:]}\n"
+                                  f"{done.stderr[-3000:]}")
     return done.stdout
 
 
@@ -141,7 +142,7 @@ def test_compose_runs_a_shaped_scenario_scraped_by_its_prometheus(tmp_path):
             if all(scraped.get(agent) == 1.0 for agent in AGENTS):
                 break
             time.sleep(1)
-        assert {agent: scraped.get(agent) for agent in AGENTS} == {agent: 1.0 for agent in AGENTS}
+        assert {agent: scraped.get(agent) for agent in AGENTS} == dict.fromkeys(AGENTS, 1.0)
     finally:
         try:
             if engine_started:

@@ -28,7 +28,8 @@ from kvtransit.runtime.prometheus import ANNOUNCE_PREFIX
 
 pytestmark = [
     pytest.mark.system,
-    pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not on PATH (apt-get install prometheus)"),
+    pytest.mark.skipif(shutil.which("prometheus") is None,
+                       reason="prometheus not on PATH (apt-get install prometheus)"),
 ]
 
 # A short run at a rate the 2-core box carries (about 15 s of arrivals, 1 s scrapes, 30 s rate windows).
@@ -102,5 +103,8 @@ def test_every_dashboard_query_returns_data_from_a_real_run(tmp_path: Path):
             run.wait()
         for reader in readers:
             reader.join(timeout=5)
+        run.stdout.close()  # (a ResourceWarning otherwise: Popen's pipes outlive the process)
+        run.stderr.close()
     missing = [f"{q}{'  (' + errors[q] + ')' if q in errors else ''}" for q in queries if q not in answered]
-    assert not missing, f"{len(missing)} of {len(queries)} dashboard queries never returned data:\n" + "\n".join(missing)
+    assert not missing, (f"{len(missing)} of {len(queries)} dashboard queries never returned data:\n"
+                         + "\n".join(missing))

@@ -95,7 +95,7 @@ def test_a_prometheus_that_cannot_start_is_reported_with_its_log(tmp_path, metri
     fake = tmp_path / "bin" / "prometheus"
     fake.write_text("#!/bin/sh\necho 'listen tcp: address already in use' >&2\nexit 1\n")
     fake.chmod(0o755)
-    with pytest.raises(launcher.PrometheusUnavailable, match="exited with status 1.*address already in use"):
+    with pytest.raises(launcher.PrometheusUnavailable, match=r"exited with status 1.*address already in use"):
         launcher.start_prometheus(tmp_path / "run", [launcher.ScrapeTarget("middlebox", metrics_endpoint)],
                                   binary=str(fake), ready_timeout_s=5)
 

@@ -115,7 +115,7 @@ def test_a_failure_while_building_the_topology_leaves_nothing_behind(tmp_path):
         return run_command(argv)
 
     manifest = tmp_path / "links.json"
-    with pytest.raises(LinksUnavailable, match="rolled back.*injected failure.*links clean --manifest"):
+    with pytest.raises(LinksUnavailable, match=r"rolled back.*injected failure.*links clean --manifest"):
         choose_links(Scenario(**LIGHT), "netns", manifest_path=manifest, runner=fail_on_shaping)
     assert [item["kind"] for item in json.loads(manifest.read_text())["resources"]][-1] == "veth"
     assert _leftovers(manifest) == []
@@ -125,6 +125,6 @@ def test_an_agent_that_fails_to_start_in_a_namespace_leaves_nothing_behind(tmp_p
     broken_middlebox = [sys.executable, "-c", "import sys; sys.stderr.write('boom\\n'); sys.exit(3)"]
     launcher = Launcher(Scenario(**LIGHT), report_path=tmp_path / "r.json", middlebox_command=broken_middlebox,
                         links="netns", log=lambda _line: None)
-    with pytest.raises(RunFailed, match="(?s)middlebox-0 failed to start.*boom"):
+    with pytest.raises(RunFailed, match=r"(?s)middlebox-0 failed to start.*boom"):
         asyncio.run(launcher.run())
     assert _leftovers(tmp_path / "r.run" / "links.json") == []

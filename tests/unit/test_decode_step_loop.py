@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from kvtransit.agents._process import Address
-from kvtransit.agents.decode import DecodeAgent
+from kvtransit.agents.common.process import Address
+from kvtransit.agents.decode.agent import DecodeAgent
 from kvtransit.model.cost import decode_step_s
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import DecodeBatcher, ServingRequest

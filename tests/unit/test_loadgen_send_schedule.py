@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 
-from kvtransit.agents._process import Address
+from kvtransit.agents.common.process import Address
 from kvtransit.agents.loadgen.agent import LoadGenerator
 from kvtransit.agents.loadgen.ledger_writer import LedgerWriter
 from kvtransit.model.scenario import Scenario

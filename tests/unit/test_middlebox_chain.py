@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvtransit.agents.middlebox.stages import (DEFAULT_CHAIN, STAGE_KINDS, ChainSettings, KernelStage, LinkStage,
-                                               StageChain)
+from kvtransit.agents.middlebox.stages import (
+    DEFAULT_CHAIN,
+    STAGE_KINDS,
+    ChainSettings,
+    KernelStage,
+    LinkStage,
+    StageChain,
+)
 from kvtransit.agents.middlebox.stages.link import TC_BYPASS_FACTOR, tc_burst_hold_ns
 from kvtransit.kernels import KernelInputError
 from kvtransit.model.errors import ConfigError

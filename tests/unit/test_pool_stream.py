@@ -3,7 +3,7 @@ it: PoolPut names the blocks, KvBegin opens the put, chunks, KvEnd closes it, an
 
 from __future__ import annotations
 
-from kvtransit.agents.pool_stream import PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened
+from kvtransit.agents.common.pool_stream import PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened
 from kvtransit.wire import ErrorCode
 from kvtransit.wire.events import Bye, Error, KvEnd, PoolFetch, PoolPut
 from kvtransit.wire.limits import MAX_OPEN_KV_STREAMS

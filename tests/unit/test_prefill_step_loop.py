@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kvtransit.agents._process import Address
+from kvtransit.agents.common.process import Address
 from kvtransit.agents.prefill.agent import HANDOFF_DEADLINE_S, PrefillAgent
 from kvtransit.model.prefill_plan import BatchEntry, plan_prefill_step
 from kvtransit.model.scenario import Scenario

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from ml_dtypes import bfloat16
 
-from kvtransit.agents import kvframes
-from kvtransit.agents._process import parse_address, parse_addresses, parse_ready_line
-from kvtransit.agents.decode import AccuracyMeter, LinkMeter
+from kvtransit.agents.common import kv_frames
+from kvtransit.agents.common.process import parse_address, parse_addresses, parse_ready_line
+from kvtransit.agents.decode.agent import AccuracyMeter, LinkMeter
 from kvtransit.agents.loadgen.report import REPORT_KEYS, build_report, to_markdown, write_report
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
@@ -18,18 +18,18 @@ from kvtransit.model.slo import RequestRecord
 
 
 def test_row_slices_keep_whole_token_rows_and_respect_the_chunk_bound():
-    pieces = kvframes.row_slices(layers=2, rows_per_layer=16, row_bytes=3 * 1024 * 1024)  # 2 rows per 8 MiB
+    pieces = kv_frames.row_slices(layers=2, rows_per_layer=16, row_bytes=3 * 1024 * 1024)  # 2 rows per 8 MiB
     assert len(pieces) == 16 and all(p.stop - p.start == 2 for p in pieces)
     assert [p.layer for p in pieces] == [0] * 8 + [1] * 8
-    whole = kvframes.row_slices(layers=3, rows_per_layer=16, row_bytes=1024)
+    whole = kv_frames.row_slices(layers=3, rows_per_layer=16, row_bytes=1024)
     assert [(p.layer, p.start, p.stop) for p in whole] == [(0, 0, 16), (1, 0, 16), (2, 0, 16)]
-    huge = kvframes.row_slices(layers=1, rows_per_layer=2, row_bytes=9 * 1024 * 1024)  # a row over the bound
+    huge = kv_frames.row_slices(layers=1, rows_per_layer=2, row_bytes=9 * 1024 * 1024)  # a row over the bound
     assert [(p.start, p.stop) for p in huge] == [(0, 1), (1, 2)]
 
 
 def test_raw_chunk_carries_the_rows_bytes_without_a_codec():
     rows = np.arange(2 * 4 * 3, dtype=np.float32).astype(bfloat16).reshape(2, 4, 3)
-    chunk = kvframes.raw_chunk(7, 0, kvframes.RowSlice(0, 1, 2), rows)
+    chunk = kv_frames.raw_chunk(7, 0, kv_frames.RowSlice(0, 1, 2), rows)
     assert chunk.codec_id == 0 and chunk.shape == (1, 4, 3) and chunk.raw_bytes == 24
     assert bytes(chunk.payload) == rows[1:2].tobytes()
 

@@ -83,7 +83,7 @@ def add_scenario_args(parser: argparse.ArgumentParser) -> None:
     """Add one flag per `Scenario` field, defaulting to the field's default."""
     group = parser.add_argument_group("scenario (the same flags for every process of a run)")
     for f in fields(Scenario):
-        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
         kind = _scale if f.name == "scale" else _type_for(default)
         group.add_argument(
             flag_for(f.name), dest=f"scenario_{f.name}", type=kind, default=default, metavar=f.name.upper(),

@@ -8,6 +8,7 @@ hand-offs per second to fill the link, and energy on the link and in the module;
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ._common import add_json_flag, print_json, print_table
 from ._model_args import add_model_flags, model_from_args
@@ -55,7 +56,7 @@ def _run_reference_table(args: argparse.Namespace) -> int:
     from kvtransit.model.link_catalog import link_by_name
 
     links = [link_by_name(name) for name in HANDOFF_TABLE_LINKS]
-    records = []
+    records: list[dict[str, Any]] = []
     for model_name in HANDOFF_TABLE_MODELS:
         model = model_by_name(model_name)
         for prompt in HANDOFF_TABLE_PROMPTS:

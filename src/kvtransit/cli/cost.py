@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ._common import CliError, add_json_flag, print_json, print_table
 from ._model_args import add_model_flags, model_from_args
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         steps.append(("decode", f"batch {args.decode_batch}, context {total:,} total",
                       decode_work(model, args.decode_batch, total)))
 
-    records = []
+    records: list[dict[str, Any]] = []
     for kind, what, work in steps:
         timing = step_time(work, device, args.gpus)
         records.append({

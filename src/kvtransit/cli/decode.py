@@ -23,8 +23,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.agents._process import parse_address
-    from kvtransit.agents.decode import DecodeAgent
+    from kvtransit.agents.common.process import parse_address
+    from kvtransit.agents.decode.agent import DecodeAgent
 
     from ._common import CliError
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ._common import add_json_flag, print_json, print_table
 
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     declared = [parse_kernel_declaration(text) for text in args.declare]
     module = Module(ops_per_byte=MODULE_BUDGETS[args.budget])
     policy = Policy(args.policy)
-    records = []
+    records: list[dict[str, Any]] = []
     for source, decl in [("reference", d) for d in KERNEL_TABLE_ROWS] + [("declared", d) for d in declared]:
         row = kernel_table_row(decl)
         result = budget_check(decl, module, policy)

@@ -22,7 +22,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.agents._process import parse_address
+    from kvtransit.agents.common.process import parse_address
     from kvtransit.agents.kvpool.agent import KvPoolAgent
 
     scenario = scenario_from_args(args)

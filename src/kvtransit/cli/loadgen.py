@@ -28,7 +28,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.agents._process import parse_address, parse_addresses
+    from kvtransit.agents.common.process import parse_address, parse_addresses
     from kvtransit.agents.loadgen.agent import LoadGenerator
 
     scenario = scenario_from_args(args)

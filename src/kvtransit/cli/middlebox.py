@@ -35,7 +35,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.agents._process import parse_address, parse_addresses
+    from kvtransit.agents.common.process import parse_address, parse_addresses
     from kvtransit.agents.middlebox.process import MiddleboxProcess
 
     process = MiddleboxProcess(

@@ -19,7 +19,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.agents._process import parse_address
+    from kvtransit.agents.common.process import parse_address
     from kvtransit.agents.prefill.agent import PrefillAgent
 
     agent = PrefillAgent(scenario_from_args(args), name=args.name, listen=parse_address(args.listen, "--listen"),

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtransit.agents._process import SUPERVISED_ENV, parse_ready_line
+from kvtransit.agents.common.process import SUPERVISED_ENV, parse_ready_line
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.http_client import get_json
 

@@ -63,14 +63,14 @@ def codec_declaration(
         return KernelDeclaration("none", ratio=1.0)
     if name == "fp8":
         return KernelDeclaration(
-            "fp8", ratio=FP8_RATIO, ops_per_byte=FP8_OPS_PER_VALUE / BF16_BYTES, op_types={"rounding"}
+            "fp8", ratio=FP8_RATIO, ops_per_byte=FP8_OPS_PER_VALUE / BF16_BYTES, op_types=frozenset({"rounding"})
         )
     if name == "fp4-block":
         return KernelDeclaration(
             "fp4-block",
             ratio=fp4_block_ratio(block),
             ops_per_byte=FP4_OPS_PER_VALUE / BF16_BYTES,
-            op_types={"rounding"},
+            op_types=frozenset({"rounding"}),
         )
     if name == "freq-keep-k":
         if not 0 < keep <= 1:
@@ -79,7 +79,7 @@ def codec_declaration(
         return KernelDeclaration(
             "freq-keep-k",
             ratio=1 / keep,
-            op_types={"fft"},
+            op_types=frozenset({"fft"}),
             transform_charged=False,
             transform_length=transform_length,
         )
@@ -93,7 +93,7 @@ def _band_keep_row(n: int) -> KernelDeclaration:
     return KernelDeclaration(
         f"FFT length {n}, keep a fixed band",
         ratio=1 / TABLE_BAND_KEEP,
-        op_types={"fft"},
+        op_types=frozenset({"fft"}),
         transform_charged=False,
         transform_length=n,
     )
@@ -108,7 +108,7 @@ KERNEL_TABLE_ROWS: tuple[KernelDeclaration, ...] = (
         "Requantise BF16 to FP8 (per-block scale)",
         ratio=FP8_RATIO,
         ops_per_byte=TABLE_REQUANTISE_OPS_PER_BYTE,
-        op_types={"rounding"},
+        op_types=frozenset({"rounding"}),
     ),
 )
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import ConfigError
 
@@ -39,7 +40,7 @@ class Gap:
     ok: bool
     hint: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"measured": self.measured, "target": self.target, "ok": self.ok, "hint": self.hint}
 
 
@@ -105,7 +106,7 @@ def kernel_gap(kernel_s: float, modelled_s: float, scale: float, dilation: float
     return Gap(ratio, KERNEL_TOLERANCE, ok, hint)
 
 
-def assess(gaps: dict[str, Gap]) -> tuple[bool, dict[str, dict]]:
+def assess(gaps: dict[str, Gap]) -> tuple[bool, dict[str, dict[str, Any]]]:
     """(`faithful`, the report's `fidelity` dict): faithful only if every measured gap is within its target."""
     return all(g.ok for g in gaps.values()), {name: g.as_dict() for name, g in gaps.items()}
 

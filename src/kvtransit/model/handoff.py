@@ -9,6 +9,7 @@ on the host before the link (fewer bytes on the wire, no module time or energy),
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .catalog import ModelSpec
 from .codecs import CODECS
@@ -66,7 +67,8 @@ def handoff(
 ) -> HandoffEstimate:
     kv_bytes = model.kv_bytes(prompt_tokens)
     decl = codec_decl if codec_decl is not None else CODECS["none"]
-    common = dict(model=model.name, prompt_tokens=prompt_tokens, link=link.name, codec=decl.name, kv_bytes=kv_bytes)
+    common: dict[str, Any] = dict(model=model.name, prompt_tokens=prompt_tokens, link=link.name, codec=decl.name,
+                                  kv_bytes=kv_bytes)
 
     if _is_identity(decl):
         return HandoffEstimate(

@@ -36,6 +36,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError
 
@@ -45,20 +47,23 @@ FINISHED_OK = ("ok", "slo-miss")
 LEDGER_FILE = "ledger.jsonl"
 _ADDRESS = re.compile(r"\[?[0-9a-fA-F.:]+\]?:\d+")
 _NUMBER = re.compile(r"\d+(\.\d+)?")
+# One ledger line, parsed: {"ev": kind, ...} (agents/loadgen/ledger_writer.py writes them).
+Record = dict[str, Any]
 
 
 @dataclass
 class LedgerVerdict:
     requests: int = 0
-    outcomes: dict = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
-    failed_reasons: dict = field(default_factory=dict)
-    lost: list = field(default_factory=list)  # request ids
-    duplicated: list = field(default_factory=list)
-    cross_delivered: list = field(default_factory=list)  # (request id, token index, why)
+    outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    failed_reasons: dict[str, int] = field(default_factory=dict)
+    lost: list[int] = field(default_factory=list)  # request ids
+    duplicated: list[int] = field(default_factory=list)
+    # (request id, token index or None for an outcome, why)
+    cross_delivered: list[tuple[int, int | None, str]] = field(default_factory=list)
     corrupted: int = 0
-    failed_without_reason: list = field(default_factory=list)
+    failed_without_reason: list[int] = field(default_factory=list)
     late_tokens: int = 0
-    counter_mismatches: dict = field(default_factory=dict)  # outcome -> (ledger, counter)
+    counter_mismatches: dict[str, tuple[int, int]] = field(default_factory=dict)  # outcome -> (ledger, counter)
 
     @property
     def ok(self) -> bool:
@@ -67,7 +72,7 @@ class LedgerVerdict:
         return not (self.lost or self.duplicated or self.cross_delivered or self.corrupted
                     or self.failed_without_reason or self.counter_mismatches)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {"requests": self.requests, "ok": self.outcomes["ok"], "slo_miss": self.outcomes["slo-miss"],
                 "failed": dict(self.failed_reasons), "failed_total": self.outcomes["failed"],
                 "timed_out": self.outcomes["timed-out"], "lost": len(self.lost),
@@ -90,11 +95,11 @@ class LedgerVerdict:
         return out
 
 
-def parse(lines: Iterable[str], source: str = "ledger") -> list[dict]:
+def parse(lines: Iterable[str], source: str = "ledger") -> list[Record]:
     """The records of a ledger's lines; a malformed line is a ConfigError naming it. A torn last line (the
     writer died mid-write) is the one thing tolerated: appends are line-sized, so only the tail can tear."""
     lines = list(lines)
-    records = []
+    records: list[Record] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -111,15 +116,15 @@ def parse(lines: Iterable[str], source: str = "ledger") -> list[dict]:
     return records
 
 
-def check(records: Iterable[dict]) -> LedgerVerdict:
+def check(records: Iterable[Record]) -> LedgerVerdict:
     verdict = LedgerVerdict()
     output_of: dict[int, int] = {}
-    outcomes: dict[int, list[dict]] = {}
+    outcomes: dict[int, list[Record]] = {}
     ended_at: dict[int, str] = {}  # id -> outcome, once the first outcome is recorded
     seen_tokens: dict[int, set[int]] = {}
-    admitted: Counter = Counter()
+    admitted: Counter[int] = Counter()
     duplicated: set[int] = set()
-    counters: dict | None = None
+    counters: dict[str, Any] | None = None
     for record in records:
         kind = record["ev"]
         if kind == "sent":
@@ -167,8 +172,8 @@ def check(records: Iterable[dict]) -> LedgerVerdict:
     return verdict
 
 
-def _token(verdict: LedgerVerdict, rid: int, index: int, output_of: dict, ended_at: dict, seen: dict,
-           duplicated: set) -> None:
+def _token(verdict: LedgerVerdict, rid: int, index: int, output_of: dict[int, int], ended_at: dict[int, str],
+           seen: dict[int, set[int]], duplicated: set[int]) -> None:
     if rid not in output_of:
         verdict.cross_delivered.append((rid, index, "token for a request never sent"))
         return
@@ -195,14 +200,14 @@ def reason_class(reason: str) -> str:
     return _NUMBER.sub("N", head)[:60] or "(no reason)"
 
 
-def first_after(records: Iterable[dict], kind: str, t: float) -> float | None:
+def first_after(records: Iterable[Record], kind: str, t: float) -> float | None:
     """The earliest `t` of a `kind` record at or after `t` (None if there is none): e.g. when the hand-off path
     first worked again after a fault."""
     times = [r["t"] for r in records if r["ev"] == kind and r.get("t") is not None and r["t"] >= t]
     return min(times) if times else None
 
 
-def read(path) -> LedgerVerdict:
+def read(path: str | Path) -> LedgerVerdict:
     """Check the ledger file at `path` (the only I/O here is reading the text the caller points at)."""
     with open(path, encoding="utf-8") as handle:
         return check(parse(handle, str(path)))

@@ -120,7 +120,7 @@ class Module:
         if self.pj_per_input_bit < 0 or self.added_latency_s < 0:
             raise ConfigError("module energy and added latency must be >= 0")
 
-    def energy_j(self, input_bytes: int) -> float:
+    def energy_j(self, input_bytes: float) -> float:
         """Stage energy = input bits × pJ per input bit (REFERENCE §5)."""
         return input_bytes * 8 * self.pj_per_input_bit * 1e-12
 

@@ -28,13 +28,13 @@ BLOCK_TOKENS = 512
 HASH_BITS = 63
 
 
-def chain_hash(parent: int | None, content: Iterable) -> int:
+def chain_hash(parent: int | None, content: Iterable[object]) -> int:
     """The id of a block whose content is named by `content` (any reprs), following block `parent`."""
     digest = hashlib.blake2b(repr((parent, tuple(content))).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> (64 - HASH_BITS)
 
 
-def chain(contents: Iterable[Iterable]) -> tuple[int, ...]:
+def chain(contents: Iterable[Iterable[object]]) -> tuple[int, ...]:
     """Ids of consecutive blocks, each chained on the one before."""
     ids: list[int] = []
     parent = None

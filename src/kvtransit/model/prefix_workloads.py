@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError
 from .prefix import BLOCK_TOKENS, chain_hash
 from .workload import DEFAULT_MAX_TOKENS, LengthDist, RequestSpec
 
+if TYPE_CHECKING:  # scenario.py imports this module
+    from .scenario import Scenario
+
 PREFIX_WORKLOADS = ("none", "system-prompts", "sessions")
 
 
-def _ids(owner_shared: tuple, shared_tokens: int, owner_own: tuple, prompt_tokens: int,
+def _ids(owner_shared: tuple[object, ...], shared_tokens: int, owner_own: tuple[object, ...], prompt_tokens: int,
          block_tokens: int) -> tuple[int, ...]:
     """Ids of a prompt's blocks: those wholly within its first `shared_tokens` are named by `owner_shared`
     (so other prompts with the same owner share them), the rest (a partial last one included) by
@@ -102,7 +106,7 @@ class SessionsSpec:
 
 def sessions(spec: SessionsSpec) -> list[RequestSpec]:
     rng = random.Random(spec.seed)
-    drafts = []  # (arrival, prompt, output, ids)
+    drafts: list[tuple[float, int, int, tuple[int, ...]]] = []  # (arrival, prompt, output, ids)
     start = 0.0
     session = 0
     while len(drafts) < spec.requests:
@@ -127,7 +131,7 @@ def sessions(spec: SessionsSpec) -> list[RequestSpec]:
     return [RequestSpec(i, t, prompt, output, ids) for i, (t, prompt, output, ids) in enumerate(drafts)]
 
 
-def prefix_requests(scenario) -> list[RequestSpec]:
+def prefix_requests(scenario: Scenario) -> list[RequestSpec]:
     """The requests of a scenario's `prefix_workload` ("system-prompts" or "sessions"); the user's part of each
     prompt is drawn from prompt_mean/prompt_cv, replies from output_mean/output_cv."""
     user = LengthDist(scenario.prompt_mean, scenario.prompt_cv)

@@ -19,7 +19,9 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from .catalog import MODELS, ModelSpec, model_by_name
 from .codecs import CODEC_NAMES, codec_declaration
@@ -107,14 +109,14 @@ def auto_channels_and_dilation(model: ModelSpec, link: Link, dilation: float, bu
     return 1, math.ceil(needed / DILATION_QUANTUM - 1e-9) * DILATION_QUANTUM
 
 
-def _choice(field_name: str, value: str, choices) -> str:
+def _choice(field_name: str, value: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ConfigError(f"{field_name}: unknown value {value!r} (choose from: {', '.join(choices)})")
     return value
 
 
-def _number(field_name: str, value, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-            integer: bool = False):
+def _number(field_name: str, value: object, *, lo: float | None = None, hi: float | None = None,
+            lo_open: bool = False, integer: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"{field_name}: expected a number, got {value!r}")
     if integer and not float(value).is_integer():
@@ -297,9 +299,10 @@ class Scenario:
     # --- scale and dilation -------------------------------------------------------------------------------
     def _channels_and_dilation(self) -> tuple[int, float]:
         model = self.model_spec
-        if self.scale == AUTO:
+        scale = self.scale
+        if isinstance(scale, str):  # AUTO, the one string __post_init__ lets through
             return auto_channels_and_dilation(model, self.link_spec, self.dilation, HOST_BUDGET_BPS)
-        return channels_for_scale(model, self.scale), self.dilation
+        return channels_for_scale(model, scale), self.dilation
 
     @property
     def kv_layout(self) -> KvLayout:
@@ -348,7 +351,7 @@ class Scenario:
         )
 
     # --- the same flags for every process -----------------------------------------------------------------
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def to_argv(self) -> list[str]:
@@ -358,7 +361,7 @@ class Scenario:
             argv += [flag_for(f.name), _format_value(getattr(self, f.name))]
         return argv
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The config block of a report: every field plus what was derived from it."""
         layout = self.kv_layout
         return {
@@ -384,7 +387,7 @@ def flag_for(field_name: str) -> str:
     return _FLAG_NAMES.get(field_name, "--" + field_name.replace("_", "-"))
 
 
-def _format_value(value) -> str:
+def _format_value(value: object) -> str:
     if isinstance(value, float):
         return repr(value)  # round-trips exactly
     return str(value)

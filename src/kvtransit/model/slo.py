@@ -27,6 +27,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from .errors import ConfigError
 
@@ -108,7 +109,8 @@ class RequestRecord:
         if not self.finished:
             return False
         tpot = self.tpot_s
-        return self.ttft_s <= self.ttft_slo_s and (tpot is None or tpot <= self.tpot_slo_s)
+        ttft = cast(float, self.ttft_s)  # finished: its first token came
+        return ttft <= self.ttft_slo_s and (tpot is None or tpot <= self.tpot_slo_s)
 
     @property
     def outcome(self) -> Outcome:
@@ -162,9 +164,9 @@ class Summary:
     handoff_s: dict[str, float]
     slo_attainment: float
     goodput_rps: float
-    requests: dict
+    requests: dict[str, Any]
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "ttft_s": self.ttft_s,
             "tpot_s": self.tpot_s,
@@ -185,16 +187,17 @@ def summarise(records: Sequence[RequestRecord], warmup_fraction: float = WARMUP_
     window = steady[-1].arrival_s - steady[0].arrival_s if len(steady) > 1 else math.nan
     reasons: dict[str, int] = {}
     for r in records:
-        if r.outcome is Outcome.FAILED:
+        if r.failure is not None:  # (that is, r.outcome is Outcome.FAILED)
             reasons[r.failure] = reasons.get(r.failure, 0) + 1
     counts = dict.fromkeys(Outcome, 0)
     for r in records:
         counts[r.outcome] += 1
     return Summary(
-        ttft_s=distribution(r.ttft_s for r in finished),
+        # A finished request has a first token and a finish: its TTFT and E2E are set.
+        ttft_s=distribution(cast(float, r.ttft_s) for r in finished),
         tpot_s=distribution(r.tpot_s for r in finished if r.tpot_s is not None),
         itl_s=distribution(gap for r in finished for gap in r.itl_s),
-        e2e_s=distribution(r.e2e_s for r in finished),
+        e2e_s=distribution(cast(float, r.e2e_s) for r in finished),
         handoff_s=distribution(r.handoff_s for r in records if r.handoff_s is not None),
         slo_attainment=met / len(steady) if steady else math.nan,
         goodput_rps=met / window if window and window > 0 else math.nan,

@@ -19,6 +19,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from .catalog import model_by_name
 from .errors import ConfigError
@@ -39,7 +40,7 @@ def _field_types() -> dict[str, type]:
 SCENARIO_TYPES = _field_types()
 
 
-def parse_value(name: str, text: str):
+def parse_value(name: str, text: str) -> Any:
     """One grid value of scenario field `name`, typed as the field is (ConfigError naming the field)."""
     if name not in SCENARIO_TYPES:
         raise ConfigError(f"grid: unknown scenario field {name!r} (choose from: {', '.join(SCENARIO_TYPES)})")
@@ -55,7 +56,7 @@ def parse_value(name: str, text: str):
         raise ConfigError(f"grid: {name} expects {kind.__name__} values, got {text!r}") from None
 
 
-def parse_axis(spec: str) -> tuple[str, list]:
+def parse_axis(spec: str) -> tuple[str, list[Any]]:
     """`"rate=8,10,12"` → `("rate", [8.0, 10.0, 12.0])` (scenario field names, `-` or `_`)."""
     name, sep, values = spec.partition("=")
     name = name.strip().replace("-", "_")
@@ -68,11 +69,15 @@ def parse_axis(spec: str) -> tuple[str, list]:
 KEY_FIELDS = ("link", "codec", "compress_at", "rate")
 
 
-def point_key(overrides: dict) -> str:
+# A point's scenario fields (name → value): values of any field's type.
+Overrides = dict[str, Any]
+
+
+def point_key(overrides: Overrides) -> str:
     return ",".join(f"{k}={v}" for k, v in overrides.items())
 
 
-def canonical_key(scenario: Scenario, axes: dict) -> str:
+def canonical_key(scenario: Scenario, axes: dict[str, list[Any]]) -> str:
     """`link=…,codec=…,compress_at=…,rate=…` then the grid's other axes, all read from the scenario."""
     names = [*KEY_FIELDS, *(n for n in axes if n not in KEY_FIELDS)]
     return point_key({n: getattr(scenario, n) for n in names})
@@ -85,8 +90,8 @@ def codec_label(codec: str, compress_at: str) -> str:
 
 @dataclass(frozen=True)
 class Grid:
-    base: dict = field(default_factory=dict)  # scenario fields every point shares
-    axes: dict = field(default_factory=dict)  # field → values, in the order they vary (last fastest)
+    base: Overrides = field(default_factory=dict)  # scenario fields every point shares
+    axes: dict[str, list[Any]] = field(default_factory=dict)  # field → values, in the order they vary (last fastest)
 
     def __post_init__(self) -> None:
         for name in [*self.base, *self.axes]:
@@ -96,9 +101,10 @@ class Grid:
             if not values:
                 raise ConfigError(f"grid: axis {name} has no values")
 
-    def points(self) -> list[dict]:
+    def points(self) -> list[Overrides]:
         """Each point's overrides (base excluded), duplicates dropped, in grid order."""
-        seen, out = set(), []
+        seen: set[str] = set()
+        out: list[Overrides] = []
         names = list(self.axes)
         for combo in itertools.product(*(self.axes[n] for n in names)):
             point = dict(zip(names, combo, strict=True))
@@ -111,7 +117,7 @@ class Grid:
                 out.append(point)
         return out
 
-    def scenario(self, point: dict) -> Scenario:
+    def scenario(self, point: Overrides) -> Scenario:
         return Scenario(**{**self.base, **point})
 
 
@@ -131,7 +137,7 @@ PRESET_HOST_BUDGET_BPS = 40e6
 PRESET_DILATION = 2.0
 
 
-def preset_emulation(link: str, model: str = "llama3-8b") -> dict:
+def preset_emulation(link: str, model: str = "llama3-8b") -> dict[str, float]:
     """`{"scale", "dilation"}` for `link` within PRESET_HOST_BUDGET_BPS (at least PRESET_DILATION)."""
     spec = model_by_name(model)
     channels, dilation = auto_channels_and_dilation(spec, link_by_name(link), PRESET_DILATION, PRESET_HOST_BUDGET_BPS)
@@ -144,7 +150,7 @@ DECK_LINKS = ("nvlink4", "ib-ndr", "eth-100g", "eth-25g")
 DECK_POLICY = {"policy": "host"}
 
 
-def _link_grid(link: str, axes: dict, **base) -> Grid:
+def _link_grid(link: str, axes: dict[str, list[Any]], **base: Any) -> Grid:
     return Grid({**DECK_WORKLOAD, **DECK_POLICY, **preset_emulation(link), "link": link, **base}, axes)
 
 

@@ -26,6 +26,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from .errors import ConfigError
 from .workload import DEFAULT_MAX_TOKENS, RequestSpec
@@ -51,7 +52,7 @@ def _where(source: str, line: int) -> str:
     return f"{source}, line {line}"
 
 
-def _whole(value, what: str, where: str, *, lo: int) -> int:
+def _whole(value: object, what: str, where: str, *, lo: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer() or value < lo:
         raise TraceError(f"{where}: {what} must be a whole number >= {lo}, got {value!r}")
     return int(value)
@@ -168,7 +169,7 @@ def parse_trace(lines: Iterable[str], fmt: str, source: str = "<trace>") -> list
 @dataclass(frozen=True)
 class TraceReplay:
     requests: list[RequestSpec]
-    applied: dict = field(default_factory=dict)  # what was done to the trace, for the report
+    applied: dict[str, Any] = field(default_factory=dict)  # what was done to the trace, for the report
 
 
 def replay(records: list[TraceRecord], *, requests: int, time_scale: float = 1.0, sampling: str = "first",

@@ -132,7 +132,7 @@ class HttpServer:
             except HttpError as exc:
                 response = HttpResponse.json({"error": exc.message}, exc.status)
             await self._write(writer, response)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             writer.close()
@@ -168,7 +168,7 @@ class HttpServer:
             raise HttpError(413, f"request body of {length} bytes is over the {self.max_body_bytes}-byte limit")
         try:  # a client that announces a body and never sends it is dropped like one that sends no head
             body = await asyncio.wait_for(reader.readexactly(length), HEAD_TIMEOUT_S) if length else b""
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise HttpError(408, f"request body of {length} bytes did not arrive within {HEAD_TIMEOUT_S:.0f} s") from None
         url = urlsplit(target)
         request = HttpRequest(method.upper(), url.path, parse_qs(url.query), headers, body)

@@ -141,7 +141,7 @@ class PrometheusProcess:
                 self.process.wait()
         shutil.rmtree(self.storage_dir, ignore_errors=True)
 
-    def __enter__(self) -> "PrometheusProcess":
+    def __enter__(self) -> PrometheusProcess:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -12,6 +12,7 @@ import os
 import secrets
 import shutil
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import commands
 from .errors import CommandFailed, ShapingError
@@ -59,7 +60,7 @@ class Capabilities:
     def netem(self) -> bool:
         return self.root and self.tc and self.qdiscs.get("netem", False)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"root": self.root, "tc": self.tc, "qdiscs": dict(self.qdiscs), "notes": list(self.notes),
                 "rate_backend": self.rate_qdisc or "userspace",
                 "delay_backend": "netem" if self.netem else "userspace"}
@@ -116,7 +117,7 @@ class Plan:
     def needs_userspace_delay(self) -> bool:
         return self.delay == "userspace"
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"rate": self.rate, "latency": self.delay, "jitter": self.delay, "loss": self.loss}
 
 

@@ -94,6 +94,7 @@ def rate_argv(namespace: str | None, dev: str, spec: LinkSpec, qdisc: str = "tbf
 
 def htb_queue_argv(namespace: str | None, dev: str, spec: LinkSpec, verb: str = "add") -> list[str]:
     """htb's leaf queue, bounded in bytes like tbf's limit (htb alone would use txqueuelen packets)."""
+    assert spec.rate_Bps is not None, "htb_queue_argv needs a spec with a rate"
     wire = wire_rate_Bps(spec.rate_Bps, spec.mtu)
     return _tc(namespace, "qdisc", verb, "dev", dev, "parent", RATE_CLASS, "handle", NETEM_HANDLE, "bfifo",
                "limit", str(queue_limit_bytes(spec, wire)))
@@ -132,7 +133,7 @@ def shape_argv(namespace: str | None, dev: str, spec: LinkSpec, rate_qdisc: str 
     """Everything that shapes one device's egress, in the order to run it."""
     argvs: list[list[str]] = []
     has_rate = spec.rate_Bps is not None and rate_qdisc is not None
-    if has_rate:
+    if has_rate and rate_qdisc is not None:  # (has_rate says so already; mypy needs it spelled out)
         argvs += rate_argv(namespace, dev, spec, rate_qdisc, verb)
     if use_netem:
         argvs.append(netem_argv(namespace, dev, spec, under_rate=has_rate, verb=verb))

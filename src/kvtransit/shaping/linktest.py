@@ -16,6 +16,7 @@ import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 from .backend import Capabilities, plan, probe
 from .errors import ShapingError
@@ -35,15 +36,18 @@ class _Process:
     def __init__(self, argv: list[str]) -> None:
         self.argv = argv
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stderr is not None  # both are pipes
+        self.stdout, self.stderr = self.proc.stdout, self.proc.stderr
 
-    def line(self) -> dict:
-        text = self.proc.stdout.readline()
+    def line(self) -> dict[str, Any]:
+        text = self.stdout.readline()
         if not text:
             self.proc.wait(timeout=READY_TIMEOUT_S)
-            raise ShapingError("measurement", " ".join(self.argv), f"exited: {self.proc.stderr.read().strip()}")
-        return json.loads(text)
+            raise ShapingError("measurement", " ".join(self.argv), f"exited: {self.stderr.read().strip()}")
+        result: dict[str, Any] = json.loads(text)
+        return result
 
-    def finish(self, timeout: float) -> dict:
+    def finish(self, timeout: float) -> dict[str, Any]:
         """Wait for the process to exit (bounded: a peer that never connects must not hang the run), then read
         its one result line (small enough to sit in the pipe meanwhile)."""
         try:
@@ -56,8 +60,8 @@ class _Process:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
+        self.stdout.close()
+        self.stderr.close()
 
 
 def _python_in(namespace: str, module: str, *args: object) -> list[str]:
@@ -65,14 +69,14 @@ def _python_in(namespace: str, module: str, *args: object) -> list[str]:
 
 
 def run_link_test(spec: LinkSpec, *, seconds: float = 3.0, rtt_count: int = 200, warmup_s: float = DEFAULT_WARMUP_S,
-                  runner: Runner = run_command, capabilities: Capabilities | None = None) -> dict:
+                  runner: Runner = run_command, capabilities: Capabilities | None = None) -> dict[str, Any]:
     """Measure `spec` on a fresh namespace pair. Raises ShapingError before creating anything if the spec
     cannot be realised here. Returns configured vs achieved, and which back-end did each property."""
     caps = capabilities if capabilities is not None else probe(runner)
     link_plan = plan(spec, caps)
     manifest_dir = tempfile.mkdtemp(prefix="kvtransit-links-")
     manifest_path = Path(manifest_dir) / "manifest.json"
-    result: dict = {
+    result: dict[str, Any] = {
         "configured_bps": spec.rate_Bps * 8 if spec.rate_Bps else None, "achieved_bps": None,
         "configured_latency_s": spec.latency_s if spec.has_delay else None, "achieved_latency_s": None,
         "backends": link_plan.describe(),
@@ -91,6 +95,7 @@ def run_link_test(spec: LinkSpec, *, seconds: float = 3.0, rtt_count: int = 200,
             return process
 
         src, dst = bed.namespace("src"), bed.namespace("dst")
+        assert src is not None and dst is not None  # only the agent "host" is the root namespace
         dst_addr = bed.address("dst", "src")
         delay_port = ECHO_PORT
         if link_plan.needs_userspace_delay:

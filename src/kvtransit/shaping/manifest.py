@@ -11,6 +11,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import commands
 from .errors import CommandFailed, ShapingError
@@ -23,18 +24,19 @@ KINDS = ("netns", "veth", "qdisc")
 @dataclass
 class Manifest:
     run_id: str
-    resources: list[dict] = field(default_factory=list)
+    resources: list[dict[str, Any]] = field(default_factory=list)
     path: Path | None = None
-    info: dict = field(default_factory=dict)  # addresses, link plans: for people and the launcher, not cleanup
+    # Addresses, link plans: for people and the launcher, not cleanup.
+    info: dict[str, Any] = field(default_factory=dict)
 
-    def record(self, kind: str, **names: str) -> None:
+    def record(self, kind: str, **names: str | None) -> None:
         """Note one created resource and persist at once (a crash right after still leaves it on file)."""
         if kind not in KINDS:
             raise ValueError(f"unknown resource kind {kind!r}")
         self.resources.append({"kind": kind, **names})
         self.save()
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"version": MANIFEST_VERSION, "run_id": self.run_id, "resources": self.resources, "info": self.info}
 
     def save(self) -> None:

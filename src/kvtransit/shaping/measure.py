@@ -18,12 +18,13 @@ import socket
 import statistics
 import sys
 import time
+from typing import Any
 
 CHUNK = 256 * 1024  # large writes so the sender is never the bottleneck (Python per-call overhead amortised)
 PING_BYTES = 64  # one small segment per direction, like ping
 
 
-def _announce(**fields) -> None:
+def _announce(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
 
 

@@ -101,7 +101,7 @@ def parse_mahimahi(text: str, bin_s: float = 0.1, latency_s: float = 0.0) -> Sch
     Bins with no opportunity (an outage) get the smallest positive rate tc accepts (8 bit/s), not zero."""
     if not bin_s > 0:
         raise ShapingError("bin_s", bin_s, "must be > 0")
-    times_ms = []
+    times_ms: list[int] = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue

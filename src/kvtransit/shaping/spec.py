@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .errors import ShapingError
 from .units import parse_rate, parse_size, parse_time
@@ -119,7 +120,7 @@ class LinkSpec:
         jitter: str | None = None,
         loss_pct: float = 0.0,
         limit: str | None = None,
-        **rest,
+        **rest: Any,
     ) -> LinkSpec:
         """From tc-style strings: LinkSpec.parse(rate="200mbit", latency="5ms", jitter="1ms", limit="1mb")."""
         return cls(
@@ -139,7 +140,7 @@ class LinkSpec:
             return self
         return replace(self, rate_Bps=self.rate_Bps * scale)
 
-    def with_changes(self, **changes) -> LinkSpec:
+    def with_changes(self, **changes: Any) -> LinkSpec:
         """A copy with some fields changed, validated again (for run-time `tc qdisc change`)."""
         return replace(self, **changes)
 
@@ -153,9 +154,9 @@ class LinkSpec:
     def has_loss(self) -> bool:
         return self.loss_pct > 0 or self.gilbert_elliott is not None
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """JSON-ready summary (manifests and reports)."""
-        out = {
+        out: dict[str, Any] = {
             "rate_Bps": self.rate_Bps,
             "latency_s": self.latency_s,
             "jitter_s": self.jitter_s,
@@ -176,7 +177,7 @@ class LinkSpec:
         return out
 
     @classmethod
-    def from_description(cls, data: dict) -> LinkSpec:
+    def from_description(cls, data: dict[str, Any]) -> LinkSpec:
         data = dict(data)
         ge = data.pop("gilbert_elliott", None)
         return cls(gilbert_elliott=GilbertElliott(**ge) if ge else None, **data)

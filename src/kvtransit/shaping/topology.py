@@ -30,6 +30,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import commands
 from .backend import RUN_ID_PREFIX, Capabilities, Plan, new_run_id, plan, probe
@@ -71,7 +72,7 @@ class BuiltLink:
     spec: LinkSpec | None
     plan: Plan | None
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"a": self.a, "b": self.b, "dev_a": self.dev_a, "dev_b": self.dev_b, "address_a": self.address_a,
                 "address_b": self.address_b, "spec": self.spec.describe() if self.spec else None,
                 "backends": self.plan.describe() if self.plan else None}
@@ -144,7 +145,7 @@ class Testbed:
     def up(self, a: str, b: str) -> None:
         self.set_state(a, b, "up")
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "namespaces": dict(self.namespaces),
                 "links": [link.describe() for link in self.links]}
 
@@ -154,7 +155,7 @@ class Testbed:
     def __enter__(self) -> Testbed:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.cleanup()
 
 
@@ -244,10 +245,10 @@ def build_testbed(
     manifest = Manifest(run_id=run_id, path=Path(manifest_path) if manifest_path else None)
     built: list[BuiltLink] = []
     try:
-        for ns in made:
-            runner(commands.netns_add_argv(ns))
-            manifest.record("netns", name=ns)
-            runner(commands.link_set_argv(ns, "lo", "up"))
+        for new_ns in made:
+            runner(commands.netns_add_argv(new_ns))
+            manifest.record("netns", name=new_ns)
+            runner(commands.link_set_argv(new_ns, "lo", "up"))
         for index, (link, link_plan) in enumerate(zip(links, plans, strict=True)):
             mtu = link.spec.mtu if link.spec else 1500
             dev_a, dev_b = f"{run_id}{index}a", f"{run_id}{index}b"
@@ -261,14 +262,16 @@ def build_testbed(
                 runner(commands.addr_add_argv(ns, dev, f"{addr}/24"))
                 runner(commands.link_set_argv(ns, dev, "up"))
             result = BuiltLink(link.a, link.b, dev_a, dev_b, addr_a, addr_b, link.spec, link_plan)
-            for agent in result.shaped_ends():
-                ns, dev = namespaces[agent], (dev_a if agent == link.a else dev_b)
-                argvs = commands.shape_argv(ns, dev, link.spec, link_plan.rate_qdisc, link_plan.use_netem)
-                if argvs:
-                    runner(argvs[0])
-                    manifest.record("qdisc", netns=ns, dev=dev)
-                    for argv in argvs[1:]:
-                        runner(argv)
+            spec, shaping = link.spec, link_plan
+            if spec is not None and shaping is not None:  # an unshaped link (no spec, no plan) has no shaped ends
+                for agent in result.shaped_ends():
+                    ns, dev = namespaces[agent], (dev_a if agent == link.a else dev_b)
+                    argvs = commands.shape_argv(ns, dev, spec, shaping.rate_qdisc, shaping.use_netem)
+                    if argvs:
+                        runner(argvs[0])
+                        manifest.record("qdisc", netns=ns, dev=dev)
+                        for argv in argvs[1:]:
+                            runner(argv)
             built.append(result)
     except BaseException as exc:
         try:

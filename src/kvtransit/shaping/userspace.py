@@ -63,6 +63,7 @@ class TokenBucket:
             raise ShapingError("nbytes", nbytes, "must be an integer >= 0")
         self._refill(now)
         self._tokens -= nbytes
+        assert self._updated is not None  # _refill set it
         at = max(now, self._updated)
         return at if self._tokens >= 0 else at + (-self._tokens) / self.rate_Bps
 

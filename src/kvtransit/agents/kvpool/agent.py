@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from kvtransit.agents.common.pool_stream import OpenPut, PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened
+from kvtransit.agents.common.process import Address, announce_ready, listen, new_registry, start_http
 from kvtransit.model.prefix import BLOCK_TOKENS
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime import metrics as runtime_metrics
@@ -28,8 +30,6 @@ from kvtransit.wire.errors import ErrorCode, ProtocolError
 from kvtransit.wire.events import Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, PoolFetch, PoolHit, Role
 from kvtransit.wire.limits import WIRE_VERSION, clip_message, clip_reason
 
-from .._process import Address, announce_ready, listen, new_registry, start_http
-from ..pool_stream import OpenPut, PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened
 from .store import BlockStore, StoredBlock, StoredChunk
 
 log = logging.getLogger(__name__)

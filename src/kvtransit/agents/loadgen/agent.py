@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from kvtransit.agents._process import Address, announce_ready, new_registry, start_http
+from kvtransit.agents.common.process import Address, announce_ready, new_registry, start_http
 from kvtransit.model.ledger_check import LEDGER_FILE
 from kvtransit.model.ledger_check import read as ledger_check
 from kvtransit.model.scenario import Scenario

@@ -15,7 +15,7 @@ import json
 import math
 from pathlib import Path
 
-from kvtransit.agents._process import finite_json
+from kvtransit.agents.common.process import finite_json
 from kvtransit.model import fidelity
 from kvtransit.model.energy import link_energy_j, module_energy_j
 from kvtransit.model.scenario import Scenario

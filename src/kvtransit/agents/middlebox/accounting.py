@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from kvtransit.runtime.egress import TransferRecord
 from kvtransit.runtime.metrics import MiddleboxMetrics, PoolRelayMetrics
 
-from .items import ChunkInFlight
+from .chunk_in_flight import ChunkInFlight
 from .stages import LinkStage
 from .stages.kernel import PLACEMENT_HOST, PLACEMENT_MODULE
 

@@ -38,10 +38,10 @@ from kvtransit.wire.errors import ProtocolError
 from kvtransit.wire.events import Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, Role
 
 from .accounting import HandoffAccounting
+from .chunk_in_flight import ChunkInFlight
 from .decode_peers import DEFAULT_CONNECT_TIMEOUT_S, DecodePeer, DecodePeers
 from .faults import FaultChain
 from .handoff import Handoff
-from .items import ChunkInFlight
 from .pipeline import Abandoned, ByteBudget, Delivered, KvStream, Refused
 from .stages import DEFAULT_CHAIN, ActiveKernel, ChainSettings, KernelStage, LinkStage, ModuleStage, StageChain
 

@@ -30,7 +30,7 @@ from kvtransit.runtime.egress import Transfer
 from kvtransit.wire import ErrorCode, clip_message
 from kvtransit.wire.events import Error, KvChunk, KvEnd
 
-from .items import ChunkInFlight
+from .chunk_in_flight import ChunkInFlight
 from .stages import StageChain
 from .stages.kernel import PLACEMENT_NONE, ActiveKernel
 

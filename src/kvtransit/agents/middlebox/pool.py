@@ -27,6 +27,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, replace
 
+from kvtransit.agents.common.pool_stream import OpenPut, PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.egress import EgressShaper
 from kvtransit.runtime.metrics import pool_relay_metrics
@@ -34,13 +35,24 @@ from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S, TaskSet
 from kvtransit.runtime.transport import Endpoint, open_endpoint
 from kvtransit.wire import WIRE_VERSION, ErrorCode, clip_message, clip_reason
 from kvtransit.wire.errors import ProtocolError
-from kvtransit.wire.events import (Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, PoolFetch, PoolHit,
-                                   PoolPut, Role)
+from kvtransit.wire.events import (
+    Ack,
+    AckStatus,
+    Bye,
+    Error,
+    Hello,
+    KvBegin,
+    KvChunk,
+    KvEnd,
+    PoolFetch,
+    PoolHit,
+    PoolPut,
+    Role,
+)
 
-from ..pool_stream import OpenPut, PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened
 from .accounting import PoolAccounting
 from .app import Middlebox
-from .items import ChunkInFlight
+from .chunk_in_flight import ChunkInFlight
 from .pipeline import Abandoned, Delivered, KvStream, Refused
 from .stages.kernel import PLACEMENT_MODULE
 

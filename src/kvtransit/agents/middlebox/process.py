@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+from kvtransit.agents.common.process import Address, announce_ready, listen, new_registry, port_in_use_error, start_http
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.http import HttpServer
 from kvtransit.wire.events import Role
 
-from .._process import Address, _port_in_use, announce_ready, listen, new_registry, start_http
 from .app import Middlebox
 from .control import register_control_routes
 from .pool import PoolRelay
@@ -45,7 +45,7 @@ class MiddleboxProcess:
         try:
             await control.start(self.control_listen.host, self.control_listen.port)
         except OSError as exc:
-            raise _port_in_use(self.control_listen, "--control-listen", exc) from None
+            raise port_in_use_error(self.control_listen, "--control-listen", exc) from None
         announce_ready("middlebox", mb.name, listen_port=server.port, metrics_port=http.port,
                        control_port=control.port, link_backend=mb.link_backend,
                        **({"pool_port": pool_server.port} if pool_server is not None else {}))

@@ -25,8 +25,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from kvtransit.agents import kvframes
-from kvtransit.agents._process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
+from kvtransit.agents.common import kv_frames
+from kvtransit.agents.common.process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
 from kvtransit.model.prefill_plan import BatchEntry, codec_on_gpu, plan_prefill_step
@@ -87,7 +87,7 @@ class PrefillAgent:
         self.layout = layout
         self.kv = SyntheticKv(layout.layers, layout.kv_heads, layout.head_dim, scenario.seed,
                               sample_path=scenario.kv_sample_path)
-        self.gpu_codec = kvframes.codec_for(scenario) if codec_on_gpu(scenario) else None
+        self.gpu_codec = kv_frames.codec_for(scenario) if codec_on_gpu(scenario) else None
         # Prefix reuse (off by default): each request's lookup, kept until its step has run.
         self.prefix = (PrefixReuse(scenario, registry=self.registry, kv=self.kv, clock=self.clock, pool_via=pool_via,
                                    name=name) if scenario.kv_pool != "off" else None)
@@ -203,19 +203,19 @@ class PrefillAgent:
         tokens = request.prompt_tokens
         rows_per_layer = 2 * layout.kv_heads
         row_bytes = tokens * layout.head_dim * layout.bytes_per_value
-        pieces = kvframes.row_slices(layout.layers, rows_per_layer, row_bytes)
-        layers = [kvframes.as_rows(self.kv.layer(request.request_id, layer, tokens)) for layer in range(layout.layers)]
+        pieces = kv_frames.row_slices(layout.layers, rows_per_layer, row_bytes)
+        layers = [kv_frames.as_rows(self.kv.layer(request.request_id, layer, tokens)) for layer in range(layout.layers)]
         codec_name = self.scenario.codec if self.gpu_codec is not None else "none"
         codec = self.gpu_codec
         if codec is not None and tokens < self.scenario.sinks:
-            codec = kvframes.codec_for(self.scenario, tokens)
+            codec = kv_frames.codec_for(self.scenario, tokens)
         frames = []
         for index, piece in enumerate(pieces):
             rows = layers[piece.layer]
             if codec is None:
-                frames.append(kvframes.raw_chunk(request.request_id, index, piece, rows))
+                frames.append(kv_frames.raw_chunk(request.request_id, index, piece, rows))
             else:
-                frames.append(kvframes.encoded_chunk(request.request_id, index, piece, rows, codec, codec_name))
+                frames.append(kv_frames.encoded_chunk(request.request_id, index, piece, rows, codec, codec_name))
         begin = KvBegin(request_id=request.request_id, prompt_tokens=tokens, output_tokens=request.output_tokens,
                         n_layers=layout.layers, n_chunks=len(frames), raw_bytes=layout.request_bytes(tokens),
                         codec=codec_name, first_token_ns=first_token_ns)

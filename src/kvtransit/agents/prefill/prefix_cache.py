@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvtransit.agents import kvframes
-from kvtransit.agents._process import Address
+from kvtransit.agents.common import kv_frames
+from kvtransit.agents.common.process import Address
 from kvtransit.model.prefix import BLOCK_TOKENS, PrefixIndex, cached_tokens, capacity_blocks_for, storable
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime import metrics as runtime_metrics
@@ -210,19 +210,19 @@ class PrefixReuse:
 
     def _put_frames(self, request_id: int, result: Lookup) -> list:
         """PoolPut, then KvBegin and each new block as rows of whole token runs: every layer's K and V rows,
-        [layers·2·kv_heads, block_tokens, head_dim], in chunks of at most kvframes.MAX_CHUNK_BYTES (so a
+        [layers·2·kv_heads, block_tokens, head_dim], in chunks of at most kv_frames.MAX_CHUNK_BYTES (so a
         block is a few large frames, not one small frame per layer: per-frame host overhead would otherwise
         pace a fast link). The codec works along tokens, row by row, so any run of rows is a valid chunk."""
         layout, B = self.layout, self.block_tokens
         first, last = result.hit_blocks, result.hit_blocks + len(result.new_blocks)
-        layers = [kvframes.as_rows(self.kv.layer(request_id, layer, last * B)) for layer in range(layout.layers)]
+        layers = [kv_frames.as_rows(self.kv.layer(request_id, layer, last * B)) for layer in range(layout.layers)]
         rows_per_block = layers[0].shape[0] * len(layers)
-        pieces = kvframes.row_slices(1, rows_per_block, B * layout.head_dim * layout.bytes_per_value)
+        pieces = kv_frames.row_slices(1, rows_per_block, B * layout.head_dim * layout.bytes_per_value)
         chunks = []
         for k in range(first, last):
             block = np.concatenate([rows[:, k * B:(k + 1) * B, :] for rows in layers])
             for piece in pieces:
-                chunks.append(kvframes.raw_chunk(request_id, len(chunks), piece, block))
+                chunks.append(kv_frames.raw_chunk(request_id, len(chunks), piece, block))
         begin = KvBegin(request_id=request_id, prompt_tokens=len(result.new_blocks) * B, output_tokens=1,
                         n_layers=1, n_chunks=len(chunks), raw_bytes=sum(c.raw_bytes for c in chunks),
                         codec="none", first_token_ns=0)

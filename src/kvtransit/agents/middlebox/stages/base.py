@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
 from kvtransit.model.errors import ConfigError
-
-from ..items import ChunkInFlight
 
 if TYPE_CHECKING:
     from .chain import ChainSettings

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
 from kvtransit.model.errors import ConfigError, unknown_name
 from kvtransit.model.link_catalog import Link
 from kvtransit.model.module import Module, Policy
@@ -21,7 +22,6 @@ from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.egress import TransferRecord
 
-from ..items import ChunkInFlight
 from .base import Stage
 from .kernel import ActiveKernel, KernelConfig, KernelStage
 from .link import LINK_BACKENDS, LinkStage

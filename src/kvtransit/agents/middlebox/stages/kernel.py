@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 import ml_dtypes
 import numpy as np
 
+from kvtransit.agents.common.kv_frames import IDENTITY_CODEC_ID, byte_view, codec_id
+from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
 from kvtransit.kernels import get_codec
 from kvtransit.kernels.registry import Codec
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.module import Action, BudgetResult, KernelDeclaration, Module, Policy, budget_check
 from kvtransit.wire.events import DType
 
-from ...kvframes import IDENTITY_CODEC_ID, byte_view, codec_id
-from ..items import ChunkInFlight
 from .base import Stage
 
 if TYPE_CHECKING:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
 from kvtransit.model.module import Module
 
-from ..items import ChunkInFlight
 from .base import Stage
 from .kernel import PLACEMENT_MODULE, ActiveKernel
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvtransit.agents.common import kv_frames
+from kvtransit.agents.common.process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
 from kvtransit.kernels.registry import decode as codec_decode
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.cost import decode_step_s, decode_work, step_energy_j
@@ -40,9 +42,6 @@ from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire.errors import ErrorCode, RemoteProtocolError
 from kvtransit.wire.events import Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, Role, TokenEntry, Tokens
 from kvtransit.wire.limits import MAX_META, WIRE_VERSION, clip_reason
-
-from . import kvframes
-from ._process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
 
 log = logging.getLogger(__name__)
 
@@ -296,17 +295,17 @@ class DecodeAgent:
         layout, tokens = self.layout, item.begin.prompt_tokens
         layers: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         for layer, codec_id, header, payload, shape in item.chunks:
-            if codec_id == kvframes.IDENTITY_CODEC_ID:
+            if codec_id == kv_frames.IDENTITY_CODEC_ID:
                 from ml_dtypes import bfloat16
 
                 decoded = np.frombuffer(payload, dtype=bfloat16).reshape(shape)
             else:
                 decoded = codec_decode(header, payload)
             layers.setdefault(layer, []).append(decoded)
-        raw = all(codec_id == kvframes.IDENTITY_CODEC_ID for _, codec_id, *_ in item.chunks)
+        raw = all(codec_id == kv_frames.IDENTITY_CODEC_ID for _, codec_id, *_ in item.chunks)
         for layer, pieces in layers.items():
             decoded = np.concatenate(pieces, axis=0)
-            reference = kvframes.as_rows(self._kv.layer(item.begin.request_id, layer, tokens))
+            reference = kv_frames.as_rows(self._kv.layer(item.begin.request_id, layer, tokens))
             if raw and decoded.tobytes() != np.ascontiguousarray(reference).tobytes():
                 # Raw KV must arrive bit for bit: a difference is corruption the wire's CRCs missed, and it was
                 # used. The ledger reports this count (model/ledger_check.py: corrupted), once per request.

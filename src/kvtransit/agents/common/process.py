@@ -64,7 +64,7 @@ def parse_addresses(text: str, flag: str) -> list[Address]:
     return [parse_address(item.strip(), flag) for item in items]
 
 
-def _port_in_use(address: Address, flag: str, exc: OSError) -> ConfigError:
+def port_in_use_error(address: Address, flag: str, exc: OSError) -> ConfigError:
     if exc.errno == errno.EADDRINUSE:
         return ConfigError(f"port {address} is already in use (move it with {flag} HOST:PORT, port 0 picks a free one)")
     return ConfigError(f"cannot listen on {address} ({flag}): {exc.strerror or exc}")
@@ -75,7 +75,7 @@ async def listen(address: Address, flag: str, handler, our_role: Role, their_rol
     try:
         return await serve(address.host, address.port, handler, our_role, their_role)
     except OSError as exc:
-        raise _port_in_use(address, flag, exc) from None
+        raise port_in_use_error(address, flag, exc) from None
 
 
 StatsHandler = Callable[[], dict]
@@ -93,7 +93,7 @@ async def start_http(address: Address, registry: CollectorRegistry, stats: Stats
     try:
         await http.start(address.host, address.port)
     except OSError as exc:
-        raise _port_in_use(address, flag, exc) from None
+        raise port_in_use_error(address, flag, exc) from None
     return http
 
 

@@ -1,0 +1,1 @@
+"""The decode process (`kvtransit decode`): `agent.py` reassembles hand-offs and runs the continuous batch."""
