@@ -42,8 +42,8 @@ def assert_nothing_lost(result: chaos.ChaosResult) -> None:
     assert total == summary["requests"]
 
 
-@pytest.mark.parametrize("name", ["decode-kill", "link-down", "rate-collapse", "corrupt", "reset-peer", "loss", "latency", "slicer",
-                                  "malformed-peer", "control-abuse"])
+@pytest.mark.parametrize("name", ["decode-kill", "link-down", "rate-collapse", "corrupt", "reset-peer", "loss",
+                                  "latency", "slicer", "malformed-peer", "control-abuse"])
 def test_a_link_fault_loses_duplicates_and_cross_delivers_nothing(name, tmp_path):
     result = run(name, tmp_path)
     assert_nothing_lost(result)

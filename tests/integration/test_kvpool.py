@@ -101,7 +101,7 @@ async def test_a_written_back_prefix_comes_back_through_the_middlebox_compressed
 
 async def test_with_the_pool_unreachable_the_prefill_recomputes_and_counts_why():
     scenario = Scenario(link="eth-100g", codec="none", kv_pool="pool")
-    async with pool_path(scenario) as (_pool, pool_server, relay, reuse):
+    async with pool_path(scenario) as (_pool, pool_server, _relay, reuse):
         await pool_server.shutdown(0.5)  # the pool goes away behind the middlebox
         lookup = await reuse.lookup(_request(1, _prefix("a", 2)))
         assert (lookup.outcome, lookup.cached_tokens) == ("fetch-failed", 0)

@@ -145,7 +145,7 @@ async def testbed():
 
 
 async def test_band_keep_runs_on_every_chunk_and_decode_gets_the_kernels_output(testbed):
-    stub, mb, server, registry = await testbed()
+    stub, _mb, server, registry = await testbed()
     kv = known_kv(1)
     client = await prefill_client(server.port)
     await send_kv(client, 11, kv)
@@ -172,7 +172,7 @@ async def test_band_keep_runs_on_every_chunk_and_decode_gets_the_kernels_output(
 
 
 async def test_pass_through_forwards_the_bytes_unchanged(testbed):
-    stub, mb, server, _ = await testbed(codec="none")
+    stub, _mb, server, _ = await testbed(codec="none")
     kv = known_kv(2)
     client = await prefill_client(server.port)
     await send_kv(client, 5, kv)
@@ -183,7 +183,7 @@ async def test_pass_through_forwards_the_bytes_unchanged(testbed):
 
 
 async def test_decode_refusal_reaches_the_prefill_as_a_failed_ack_and_is_counted(testbed):
-    stub, mb, server, registry = await testbed()
+    stub, _mb, server, registry = await testbed()
     stub.refuse.add(8)
     client = await prefill_client(server.port)
     await send_kv(client, 7, known_kv(3))
@@ -266,7 +266,7 @@ async def test_a_kernel_the_module_cannot_run_is_refused_by_policy(testbed):
 
     with pytest.raises(ConfigError, match="rounding"):
         await testbed(codec="fp8", policy="reject")
-    stub, mb, server, _ = await testbed(codec="fp8", policy="host")
+    _stub, mb, _server, _ = await testbed(codec="fp8", policy="host")
     assert mb.kernel.placement == "host"
 
 

@@ -44,9 +44,12 @@ def _run(tmp_path: Path, name: str, stop_after_s: float | None = None, on_starte
         stop = asyncio.Event()
         if stop_after_s is not None:
             asyncio.get_running_loop().call_later(stop_after_s, stop.set)
-        if on_started is not None:
-            asyncio.create_task(on_started(launcher))
-        return await launcher.run(stop)
+        hook = asyncio.create_task(on_started(launcher)) if on_started is not None else None
+        try:
+            return await launcher.run(stop)
+        finally:
+            if hook is not None:
+                hook.cancel()
 
     path = asyncio.run(main())
     return launcher, (json.loads(path.read_text()) if path else None)
@@ -100,7 +103,7 @@ def test_workload_is_the_simulators_stream_for_seed_1(light_run):
     expected = _simulator_stream(1, LIGHT["rate"], LIGHT["requests"])
     got = [(r["id"], r["prompt_tokens"], r["output_tokens"]) for r in light_run["per_request"]]
     assert got == [(i, p, o) for i, _, p, o in expected]
-    lag = [r["arrival_s"] - t for r, (_, t, _, _) in zip(light_run["per_request"], expected)]
+    lag = [r["arrival_s"] - t for r, (_, t, _, _) in zip(light_run["per_request"], expected, strict=True)]
     assert all(0 <= x < 0.05 for x in lag), lag  # sent on its arrival time (absolute deadlines)
 
 
@@ -180,7 +183,8 @@ def _alive(pid: int) -> bool:
 
 def test_a_crashed_process_stops_the_run_and_the_report_keeps_what_completed(tmp_path):
     async def kill_decode(launcher):
-        while not any(c.role == "loadgen" and c.ready for c in launcher.children):
+        # The launcher makes the load generator's Child last, so there is no event to wait on before that.
+        while not any(c.role == "loadgen" and c.ready for c in launcher.children):  # noqa: ASYNC110
             await asyncio.sleep(0.1)
         await asyncio.sleep(2.0)
         decode = next(c for c in launcher.children if c.role == "decode")
@@ -213,8 +217,8 @@ def test_a_port_in_use_names_the_port_and_the_flag():
                                 capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"kvtransit decode: error: port 127.0.0.1:{port} is already in use (move it with --listen HOST:PORT, "
-        "port 0 picks a free one)"]
+        (f"kvtransit decode: error: port 127.0.0.1:{port} is already in use (move it with --listen HOST:PORT, "
+         "port 0 picks a free one)")]
 
 
 def test_an_unknown_value_is_one_line_with_the_choices():
@@ -242,8 +246,8 @@ def test_ctrl_c_on_kvtransit_up_stops_every_child_and_still_reports(tmp_path):
     import time
 
     report = tmp_path / "up.json"
-    up = subprocess.Popen([sys.executable, "-m", "kvtransit.cli", "up", "--links", "loopback", "--no-progress", "--requests", "200",
-                           "--output-mean", "32", "--report", str(report)],
+    up = subprocess.Popen([sys.executable, "-m", "kvtransit.cli", "up", "--links", "loopback", "--no-progress",
+                           "--requests", "200", "--output-mean", "32", "--report", str(report)],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -269,8 +273,8 @@ def test_ctrl_c_on_kvtransit_up_stops_every_child_and_still_reports(tmp_path):
 def test_children_stop_by_themselves_when_the_launcher_is_killed_outright(tmp_path):
     import time
 
-    up = subprocess.Popen([sys.executable, "-m", "kvtransit.cli", "up", "--links", "loopback", "--no-progress", "--requests", "200",
-                           "--output-mean", "32", "--report", str(tmp_path / "killed.json")],
+    up = subprocess.Popen([sys.executable, "-m", "kvtransit.cli", "up", "--links", "loopback", "--no-progress",
+                           "--requests", "200", "--output-mean", "32", "--report", str(tmp_path / "killed.json")],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     children: list[int] = []
     try:

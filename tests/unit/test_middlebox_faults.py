@@ -53,13 +53,14 @@ def comparable(event):
 
 async def test_corrupt_flips_payload_bits_after_the_crc_so_the_receiver_refuses_the_chunk():
     chain, sender, receiver = await faulted_pair(("c", {"type": "corrupt", "probability": 1.0}))
-    asyncio.create_task(send_stream(sender))
+    sending = asyncio.create_task(send_stream(sender))
     assert isinstance(await receiver.next_event(), Hello)
     await receiver.next_event()  # KvBegin has no payload: untouched
     with pytest.raises(RemoteProtocolError) as caught:
         await receiver.next_event()
     assert caught.value.code == ErrorCode.PAYLOAD_CRC_MISMATCH
     assert chain.describe()[0]["corrupted"] >= 1
+    await asyncio.wait_for(sending, 2.0)  # the sender saw nothing wrong: only the receiver's CRC check can
 
 
 async def test_slicer_delivers_every_frame_intact_in_small_pieces():

@@ -1,10 +1,10 @@
 """`kvtransit up`: start a run's processes, supervise them, stop them, and show the report.
 
-Order: decode(s) → (kvpool, with --kv-pool pool) → middlebox → prefill(s) → loadgen, each `sys.executable -m kvtransit.cli <role> <scenario
-flags> …` with every port 0, its ports learnt from its `KVTRANSIT-READY` line (no races, no guessing). Each
-child runs in its own session, so a terminal's Ctrl-C reaches only the launcher, which then stops the run in
-order: the load generator first (it writes the report of what completed), then the rest, each by its pid
-(SIGTERM, then SIGKILL after a grace period).
+Order: decode(s) → (kvpool, with --kv-pool pool) → middlebox → prefill(s) → loadgen, each `sys.executable -m
+kvtransit.cli <role> <scenario flags> …` with every port 0, its ports learnt from its `KVTRANSIT-READY` line (no
+races, no guessing). Each child runs in its own session, so a terminal's Ctrl-C reaches only the launcher, which
+then stops the run in order: the load generator first (it writes the report of what completed), then the rest,
+each by its pid (SIGTERM, then SIGKILL after a grace period).
 
 A child that exits while the run is on is a crash: the launcher names it, shows its last stderr lines,
 stops the run the same way, and still leaves the report of what completed.
@@ -31,13 +31,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvtransit.agents.common.process import SUPERVISED_ENV, parse_ready_line
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.http_client import get_json
 
-from .placement import LinkSetup, choose_links
+from .placement import LOOPBACK, LinkSetup, choose_links
 from .supervisor import MAX_RESTARTS, pinned_argv
+
+if TYPE_CHECKING:  # imported where it starts (only with --prometheus)
+    from kvtransit.runtime.prometheus import PrometheusProcess
 
 READY_TIMEOUT_S = 60.0  # a cold start imports numpy, scipy, prometheus_client: seconds on a busy box
 STOP_GRACE_S = 5.0
@@ -62,7 +66,8 @@ def _any_port(host: str) -> str:
 
 def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_PORT, middlebox_kv: str = ANY_PORT,
                    prefills: str = ANY_PORT, decode_clients: str = ANY_PORT, stats: str = "",
-                   report: str = "kvtransit-report.json", accuracy_sample: int = 8, drain_timeout_s: float | None = None,
+                   report: str = "kvtransit-report.json", accuracy_sample: int = 8,
+                   drain_timeout_s: float | None = None,
                    middlebox_command: list[str] | None = None, link_backend: str = "userspace",
                    hosts: Callable[[str, str], str] | None = None, kvpool: str = "",
                    pool_via: str = "") -> dict[str, list[str]]:
@@ -74,7 +79,7 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
     With `--kv-pool pool`: `kvpool` is the pool's address as the middlebox reaches it (the pool runs beside the
     middlebox, in its namespace), `pool_via` the middlebox's pool port as the prefills reach it."""
     scenario_argv = scenario.to_argv()
-    host = hosts or (lambda _role, _socket="front": "127.0.0.1")
+    host: Callable[[str, str], str] = hosts or (lambda _role, _socket: LOOPBACK)
 
     def agent(role: str, *extra: str) -> list[str]:
         return [*AGENT_MODULE, role, *scenario_argv, "--name", f"{role}-{index}",
@@ -92,8 +97,8 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
         "decode": agent("decode", "--listen", _any_port(host("decode", "kv")),
                         "--client-listen", _any_port(host("decode", "front")),
                         "--accuracy-sample", str(accuracy_sample), *backend),
-        "middlebox": [*(middlebox_command or [*AGENT_MODULE, "middlebox"]), *scenario_argv, "--name", f"middlebox-{index}",
-                      "--listen", _any_port(middlebox_host), "--decode", decode_kv,
+        "middlebox": [*(middlebox_command or [*AGENT_MODULE, "middlebox"]), *scenario_argv,
+                      "--name", f"middlebox-{index}", "--listen", _any_port(middlebox_host), "--decode", decode_kv,
                       "--metrics-listen", _any_port(middlebox_host), "--control-listen", _any_port(middlebox_host),
                       *backend, *pool_flags],
         "prefill": agent("prefill", "--listen", ANY_PORT, "--kv-to", middlebox_kv,
@@ -116,16 +121,28 @@ class Child:
     role: str
     argv: list[str]
     process: asyncio.subprocess.Process | None = None
-    ready: dict | None = None
+    ready: dict | None = None  # its readiness line, once it said it
     ready_event: asyncio.Event = field(default_factory=asyncio.Event)
-    stderr_tail: deque = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
-    readers: list = field(default_factory=list)
+    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
+    readers: list[asyncio.Task[None]] = field(default_factory=list)
     host: str = "127.0.0.1"  # where the root namespace reaches its ports
     kv_host: str = "127.0.0.1"  # decode: where its KV port listens (over the shaped link in netns mode)
 
+    @property
+    def started(self) -> asyncio.subprocess.Process:
+        """Its process: asked only of a child `Launcher._start` has started."""
+        assert self.process is not None, f"{self.name} was never started"
+        return self.process
+
+    @property
+    def ready_info(self) -> dict:
+        """Its readiness line: asked only of a child whose `Launcher._start` returned (it said it is ready)."""
+        assert self.ready is not None, f"{self.name} has not said it is ready"
+        return self.ready
+
     def address(self, port_key: str) -> str:
-        return f"{self.kv_host if port_key == 'listen_port' and self.role == 'decode' else self.host}:" \
-               f"{self.ready[port_key]}"
+        host = self.kv_host if port_key == "listen_port" and self.role == "decode" else self.host
+        return f"{host}:{self.ready_info[port_key]}"
 
     @property
     def pid(self) -> int | None:
@@ -156,7 +173,7 @@ class Launcher:
         self.want_prometheus = prometheus
         self.run_dir = Path(run_dir) if run_dir is not None else self.report_path.with_suffix(".run")
         self.link_setup: LinkSetup | None = None
-        self.prometheus = None  # runtime.prometheus.PrometheusProcess while it runs
+        self.prometheus: PrometheusProcess | None = None  # while it runs
         self.middlebox_command = middlebox_command or [*AGENT_MODULE, "middlebox"]
         self.accuracy_sample = accuracy_sample
         self.drain_timeout_s = drain_timeout_s
@@ -171,13 +188,15 @@ class Launcher:
 
     async def _start(self, child: Child) -> dict:
         self.children.append(child)
-        child.process = await asyncio.create_subprocess_exec(
+        child.process = process = await asyncio.create_subprocess_exec(
             *child.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True,
             env={**os.environ, SUPERVISED_ENV: str(os.getpid())})
-        child.readers = [asyncio.create_task(self._read_stdout(child)), asyncio.create_task(self._read_stderr(child))]
+        assert process.stdout is not None and process.stderr is not None  # both PIPE
+        child.readers = [asyncio.create_task(self._read_stdout(child, process.stdout)),
+                         asyncio.create_task(self._read_stderr(child, process.stderr))]
         ready = asyncio.create_task(child.ready_event.wait())
-        exited = asyncio.create_task(child.process.wait())
+        exited = asyncio.create_task(process.wait())
         done, _ = await asyncio.wait([ready, exited], timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
         ready.cancel()
         if child.ready is not None:
@@ -189,16 +208,16 @@ class Launcher:
         exited.cancel()
         raise RunFailed(f"{child.name} (pid {child.pid}) was not ready after {READY_TIMEOUT_S:.0f} s")
 
-    async def _read_stdout(self, child: Child) -> None:
-        while line := await child.process.stdout.readline():
+    async def _read_stdout(self, child: Child, stdout: asyncio.StreamReader) -> None:
+        while line := await stdout.readline():
             text = line.decode(errors="replace").rstrip()
             info = parse_ready_line(text)
             if info is not None and child.ready is None:
                 child.ready = info
                 child.ready_event.set()
 
-    async def _read_stderr(self, child: Child) -> None:
-        while line := await child.process.stderr.readline():
+    async def _read_stderr(self, child: Child, stderr: asyncio.StreamReader) -> None:
+        while line := await stderr.readline():
             child.stderr_tail.append(line.decode(errors="replace").rstrip())
 
     async def _stop(self, child: Child) -> None:
@@ -212,10 +231,8 @@ class Launcher:
         except ProcessLookupError:
             pass
         except TimeoutError:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             await process.wait()
 
     async def stop_all(self) -> None:
@@ -230,8 +247,13 @@ class Launcher:
 
     # -- the run -------------------------------------------------------------------------------------------
 
+    @property
+    def _links(self) -> LinkSetup:
+        assert self.link_setup is not None, "run() chooses the links before it starts anything"
+        return self.link_setup
+
     def _command(self, role: str, index: int = 0, **known: str) -> list[str]:
-        setup = self.link_setup
+        setup = self._links
         argv = agent_commands(self.scenario, index=index, report=str(self.report_path),
                               accuracy_sample=self.accuracy_sample, drain_timeout_s=self.drain_timeout_s,
                               middlebox_command=self.middlebox_command, link_backend=setup.link_backend,
@@ -239,18 +261,19 @@ class Launcher:
         return setup.wrap(RUNS_WITH.get(role, role), argv)
 
     def _child(self, name: str, role: str, argv: list[str]) -> Child:
-        setup, place = self.link_setup, RUNS_WITH.get(role, role)
+        setup, place = self._links, RUNS_WITH.get(role, role)
         return Child(name, role, argv, host=setup.host(place, "front"), kv_host=setup.host(place, "kv"))
 
     async def _start_prometheus(self, ready: list[Child]) -> None:
         from kvtransit.runtime.prometheus import ScrapeTarget, start_prometheus
 
         targets = [ScrapeTarget(child.role, child.address("metrics_port")) for child in ready]
-        run_id = self.link_setup.testbed.run_id if self.link_setup.testbed is not None else None
+        testbed = self._links.testbed
+        run_id = testbed.run_id if testbed is not None else None
         # Blocking (it waits for /-/ready): in a thread, so the children's output keeps being read meanwhile.
-        self.prometheus = await asyncio.to_thread(start_prometheus, self.run_dir, targets, run_id=run_id)
-        self.log(self.prometheus.announcement())
-        self.log(f"kvtransit up: Prometheus at {self.prometheus.url} scraping {len(targets)} targets "
+        self.prometheus = prometheus = await asyncio.to_thread(start_prometheus, self.run_dir, targets, run_id=run_id)
+        self.log(prometheus.announcement())
+        self.log(f"kvtransit up: Prometheus at {prometheus.url} scraping {len(targets)} targets "
                  f"(it stops with the run)")
 
     def _stop_prometheus(self) -> None:
@@ -274,11 +297,11 @@ class Launcher:
         while True:
             await asyncio.sleep(0.5)
             try:
-                snapshot = await get_json(loadgen.host, loadgen.ready["metrics_port"], "/stats", timeout_s=2.0)
+                snapshot = await get_json(loadgen.host, loadgen.ready_info["metrics_port"], "/stats", timeout_s=2.0)
                 link_bytes = 0.0
                 busy = 0.0
                 for decode in decodes:
-                    stats = await get_json(decode.host, decode.ready["metrics_port"], "/stats", timeout_s=2.0)
+                    stats = await get_json(decode.host, decode.ready_info["metrics_port"], "/stats", timeout_s=2.0)
                     link_bytes += stats["link"]["wire_bytes"]
                     busy += stats["link"]["busy_s"]
             except (TimeoutError, OSError, ConnectionError, ValueError, KeyError):
@@ -315,7 +338,7 @@ class Launcher:
                     await self._start(pool_children[0])
                 middlebox_child = self._child("middlebox-0", "middlebox", self._command(
                     "middlebox", decode_kv=_addresses(decode_children, "listen_port"),
-                    kvpool=f"127.0.0.1:{pool_children[0].ready['listen_port']}" if pool_children else ""))
+                    kvpool=f"{LOOPBACK}:{pool_children[0].ready_info['listen_port']}" if pool_children else ""))
                 await self._start(middlebox_child)
                 pool_via = middlebox_child.address("pool_port") if pool_children else ""
                 prefill_children = []
@@ -349,7 +372,7 @@ class Launcher:
         self._annotate_report()
         if self.crashed is not None:
             raise RunFailed(self.crashed.describe_exit())
-        loadgen_exit = loadgen_child.process.returncode
+        loadgen_exit = loadgen_child.started.returncode
         if loadgen_exit not in (0, -signal.SIGTERM) and not self.report_path.exists():
             raise RunFailed(loadgen_child.describe_exit())
         return self.report_path if self.report_path.exists() else None
@@ -383,7 +406,7 @@ class Launcher:
 
     async def _restart(self, child: Child) -> Child:
         exited_at = time.monotonic()
-        fresh = Child(child.name, child.role, pinned_argv(child.argv, child.ready), host=child.host,
+        fresh = Child(child.name, child.role, pinned_argv(child.argv, child.ready_info), host=child.host,
                       kv_host=child.kv_host)
         self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: restarting {child.name} on the same ports")
         await self._start(fresh)
@@ -393,7 +416,7 @@ class Launcher:
     async def _supervise(self, loadgen: Child, stop: asyncio.Event) -> None:
         """Until the load generator exits: a child of `restart_roles` that exits is restarted on its ports, any
         other exit is a crash; `stop` ends the run early."""
-        waits = {asyncio.create_task(c.process.wait()): c for c in self.children}
+        waits = {asyncio.create_task(c.started.wait()): c for c in self.children}
         stopper = asyncio.create_task(stop.wait())
         try:
             while True:
@@ -407,7 +430,7 @@ class Launcher:
                     restarted = sum(1 for r in self.restarts if r["name"] == child.name)
                     if child.role in self.restart_roles and restarted < MAX_RESTARTS and not stop.is_set():
                         fresh = await self._restart(child)
-                        waits[asyncio.create_task(fresh.process.wait())] = fresh
+                        waits[asyncio.create_task(fresh.started.wait())] = fresh
                         continue
                     self.crashed = child
                     self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: stopping the run; the report "

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
@@ -88,7 +89,8 @@ class LinkSetup:
 
     def describe(self) -> dict:
         """For the report's `config.links` and `link.backends`."""
-        out = {"mode": self.mode, "reason": self.reason, "backends": dict(self.backends), "notes": list(self.notes)}
+        out: dict[str, Any] = {"mode": self.mode, "reason": self.reason, "backends": dict(self.backends),
+                               "notes": list(self.notes)}
         if self.testbed is not None:
             out["run_id"] = self.testbed.run_id
             out["manifest"] = str(self.manifest_path) if self.manifest_path else None
@@ -118,8 +120,8 @@ class LinkSetup:
 
 def _delay_backend_note(caps: Capabilities) -> str:
     if caps.netem:
-        return "delay: the middlebox's user-space delay line (netem is available but unused: the middlebox " \
-               "always holds the latency, netem would count it twice)"
+        return ("delay: the middlebox's user-space delay line (netem is available but unused: the middlebox "
+                "always holds the latency, netem would count it twice)")
     return "delay: the middlebox's user-space delay line (no netem on this kernel)"
 
 
@@ -162,7 +164,9 @@ def choose_links(scenario: Scenario, mode: str, *, manifest_path: Path | None,
                 else "")
         raise LinksUnavailable(f"--links {mode}: building the network namespaces failed and what was made was "
                                f"rolled back: {exc}{hint}") from exc
-    rate_qdisc = testbed.link(MIDDLEBOX_NS, DECODE_NS).plan.rate
+    shaped_plan = testbed.link(MIDDLEBOX_NS, DECODE_NS).plan
+    assert shaped_plan is not None  # build_testbed plans every link that has a spec, and this one has `shaped`
+    rate_qdisc = shaped_plan.rate
     try:
         for namespace in (MIDDLEBOX_NS, DECODE_NS):
             for sysctl in (NO_SLOW_START_AFTER_IDLE, LOSS_BASED_CC):

@@ -37,8 +37,8 @@ def markdown_tables(rows: list[dict]) -> str:
     """One table per link × metric: rows = request rate, columns = codec (where it runs); a point that was not
     faithful is marked `*`, one that failed `failed`."""
     lines = ["# kvtransit sweep", "",
-             "Model terms. `*`: the run was not faithful (its report says which gap and the scale or dilation "
-             "that would fix it).", ""]
+             ("Model terms. `*`: the run was not faithful (its report says which gap and the scale or dilation "
+              "that would fix it)."), ""]
     for link in _ordered(r["link"] for r in rows):
         at_link = [r for r in rows if r["link"] == link]
         codecs = sorted({r["codec_label"] for r in at_link}, key=lambda c: (c != "none", c))  # baseline first
@@ -109,7 +109,8 @@ def write_plots(rows: list[dict], directory: Path) -> list[Path]:
         if slo_line is not None:
             # The threshold the rows were judged by, if they all share one; else REFERENCE §4's.
             thresholds = {r.get("tpot_slo_ms") for r in _ok(rows)}
-            value = thresholds.pop() if len(thresholds) == 1 and None not in thresholds else slo_line[1]
+            shared = thresholds.pop() if len(thresholds) == 1 else None
+            value: float = shared if shared is not None else slo_line[1]
             ax.axhline(value, color="crimson", linestyle="--", linewidth=1, label=f"{slo_line[0]} {value:g} ms")
         if log_y:
             ax.set_yscale("log")

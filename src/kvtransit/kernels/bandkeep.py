@@ -22,6 +22,10 @@ expectation, and keep = 1 round-trips to float32 rounding.
 
 Arithmetic is float32 whatever the wire dtype (bfloat16, float16, float32); the payload holds the sink
 tokens then the kept coefficients, in the wire dtype, as one C-contiguous array `[..., kept_tokens, D]`.
+
+Why one file of ~500 lines: the forward and inverse transforms, the kept-band layout and the scratch buffers
+of the fast path (benchmarks/RESULTS.md: cache-sized chunks, fused reorder and widen) must agree to the index;
+split apart, the pair could drift and the round-trip tests would only find it after the fact.
 """
 
 from __future__ import annotations

@@ -56,7 +56,9 @@ class MonotonicClock:
         remaining = deadline_ns - time.monotonic_ns()
         if remaining > self._spin_ns:
             await asyncio.sleep((remaining - self._spin_ns) / 1e9)
-        while time.monotonic_ns() < deadline_ns:
+        # The spin is the point (DEFAULT_SPIN_S): the loop's timer has millisecond granularity, so the last
+        # spin_s is polled; no Event could fire at the deadline any sooner, and sleep(0) lets other tasks run.
+        while time.monotonic_ns() < deadline_ns:  # noqa: ASYNC110 — deliberate yield-spin to the deadline
             await asyncio.sleep(0)
         lateness = time.monotonic_ns() - deadline_ns
         if self.observe_lateness is not None:

@@ -169,7 +169,8 @@ class HttpServer:
         try:  # a client that announces a body and never sends it is dropped like one that sends no head
             body = await asyncio.wait_for(reader.readexactly(length), HEAD_TIMEOUT_S) if length else b""
         except TimeoutError:
-            raise HttpError(408, f"request body of {length} bytes did not arrive within {HEAD_TIMEOUT_S:.0f} s") from None
+            raise HttpError(408, f"request body of {length} bytes did not arrive within "
+                                 f"{HEAD_TIMEOUT_S:.0f} s") from None
         url = urlsplit(target)
         request = HttpRequest(method.upper(), url.path, parse_qs(url.query), headers, body)
         return await self._dispatch(request)

@@ -3,6 +3,10 @@
 Pure functions from events to bytes and back. Every check names the field and the value; the caller
 passes which error class to raise (LocalProtocolError when encoding ours, RemoteProtocolError when decoding
 theirs), so one table of limits serves both directions.
+
+Why one file of ~460 lines: `encode` and `parse_header`/`decode_body` are the two directions of one layout,
+and each frame type's meta struct is used by both; kept side by side, a change to a frame's layout is one
+edit read against its twin, and tests/unit/test_wire_doc.py holds both to docs/WIRE.md.
 """
 
 from __future__ import annotations

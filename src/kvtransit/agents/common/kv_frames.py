@@ -33,7 +33,8 @@ class RowSlice:
     stop: int
 
 
-def row_slices(layers: int, rows_per_layer: int, row_bytes: int, max_chunk_bytes: int = MAX_CHUNK_BYTES) -> list[RowSlice]:
+def row_slices(layers: int, rows_per_layer: int, row_bytes: int,
+               max_chunk_bytes: int = MAX_CHUNK_BYTES) -> list[RowSlice]:
     """The chunks of a request, in order: per layer, runs of rows of at most `max_chunk_bytes` (≥ 1 row)."""
     per_chunk = max(1, max_chunk_bytes // max(1, row_bytes))
     return [RowSlice(layer, start, min(start + per_chunk, rows_per_layer))
@@ -48,7 +49,8 @@ def as_rows(layer_kv: np.ndarray) -> np.ndarray:
 
 def byte_view(array: np.ndarray) -> memoryview:
     """The array's bytes, without a copy (the wire writes memoryviews as they are)."""
-    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    # `.data` is memoryview(array) (numpy's stubs give ndarray no `__buffer__` before Python 3.12).
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 def raw_chunk(request_id: int, index: int, piece: RowSlice, rows: np.ndarray) -> KvChunk:

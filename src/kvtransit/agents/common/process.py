@@ -112,9 +112,10 @@ def finite_json(value: Any) -> Any:
     return _finite(value)
 
 
-def announce_ready(role: str, name: str, **ports: int) -> None:
-    """Print the one readiness line (see the module docstring) and flush."""
-    info = {"role": role, "name": name, "pid": os.getpid(), **ports}
+def announce_ready(role: str, name: str, **fields: int | str) -> None:
+    """Print the one readiness line (see the module docstring) and flush. `fields`: the ports, and any
+    setting the launcher must learn from the agent itself (the middlebox's link_backend)."""
+    info = {"role": role, "name": name, "pid": os.getpid(), **fields}
     sys.stdout.write(READY_PREFIX + json.dumps(info) + "\n")
     sys.stdout.flush()
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from kvtransit.agents.common import kv_frames
 from kvtransit.agents.common.process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
+from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.kernels.registry import decode as codec_decode
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.cost import decode_step_s, decode_work, step_energy_j
@@ -49,6 +50,10 @@ log = logging.getLogger(__name__)
 TOKENS_PER_FRAME = MAX_META // 32
 
 
+SampledChunk = tuple[int, int, bytes, bytes, tuple[int, ...]]
+"""A sampled request's chunk, copied out of the receive buffer: (layer, codec_id, codec header, payload, shape)."""
+
+
 @dataclass
 class _Incoming:
     begin: KvBegin
@@ -56,7 +61,7 @@ class _Incoming:
     wire_bytes: int = 0
     sampled: bool = False
     duplicate: bool = False  # a retry of a request already taken: its bytes are drained, never used
-    chunks: list = field(default_factory=list)  # (layer, codec_id, header, payload bytes, shape) when sampled
+    chunks: list[SampledChunk] = field(default_factory=list)  # kept only when sampled
 
 
 class LinkMeter:
@@ -293,7 +298,8 @@ class DecodeAgent:
 
     def _measure_accuracy(self, item: _Incoming) -> None:
         layout, tokens = self.layout, item.begin.prompt_tokens
-        layers: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        assert self._kv is not None  # only sampled requests get here, and sampling is on only with the reference
+        layers: dict[int, list[np.ndarray]] = {}  # each layer's decoded rows, chunk by chunk
         for layer, codec_id, header, payload, shape in item.chunks:
             if codec_id == kv_frames.IDENTITY_CODEC_ID:
                 from ml_dtypes import bfloat16
@@ -353,7 +359,7 @@ class DecodeAgent:
             for _ in result.finished:
                 self.outcomes["ok"] += 1
                 self.metrics.requests.labels(outcome="ok").inc()
-            await self._tokens([TokenEntry(request_id=rid, token_index=index, t_ns=t_ns)
+            await self._tokens([TokenEntry(request_id=wire_id(rid), token_index=index, t_ns=t_ns)
                                 for rid, index in result.tokens])
 
     # -- stats ---------------------------------------------------------------------------------------------
@@ -396,8 +402,8 @@ class DecodeAgent:
         stopper = loops.spawn(stop.wait(), "stop")
         try:
             done, _ = await asyncio.wait([step, stopper], return_when=asyncio.FIRST_COMPLETED)
-            if step in done and step.exception() is not None:
-                raise step.exception()
+            if step in done and (failure := step.exception()) is not None:
+                raise failure
         finally:
             self._stopping = True  # from here no KV is acked (see model/kv_arrival.py: stopping)
             await loops.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 
 from kvtransit.agents.common.pool_stream import OpenPut, PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened
 from kvtransit.agents.common.process import Address, announce_ready, listen, new_registry, start_http
@@ -51,21 +52,23 @@ class KvPool:
         self.served_bytes = 0
         self.served_raw_bytes = 0
         if self.metrics is not None:
-            self._declare_series()
+            self._declare_series(self.metrics)
 
-    def _declare_series(self) -> None:
-        m = self.metrics
+    def _declare_series(self, m: runtime_metrics.KvPoolMetrics) -> None:
         for tier in TIERS:
-            m.blocks.labels(stage=tier).set_function(lambda t=tier: self._occupancy(t, "blocks"))
-            m.stored_bytes.labels(stage=tier).set_function(
-                lambda t=tier: self._occupancy(t, "bytes") * self.model_bytes_per_byte)
+            m.blocks.labels(stage=tier).set_function(partial(self._occupancy, tier, "blocks"))
+            m.stored_bytes.labels(stage=tier).set_function(partial(self._occupancy_model_bytes, tier, "bytes"))
             m.capacity_bytes.labels(stage=tier).set_function(
-                lambda t=tier: self._occupancy(t, "capacity_bytes") * self.model_bytes_per_byte)
+                partial(self._occupancy_model_bytes, tier, "capacity_bytes"))
         for outcome in self.lookups:
             m.lookups.labels(outcome=outcome)
 
     def _occupancy(self, tier: str, key: str) -> float:
         return self.store.occupancy().get(tier, {}).get(key, 0)
+
+    def _occupancy_model_bytes(self, tier: str, key: str) -> float:
+        """A byte figure of the store, in model bytes (the store holds blocks at the run's payload scale)."""
+        return self._occupancy(tier, key) * self.model_bytes_per_byte
 
     def _sync_counters(self, before: dict) -> None:
         """Move the store's counters' growth onto the Prometheus counters."""

@@ -182,7 +182,7 @@ class BlockStore:
             if disk_bytes <= 0:
                 raise ConfigError(f"--disk {self.disk_dir}: give the disk tier a capacity (--disk-capacity BYTES)")
             self.disk_dir.mkdir(parents=True, exist_ok=True)
-            self._adopt_disk()
+            self._adopt_disk(self.disk_dir)
 
     # -- tiers ------------------------------------------------------------------------------------------
 
@@ -190,9 +190,9 @@ class BlockStore:
         assert self.disk_dir is not None
         return self.disk_dir / f"{block_id:016x}{BLOCK_FILE_SUFFIX}"
 
-    def _adopt_disk(self) -> None:
+    def _adopt_disk(self, disk_dir: Path) -> None:
         """Blocks a previous run left in the directory count against the capacity (checked when read)."""
-        for path in sorted(self.disk_dir.glob(f"*{BLOCK_FILE_SUFFIX}"), key=lambda p: p.stat().st_mtime):
+        for path in sorted(disk_dir.glob(f"*{BLOCK_FILE_SUFFIX}"), key=lambda p: p.stat().st_mtime):
             try:
                 block_id = int(path.stem, 16)
             except ValueError:

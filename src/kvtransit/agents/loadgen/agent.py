@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvtransit.agents.common.process import Address, announce_ready, new_registry, start_http
@@ -55,7 +55,7 @@ RECONNECT_MAX_S = 1.0
 
 class LoadGenerator:
     def __init__(self, scenario: Scenario, *, name: str, prefills: list[Address], decodes: list[Address],
-                 metrics_listen: Address, stats_from: list[Address] = (), report_path: Path | None = None,
+                 metrics_listen: Address, stats_from: Sequence[Address] = (), report_path: Path | None = None,
                  drain_timeout_s: float | None = None, progress: Progress | None = None,
                  ledger_path: Path | None = None, clock: Clock | None = None):
         """`ledger_path`: the request ledger (ledger_writer.py); default `ledger.jsonl` in the run directory
@@ -111,8 +111,11 @@ class LoadGenerator:
         if self.ledger is not None:
             self.ledger.outcome(request_id, record.outcome.value, record.failure)
         if record.finished:
-            self.metrics.ttft_seconds.observe(record.ttft_s)
-            self.metrics.e2e_seconds.observe(record.e2e_s)
+            ttft_s, e2e_s = record.ttft_s, record.e2e_s
+            # Settled as finished only from _token, after a token arrived: both ends of the request are known.
+            assert ttft_s is not None and e2e_s is not None
+            self.metrics.ttft_seconds.observe(ttft_s)
+            self.metrics.e2e_seconds.observe(e2e_s)
             if record.tpot_s is not None:
                 self.metrics.tpot_seconds.observe(record.tpot_s)
             for gap in record.itl_s:
@@ -155,7 +158,7 @@ class LoadGenerator:
                     if record is not None:
                         record.first_token_stamp_s = self._model_s(event.t_ns)
                     if self.ledger is not None:
-                        self.ledger.tokens(f"prefill-{index}", [[rid, 0]])
+                        self.ledger.tokens(f"prefill-{index}", [(rid, 0)])
                     self._token(rid, 0, self.clock.now_ns())
                 elif isinstance(event, Error):
                     self._peer_error("prefill", index, event)
@@ -204,7 +207,7 @@ class LoadGenerator:
         for entry in event.entries:
             if entry.token_index == 0:
                 self.ledger.kv_ready(entry.request_id, source)
-        self.ledger.tokens(source, [[e.request_id, e.token_index] for e in event.entries if e.token_index])
+        self.ledger.tokens(source, [(e.request_id, e.token_index) for e in event.entries if e.token_index])
 
     async def _follow_decode(self, index: int, endpoint: Endpoint, endpoints: list[Endpoint]) -> None:
         """Read a decode instance's tokens; when it goes away (a restart), reconnect while the run is on."""
@@ -301,8 +304,8 @@ class LoadGenerator:
         stopper = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait([dispatch, stopper], return_when=asyncio.FIRST_COMPLETED)
-            if dispatch.done() and dispatch.exception() is not None:
-                raise dispatch.exception()
+            if dispatch.done() and (failure := dispatch.exception()) is not None:
+                raise failure
             if not stop.is_set():
                 done = asyncio.create_task(self._done.wait())
                 await asyncio.wait([done, stopper], timeout=self.scenario.wall_s(self.drain_timeout_s),
@@ -334,6 +337,7 @@ class LoadGenerator:
         result = run_report.build_report(self.scenario, sorted(self.records.values(), key=lambda r: r.request_id),
                                          peer_stats, run_wall_s=run_wall_s, tokens_delivered=self.tokens_delivered)
         if self.ledger is not None:  # the ledger's own verdict on the run (model/ledger_check.py), beside the figures
+            assert self.ledger_path is not None  # the ledger was opened at it
             result["ledger"] = {"path": str(self.ledger_path), **ledger_check(self.ledger_path).summary()}
         if self.report_path is not None:
             run_report.write_report(result, self.report_path)

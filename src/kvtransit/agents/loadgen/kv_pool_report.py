@@ -7,6 +7,8 @@ lookups counted, misses' round trips included) and the rest (queue + the prefill
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvtransit.model.scenario import Scenario
 
 
@@ -14,7 +16,7 @@ def _sum(blocks: list[dict], key: str) -> float:
     return sum(b.get(key) or 0 for b in blocks)
 
 
-def kv_pool_summary(scenario: Scenario, peer_stats: list[dict], ttft_mean_s: float | None) -> dict | None:
+def kv_pool_summary(scenario: Scenario, peer_stats: list[dict], ttft_mean_s: float | None) -> dict[str, Any] | None:
     """None when prefix reuse is off."""
     if scenario.kv_pool == "off":
         return None
@@ -29,7 +31,7 @@ def kv_pool_summary(scenario: Scenario, peer_stats: list[dict], ttft_mean_s: flo
     n_lookups = sum(lookups.values())
     fetch_mean = (_sum(prefixes, "fetch_s") / n_lookups) if n_lookups else None
     raw, wire = _sum(prefixes, "fetch_raw_bytes"), _sum(prefixes, "fetch_wire_bytes")
-    summary = {
+    summary: dict[str, Any] = {  # a JSON block of the report
         "mode": scenario.kv_pool,
         "hit_rate": cached / prompt if prompt else None,
         "prompt_tokens": prompt,

@@ -24,7 +24,8 @@ class LedgerWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # One run's history: a new run starts the file afresh (as it does the report), then only appends.
         # Line-buffered: every record reaches the file as one write() when its line ends.
-        self._file = open(self.path, "w", encoding="utf-8", buffering=1)
+        # The file lives as long as the writer (closed by close()), so no `with` block can hold it.
+        self._file = open(self.path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
 
     def write(self, **record) -> None:
         if not self._file.closed:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from kvtransit.agents.common.process import finite_json
 from kvtransit.model import fidelity
@@ -29,9 +30,10 @@ REPORT_KEYS = ("config", "ttft_s", "tpot_s", "itl_s", "e2e_s", "handoff_s", "slo
 
 
 def _sum(stats: list[dict], *path: str) -> float:
+    """Σ over the peers' /stats of the number at `path` (a missing key or a null counts as 0)."""
     total = 0.0
     for s in stats:
-        value = s
+        value: Any = s  # parsed JSON: a dict on the way down, a number (or None) at the end
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
         total += value or 0.0
@@ -44,7 +46,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
     scale, dilation = scenario.effective_scale, scenario.effective_dilation
     decodes = [s for s in peer_stats if s.get("role") == "decode"]
     prefills = [s for s in peer_stats if s.get("role") == "prefill"]
-    middleboxes = middlebox_stats if middlebox_stats is not None else [s for s in peer_stats if s.get("role") == "middlebox"]
+    middleboxes = (middlebox_stats if middlebox_stats is not None
+                   else [s for s in peer_stats if s.get("role") == "middlebox"])
     link_spec = scenario.link_spec
 
     # The link as the decode end received it, scaled back to the modelled system.
@@ -54,8 +57,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
     has_link = bool(decodes)
     wire_bytes = wire_bytes_scaled / scale if has_link else None
     kv_bytes = raw_bytes_scaled / scale if has_link else None
-    achieved_model_Bps = (wire_bytes / (busy_wall_s / dilation)) if has_link and busy_wall_s > 0 else None
-    link = {
+    achieved_model_Bps = (wire_bytes / (busy_wall_s / dilation)) if wire_bytes is not None and busy_wall_s > 0 else None
+    link: dict[str, Any] = {  # the report's JSON block
         "busy": (busy_wall_s / run_wall_s) if has_link and run_wall_s > 0 else None,
         "configured_Bps": link_spec.bandwidth_Bps,
         "achieved_Bps": achieved_model_Bps,
@@ -67,7 +70,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
     }
     # The link's sender knows its serialising time exactly (the receiver's view also holds the kernel's and
     # the sender's delays): when a middlebox reports its shaper, its rate and busy figures are the link's.
-    shapers = [m["link"] for m in middleboxes if isinstance(m.get("link"), dict) and m["link"].get("shaped_achieved_Bps")]
+    shapers = [m["link"] for m in middleboxes
+               if isinstance(m.get("link"), dict) and m["link"].get("shaped_achieved_Bps")]
     if shapers:
         link.update(achieved_Bps=sum(x["achieved_Bps"] for x in shapers) / len(shapers),
                     scaled_achieved_Bps=sum(x["shaped_achieved_Bps"] for x in shapers) / len(shapers),
@@ -94,7 +98,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
     gaps: dict[str, fidelity.Gap] = {}
     for s in [*prefills, *decodes]:
         if s.get("shortest_step_wall_s"):
-            gaps[f"timer_{s['name']}"] = fidelity.timer_gap(s.get("timer_lateness_mean_s"), s["shortest_step_wall_s"], dilation)
+            gaps[f"timer_{s['name']}"] = fidelity.timer_gap(s.get("timer_lateness_mean_s"), s["shortest_step_wall_s"],
+                                                            dilation)
     if has_link:
         gaps["link_rate"] = fidelity.link_gap(link["scaled_achieved_Bps"] or 0.0, scenario.scaled_link.bandwidth_Bps,
                                               scale, dilation)
@@ -165,22 +170,27 @@ def headline(report: dict) -> list[str]:
     def num(value, fmt="{:.3g}"):
         return "-" if value is None else fmt.format(value)
 
-    return [
+    lines = [
         f"requests {req['total']}: ok {req['ok']}, slo-miss {req['slo_miss']}, failed {req['failed']}, "
         f"timed out {req.get('timed_out', 0)}" + (f" ({req['failed_reasons']})" if req["failed_reasons"] else ""),
         f"SLO attainment {num(report['slo_attainment'], '{:.1%}')}, goodput {num(report['goodput_rps'])} req/s",
-        f"link {report['config']['link']}: configured {num(link['configured_Bps'])} B/s, achieved "
-        f"{num(link['achieved_Bps'])} B/s, busy {num(link['busy'], '{:.1%}')}, KV {num(link['kv_bytes'])} B, "
-        f"wire {num(link['wire_bytes'])} B" + (
-            f"; rate by {link['backends']['rate']}, delay by {link['backends']['delay']}" if link.get("backends") else ""),
-        f"energy J: link {num(energy['link'])}, module {num(energy['module'])}, gpu {num(energy['gpu'])}; "
-        f"{num(report['j_per_token'])} J/token",
-        f"accuracy ({report['accuracy']['codec']}, {report['accuracy']['sampled_requests']} sampled): "
-        f"K {num(report['accuracy']['k_relative_error'])}, V {num(report['accuracy']['v_relative_error'])}",
+        (f"link {report['config']['link']}: configured {num(link['configured_Bps'])} B/s, achieved "
+         f"{num(link['achieved_Bps'])} B/s, busy {num(link['busy'], '{:.1%}')}, KV {num(link['kv_bytes'])} B, "
+         f"wire {num(link['wire_bytes'])} B"
+         + (f"; rate by {link['backends']['rate']}, delay by {link['backends']['delay']}"
+            if link.get("backends") else "")),
+        (f"energy J: link {num(energy['link'])}, module {num(energy['module'])}, gpu {num(energy['gpu'])}; "
+         f"{num(report['j_per_token'])} J/token"),
+        (f"accuracy ({report['accuracy']['codec']}, {report['accuracy']['sampled_requests']} sampled): "
+         f"K {num(report['accuracy']['k_relative_error'])}, V {num(report['accuracy']['v_relative_error'])}"),
         "faithful: " + ("yes" if report["faithful"] else "NO: " + "; ".join(
             f"{k}: {v['hint']}" for k, v in report["fidelity"].items() if not v["ok"])),
-    ] + ([f"Prometheus: {report['prometheus']['url']} (stopped with the run)"] if report.get("prometheus") else []) \
-      + ([line] if (line := kv_pool_headline(report)) else [])
+    ]
+    if report.get("prometheus"):
+        lines.append(f"Prometheus: {report['prometheus']['url']} (stopped with the run)")
+    if line := kv_pool_headline(report):
+        lines.append(line)
+    return lines
 
 
 def to_markdown(report: dict) -> str:

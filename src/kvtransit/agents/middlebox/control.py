@@ -27,8 +27,9 @@ from .stages.link import LINK_FIELDS
 
 FAULTS_PREFIX = "/faults/"
 
-KERNEL_FIELDS = {"codec": str, "keep": (int, float), "block": int, "sinks": int, "variant": str,
-                 "precision_bits": (int, type(None)), "transform_charged": bool}
+KERNEL_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "codec": str, "keep": (int, float), "block": int, "sinks": int, "variant": str,
+    "precision_bits": (int, type(None)), "transform_charged": bool}
 # Integer kernel fields beyond the longest prompt (REFERENCE §4: lengths are capped at 32,768 tokens) mean
 # nothing, and a huge transform block would make the kernel allocate without bound: refused at the API.
 MAX_KERNEL_TOKENS = 32_768
@@ -53,8 +54,10 @@ def _kernel_update(body: dict) -> dict:
         expected = KERNEL_FIELDS[name]
         if (isinstance(value, bool) and expected is not bool) or not isinstance(value, expected):
             raise HttpError(400, f"kernel field {name!r}: bad value {value!r}")
-        if name in ("block", "sinks") and not 0 <= value <= MAX_KERNEL_TOKENS:
-            raise HttpError(400, f"kernel field {name!r} must be in 0..{MAX_KERNEL_TOKENS}, got {value!r}")
+        if name in ("block", "sinks"):
+            assert isinstance(value, int)  # KERNEL_FIELDS: block and sinks are ints, checked just above
+            if not 0 <= value <= MAX_KERNEL_TOKENS:
+                raise HttpError(400, f"kernel field {name!r} must be in 0..{MAX_KERNEL_TOKENS}, got {value!r}")
     return body
 
 

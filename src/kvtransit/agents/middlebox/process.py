@@ -55,6 +55,7 @@ class MiddleboxProcess:
             await server.shutdown(2.0)
             if pool_server is not None:
                 await pool_server.shutdown(1.0)
+            if relay is not None:
                 await relay.close()
             await mb.close()
             await control.close()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from kvtransit.agents.common import kv_frames
 from kvtransit.agents.common.process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
+from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
 from kvtransit.model.prefill_plan import BatchEntry, codec_on_gpu, plan_prefill_step
@@ -119,7 +120,8 @@ class PrefillAgent:
             if isinstance(event, Request):
                 self._pending[event.request_id] = _Pending(event, endpoint)
                 if self.prefix is not None:  # look up (and fetch) its cached prefix first: TTFT pays for it
-                    self._lookup_tasks.spawn(self._admit_after_lookup(event), f"lookup {event.request_id}")
+                    self._lookup_tasks.spawn(self._admit_after_lookup(self.prefix, event),
+                                             f"lookup {event.request_id}")
                     continue
                 self.queue.push(ServingRequest(event.request_id, event.prompt_tokens, event.output_tokens))
                 self.metrics.queued_tokens.set(self.queue.queued_tokens)
@@ -127,12 +129,12 @@ class PrefillAgent:
             elif isinstance(event, Bye):
                 break
 
-    async def _admit_after_lookup(self, request: Request) -> None:
+    async def _admit_after_lookup(self, prefix: PrefixReuse, request: Request) -> None:
         try:
-            lookup = await self.prefix.lookup(request)
+            lookup = await prefix.lookup(request)
         except Exception:  # a bug in the lookup must cost the request its reuse, never the request itself
             log.exception("prefix lookup of request %d failed; computing it whole", request.request_id)
-            lookup = self.prefix.recompute(request)
+            lookup = prefix.recompute(request)
         self._lookups[request.request_id] = lookup
         # The batch budget counts the tokens the step computes (the cached ones are only re-read).
         self.queue.push(ServingRequest(request.request_id, request.prompt_tokens - lookup.cached_tokens,
@@ -157,12 +159,13 @@ class PrefillAgent:
                 continue
             batch = self.queue.take_batch()
             self.metrics.queued_tokens.set(self.queue.queued_tokens)
-            plan = plan_prefill_step(self.scenario, [self._batch_entry(r.request_id) for r in batch])
+            plan = plan_prefill_step(self.scenario, [self._batch_entry(wire_id(r.request_id)) for r in batch])
             # Back-to-back steps chain on deadlines (step k due at t0 + Σ durations, so a late wake-up is not
             # carried into the next step); after idling, from now.
             schedule = schedule or DeadlineSchedule(self.clock)
             deadline_ns = schedule.add(plan.wall_s)
-            pendings = {e.request_id: self._pending[e.request_id] for e in plan.entries}  # an Ack may release one
+            # An Ack may release one from _pending while the step runs.
+            pendings = {e.request_id: self._pending[wire_id(e.request_id)] for e in plan.entries}
             started = time.perf_counter()
             for entry in plan.handoffs:  # the host's real work overlaps the modelled step
                 self._stage_handoff(pendings[entry.request_id], deadline_ns)
@@ -176,11 +179,12 @@ class PrefillAgent:
             t_ns = self.clock.now_ns()
             if self.prefix is not None:  # the blocks this step computed go to the cache, in the background
                 for entry in plan.entries:
-                    self.prefix.write_back(entry.request_id, self._lookups.pop(entry.request_id))
+                    rid = wire_id(entry.request_id)
+                    self.prefix.write_back(rid, self._lookups.pop(rid))
             for entry in plan.entries:
                 await self._first_token(pendings[entry.request_id], t_ns)
                 if not entry.hands_off:  # nothing to decode: done at prefill (as in the simulator)
-                    self._pending.pop(entry.request_id, None)
+                    self._pending.pop(wire_id(entry.request_id), None)
                     self.metrics.requests.labels(outcome="ok").inc()
 
     def _stage_handoff(self, pending: _Pending, first_token_ns: int) -> None:
@@ -427,8 +431,8 @@ class PrefillAgent:
         try:
             done, _ = await asyncio.wait(list(loops), return_when=asyncio.FIRST_COMPLETED)
             for task in done:  # a loop only ends by failing; the stop task ends cleanly
-                if task.exception() is not None:
-                    raise task.exception()
+                if (failure := task.exception()) is not None:
+                    raise failure
         finally:
             await loops.close()
             await self._lookup_tasks.close()

@@ -218,7 +218,7 @@ class PrefixReuse:
         layers = [kv_frames.as_rows(self.kv.layer(request_id, layer, last * B)) for layer in range(layout.layers)]
         rows_per_block = layers[0].shape[0] * len(layers)
         pieces = kv_frames.row_slices(1, rows_per_block, B * layout.head_dim * layout.bytes_per_value)
-        chunks = []
+        chunks: list[KvChunk] = []
         for k in range(first, last):
             block = np.concatenate([rows[:, k * B:(k + 1) * B, :] for rows in layers])
             for piece in pieces:

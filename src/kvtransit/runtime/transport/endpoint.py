@@ -48,7 +48,7 @@ class Endpoint:
     """
 
     def __init__(self, source: FramedProtocol | Endpoint):
-        self._protocol = source._protocol if isinstance(source, Endpoint) else source
+        self._protocol: FramedProtocol = source._protocol if isinstance(source, Endpoint) else source
         self._send_lock = asyncio.Lock()
         self._lent_view: memoryview | None = None
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from kvtransit.wire import Connection
-from kvtransit.wire.events import Role
+from kvtransit.wire.events import KvEnd, Role
 from kvtransit.wire.limits import DEFAULT_READ_SIZE
 
 from .tcp_options import keep_alive
@@ -32,9 +32,10 @@ Part = bytes | bytearray | memoryview
 
 
 class SansIOConnection(Protocol):
-    """The surface of kvtransit.wire.connection.Connection this package relies on."""
+    """The surface of kvtransit.wire.connection.Connection this package (and the agents) rely on."""
 
-    def send_parts(self, event: Any) -> list[Part]: ...
+    def send_parts(self, event: Any) -> Sequence[Part]: ...
+    def kv_end(self, request_id: int) -> KvEnd: ...
     def receive_data(self, data: bytes) -> None: ...
     def next_event(self) -> Any: ...
     def get_buffer(self, sizehint: int) -> memoryview: ...
@@ -110,8 +111,10 @@ class FramedProtocol(asyncio.BufferedProtocol):
     # -- transport callbacks --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  (uvloop's are not asyncio.Transport subclasses)
-        transport.set_write_buffer_limits(high=self.limits.write_high_bytes, low=self.limits.write_low_bytes)
+        # Typed BaseTransport by asyncio; a stream connection is always handed one with the full Transport
+        # surface, but uvloop's transports are not asyncio.Transport subclasses, so no isinstance check.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=self.limits.write_high_bytes, low=self.limits.write_low_bytes)
         keep_alive(transport.get_extra_info("socket"))
         if self._on_made is not None:
             self._on_made(self)

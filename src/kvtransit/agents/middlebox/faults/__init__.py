@@ -14,14 +14,16 @@ instance with the chain in its write path; with no fault active it writes straig
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from kvtransit.model.errors import ConfigError
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.transport import Endpoint, Part
+from kvtransit.runtime.transport.protocol import SansIOConnection
 
 from .bandwidth import Bandwidth
-from .base import Fault
+from .base import Fault, NextWrite
 from .corrupt import Corrupt
 from .latency import Latency
 from .limit_data import LimitData
@@ -33,8 +35,6 @@ FAULT_TYPES: dict[str, type[Fault]] = {cls.kind: cls for cls in
                                         (Latency, Bandwidth, Slicer, Corrupt, ResetPeer, Timeout, LimitData)}
 FAULT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_FAULTS = 32  # a chain this long is a mistake, not an experiment; bounds what the API can make us hold
-
-Write = Callable[[Sequence[Part]], Awaitable[None]]
 
 
 def make_fault(name: str, body: dict, *, clock: Clock | None = None) -> Fault:
@@ -78,15 +78,15 @@ class FaultChain:
     def describe(self) -> list[dict]:
         return [fault.describe() for fault in self._faults.values()]
 
-    def frame(self, event, parts: list[Part]) -> list[Part]:
+    def frame(self, event: object, parts: Sequence[Part]) -> Sequence[Part]:
         for fault in list(self._faults.values()):
             parts = fault.frame(event, parts)
         return parts
 
-    async def write(self, parts: Sequence[Part], write: Write, endpoint: Endpoint) -> None:
+    async def write(self, parts: Sequence[Part], write: NextWrite, endpoint: Endpoint) -> None:
         faults = list(self._faults.values())
 
-        def stage(i: int) -> Write:
+        def stage(i: int) -> NextWrite:
             if i == len(faults):
                 return write
             return lambda p: faults[i].write(p, stage(i + 1), endpoint)
@@ -97,15 +97,15 @@ class FaultChain:
 class _FramedWithFaults:
     """The sans-IO connection as the endpoint's senders see it: every frame passes the chain's frame hook."""
 
-    def __init__(self, connection, chain: FaultChain):
+    def __init__(self, connection: SansIOConnection, chain: FaultChain):
         self._connection = connection
         self._chain = chain
 
-    def send_parts(self, event) -> list[Part]:
+    def send_parts(self, event: object) -> Sequence[Part]:
         parts = self._connection.send_parts(event)
         return self._chain.frame(event, parts) if self._chain else parts
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._connection, name)
 
 
@@ -118,7 +118,7 @@ class FaultedEndpoint(Endpoint):
         self._framed = _FramedWithFaults(endpoint.connection, chain)
 
     @property
-    def connection(self):
+    def connection(self) -> SansIOConnection:
         return self._framed
 
     async def write_parts(self, parts: Sequence[Part]) -> None:

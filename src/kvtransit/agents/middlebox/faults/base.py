@@ -7,16 +7,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from typing import ClassVar
 
 from kvtransit.model.errors import ConfigError
 from kvtransit.runtime.clock import Clock, MonotonicClock
-from kvtransit.runtime.transport import Part
+from kvtransit.runtime.transport import Endpoint, Part
+
+ParamRanges = dict[str, tuple[float, float, float]]
+"""parameter -> (default, minimum, maximum); every parameter is a finite number in range."""
+
+NextWrite = Callable[[Sequence[Part]], Awaitable[None]]
+"""The rest of the write path after a fault: the next fault's hook, or the endpoint's own write."""
 
 
 class Fault:
-    kind = "fault"
-    # parameter -> (default, minimum, maximum); every parameter is a finite number in range
-    params: dict[str, tuple[float, float, float]] = {}
+    """A subclass names its `kind` and its `params`, and declares each parameter as a float instance
+    attribute (`latency_s: float`): `__init__` sets them from the API body, validated against `params`."""
+
+    kind: ClassVar[str] = "fault"
+    params: ClassVar[ParamRanges] = {}
 
     def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
         """`values`: the parameters by name (the API body without "type"); the rest take their default."""
@@ -38,12 +47,11 @@ class Fault:
     def describe(self) -> dict:
         return {"name": self.name, "type": self.kind, **{p: getattr(self, p) for p in self.params}}
 
-    def frame(self, event, parts: list[Part]) -> list[Part]:
+    def frame(self, event: object, parts: Sequence[Part]) -> Sequence[Part]:
         """Called with each frame's bytes right after encoding (CRCs computed). Default: unchanged."""
         return parts
 
-    async def write(self, parts: Sequence[Part], next_write: Callable[[Sequence[Part]], Awaitable[None]],
-                    endpoint) -> None:
+    async def write(self, parts: Sequence[Part], next_write: NextWrite, endpoint: Endpoint) -> None:
         await next_write(parts)
 
     def close(self) -> None:

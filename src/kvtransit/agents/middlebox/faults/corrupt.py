@@ -5,16 +5,21 @@ CRC32C was computed: the bytes on the wire no longer match their CRC, so the nex
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
+from typing import ClassVar
 
 from kvtransit.runtime.clock import Clock
+from kvtransit.runtime.transport import Part
 from kvtransit.wire.events import KvChunk
 
-from .base import Fault
+from .base import Fault, ParamRanges
 
 
 class Corrupt(Fault):
     kind = "corrupt"
-    params = {"probability": (1.0, 0.0, 1.0), "seed": (0, 0, 2**32)}
+    params: ClassVar[ParamRanges] = {"probability": (1.0, 0.0, 1.0), "seed": (0, 0, 2**32)}
+    probability: float
+    seed: float
 
     def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
         super().__init__(name, values, clock=clock)
@@ -24,7 +29,7 @@ class Corrupt(Fault):
     def describe(self) -> dict:
         return {**super().describe(), "corrupted": self.corrupted}
 
-    def frame(self, event, parts):
+    def frame(self, event: object, parts: Sequence[Part]) -> Sequence[Part]:
         if not isinstance(event, KvChunk) or len(parts) < 2 or self._rng.random() >= self.probability:
             return parts
         payload = bytearray(parts[-1])  # our own copy: the original belongs to the chunk (and its CRC)

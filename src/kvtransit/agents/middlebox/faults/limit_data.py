@@ -3,22 +3,27 @@ loses bytes, it loses the connection). Each new connection gets the allowance ag
 
 from __future__ import annotations
 
-from kvtransit.runtime.clock import Clock
+from collections.abc import Sequence
+from typing import ClassVar
 
-from .base import Fault, nbytes
+from kvtransit.runtime.clock import Clock
+from kvtransit.runtime.transport import Endpoint, Part
+
+from .base import Fault, NextWrite, ParamRanges, nbytes
 
 MAX_BYTES = float(1 << 40)
 
 
 class LimitData(Fault):
     kind = "limit_data"
-    params = {"bytes": (1 << 20, 0, MAX_BYTES)}
+    params: ClassVar[ParamRanges] = {"bytes": (1 << 20, 0, MAX_BYTES)}
+    bytes: float
 
     def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
         super().__init__(name, values, clock=clock)
         self._passed: dict[int, int] = {}
 
-    async def write(self, parts, next_write, endpoint) -> None:
+    async def write(self, parts: Sequence[Part], next_write: NextWrite, endpoint: Endpoint) -> None:
         passed = self._passed.get(id(endpoint), 0)
         size = nbytes(parts)
         if passed + size > self.bytes:

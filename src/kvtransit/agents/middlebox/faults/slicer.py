@@ -4,24 +4,31 @@ apart: the receiver sees frames arrive in many short reads, split anywhere (its 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
+from typing import ClassVar
 
 from kvtransit.runtime.clock import Clock, sleep_for
+from kvtransit.runtime.transport import Endpoint, Part
 
-from .base import Fault
+from .base import Fault, NextWrite, ParamRanges
 
 MAX_BYTES = float(1 << 24)
 
 
 class Slicer(Fault):
     kind = "slicer"
-    params = {"average_bytes": (1024, 1, MAX_BYTES), "size_variation_bytes": (512, 0, MAX_BYTES),
-              "delay_s": (0.0, 0.0, 1.0)}
+    params: ClassVar[ParamRanges] = {"average_bytes": (1024, 1, MAX_BYTES),
+                                     "size_variation_bytes": (512, 0, MAX_BYTES),
+                                     "delay_s": (0.0, 0.0, 1.0)}
+    average_bytes: float
+    size_variation_bytes: float
+    delay_s: float
 
     def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
         super().__init__(name, values, clock=clock)
         self._rng = random.Random(name)
 
-    async def write(self, parts, next_write, endpoint) -> None:
+    async def write(self, parts: Sequence[Part], next_write: NextWrite, endpoint: Endpoint) -> None:
         for part in parts:
             view = memoryview(part).cast("B")
             start = 0

@@ -5,17 +5,21 @@ fault is removed, and then go through as if the link came back up (TCP would hav
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import ClassVar
 
 from kvtransit.runtime.clock import Clock, sleep_for
+from kvtransit.runtime.transport import Endpoint, Part
 
-from .base import Fault
+from .base import Fault, NextWrite, ParamRanges
 
 MAX_S = 3600.0
 
 
 class Timeout(Fault):
     kind = "timeout"
-    params = {"timeout_s": (0.0, 0.0, MAX_S)}
+    params: ClassVar[ParamRanges] = {"timeout_s": (0.0, 0.0, MAX_S)}
+    timeout_s: float
 
     def __init__(self, name: str, values: dict | None = None, *, clock: Clock | None = None) -> None:
         super().__init__(name, values, clock=clock)
@@ -24,7 +28,7 @@ class Timeout(Fault):
     def close(self) -> None:
         self._removed.set()
 
-    async def write(self, parts, next_write, endpoint) -> None:
+    async def write(self, parts: Sequence[Part], next_write: NextWrite, endpoint: Endpoint) -> None:
         if self.timeout_s > 0:
             await self._removed_or_expired()
             if not self._removed.is_set():
