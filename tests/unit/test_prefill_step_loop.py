@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from kvtransit.agents.common.process import Address
-from kvtransit.agents.prefill.agent import HANDOFF_DEADLINE_S, PrefillAgent
+from kvtransit.agents.prefill.agent import PrefillAgent
+from kvtransit.agents.prefill.handoffs import HANDOFF_DEADLINE_S
 from kvtransit.model.prefill_plan import BatchEntry, plan_prefill_step
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import ManualClock
@@ -42,12 +43,8 @@ def first_tokens(received) -> dict[int, tuple[int, int]]:
 
 
 def queued_begins(agent) -> dict[int, tuple[KvBegin, int]]:
-    """request id → (the KvBegin queued for the middlebox, the hand-off's give-up deadline)."""
-    begins = {}
-    while not agent._kv_out.empty():
-        pending = agent._kv_out.get_nowait()
-        begins[pending.request.request_id] = (pending.frames[0], pending.deadline_ns)
-    return begins
+    """request id → (the KvBegin held for the middlebox, the hand-off's give-up deadline)."""
+    return {rid: (held.begin, held.deadline_ns) for rid, held in agent.handoffs.held.items()}
 
 
 async def test_a_batch_is_held_for_its_planned_time_and_its_first_token_comes_at_the_deadline():
@@ -100,7 +97,7 @@ async def test_after_idling_the_next_step_starts_when_its_request_arrives():
         await clock.advance_ns(wall_ns((2, 1000, 1)))
         assert first_tokens(received)[2] == (arrival + wall_ns((2, 1000, 1)),) * 2
         # One output token: done at its first token, nothing handed off or held.
-        assert queued_begins(agent) == {} and agent._pending == {}
+        assert queued_begins(agent) == {} and agent.admitted == {}
     finally:
         await cancel(*tasks)
 

@@ -1,0 +1,296 @@
+"""The prefill's side of every hand-off: its KV link to the middlebox, and recovery when that link fails.
+
+A request that hands off is held here from its step (`hold`) until decode's Ack, relayed by the middlebox,
+releases it. Its frames go out one hand-off after another, FIFO (the hand-off link is a FIFO, REFERENCE §4).
+- An Ack releases the KV; a FAILED Ack is a refusal for good (decode cannot hold it, the kernel refused it),
+  and the client is told why.
+- An Error naming the request means this attempt did not get through (the link to decode, or decode itself,
+  failed behind the middlebox): it is sent again after a backoff, until its deadline.
+- When the link itself fails (the middlebox died, the link reset), it is dialled again with backoff and every
+  held, unacked hand-off goes again, oldest first; decode drops and re-acks a KV it already has.
+- A hand-off still unacked at its deadline (HANDOFF_DEADLINE_S after its first token) is given up: its KV is
+  released, it counts as failed, and the client is told why. No KV is held forever.
+
+Deadlines are read on the injected clock; the housekeeping waits (backoff, the expiry poll) stay on the loop's
+own timer, so the fidelity guard's wake-up figures count model-time holds only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtransit.agents.common.process import Address
+from kvtransit.runtime import metrics as runtime_metrics
+from kvtransit.runtime.clock import Clock
+from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S
+from kvtransit.runtime.transport import Endpoint, open_endpoint
+from kvtransit.wire.errors import ErrorCode, ProtocolError
+from kvtransit.wire.events import Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, Request, Role
+from kvtransit.wire.limits import WIRE_VERSION, clip_message
+
+log = logging.getLogger(__name__)
+
+# A hand-off not acked within this many wall seconds of its first token is given up, and the client is told
+# why (30 s is far above a restart of the middlebox, ~1-2 s here, and a 2 s link outage, the chaos suite's
+# faults). KVTRANSIT_HANDOFF_DEADLINE_S overrides it (tests).
+HANDOFF_DEADLINE_S = float(os.environ.get("KVTRANSIT_HANDOFF_DEADLINE_S", "30"))
+# Reconnecting to the middlebox, and retrying a hand-off whose attempt failed: exponential backoff.
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 1.0
+# How long the first connection to the middlebox may take at start-up (it may start after us, as decode
+# may for the middlebox: compose).
+CONNECT_TIMEOUT_S = 30.0
+# How often held hand-offs are checked against their deadlines (a dead middlebox would otherwise hold them
+# until it came back); a quarter second is well inside the 30 s deadline and costs nothing.
+EXPIRY_POLL_S = 0.25
+
+
+@dataclass
+class HeldHandoff:
+    """One request's KV, held from its step until an Ack releases it (or its deadline gives it up)."""
+
+    request: Request
+    client: Endpoint  # the load generator's connection: told when the hand-off fails for good
+    begin: KvBegin
+    chunks: list[KvChunk]
+    deadline_ns: int  # give up (with the reason) if still unacked at this time
+    attempts: int = 0  # sends begun
+    last_error: str = ""
+    queued: bool = False  # waiting in the send queue (never twice)
+    held_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.held_bytes = sum(len(chunk.payload) for chunk in self.chunks)
+
+    @property
+    def request_id(self) -> int:
+        return self.request.request_id
+
+
+class HandoffLink:
+    """The KV link to the middlebox and the hand-offs held on it (see the module docstring)."""
+
+    def __init__(self, *, name: str, kv_to: Address, clock: Clock, metrics: runtime_metrics.PrefillMetrics):
+        self.name = name
+        self.kv_to = kv_to
+        self.clock = clock
+        self.metrics = metrics
+        self.held: dict[int, HeldHandoff] = {}  # request id → held until acked or given up
+        self._out: asyncio.Queue[HeldHandoff] = asyncio.Queue()
+        self._held_bytes: dict[int, int] = {}  # request id → KV bytes held, from its first send
+        self._sending: HeldHandoff | None = None  # the hand-off whose frames are going out right now
+        self.link: Endpoint | None = None
+        self.retries = 0
+        self.given_up = 0
+        self.kv_sent_bytes = 0
+        self.acked = {"ok": 0, "failed": 0}
+        self.begin_lag_s = 0.0  # first token → KvBegin written, summed: the sender's share of the hand-off
+
+    def hold(self, handoff: HeldHandoff) -> None:
+        """Hold `handoff` until its Ack and queue it for the link."""
+        self.held[handoff.request_id] = handoff
+        self._enqueue(handoff)
+
+    def _enqueue(self, handoff: HeldHandoff) -> None:
+        if not handoff.queued:
+            handoff.queued = True
+            self._out.put_nowait(handoff)
+
+    # -- one session on one connection ---------------------------------------------------------------------
+
+    async def _sender(self, link: Endpoint) -> None:
+        """One request's KV after another, in FIFO order."""
+        while True:
+            handoff = await self._out.get()
+            handoff.queued = False
+            rid = handoff.request_id
+            if self.held.get(rid) is not handoff:
+                continue  # acked or given up while it waited
+            if self.clock.now_ns() >= handoff.deadline_ns:
+                await self._give_up(handoff)
+                continue
+            self._held_bytes[rid] = handoff.held_bytes
+            self.metrics.kv_held_bytes.set(sum(self._held_bytes.values()))
+            handoff.attempts += 1
+            if handoff.attempts > 1:
+                self.retries += 1
+                self.metrics.handoff_retries.inc()
+            self._sending = handoff
+            try:
+                # Bounded by the hand-off's deadline: a middlebox that stops reading (TCP back-pressure)
+                # must not hold this KV, or the ones queued behind it, forever.
+                remaining_s = max(0.0, (handoff.deadline_ns - self.clock.now_ns()) / 1e9)
+                await asyncio.wait_for(self._send_frames(link, handoff), remaining_s)
+            except TimeoutError:
+                handoff.last_error = f"the middlebox at {self.kv_to} took no more bytes (stalled mid-stream)"
+                await self._give_up(handoff)
+                # Its stream is cut mid-frame: the connection cannot carry anything more. The middlebox sees it
+                # close and drops the partial stream; the other held hand-offs go again on a new connection.
+                raise ConnectionError(f"request {rid} stalled mid-stream past its deadline") from None
+            except (ConnectionError, ProtocolError) as exc:
+                handoff.last_error = f"KV link to the middlebox at {self.kv_to} failed: {exc}"
+                raise  # the session ends; the hand-off is held and goes again on the next connection
+            finally:
+                self._sending = None
+
+    async def _send_frames(self, link: Endpoint, handoff: HeldHandoff) -> None:
+        first = handoff.attempts == 1
+        await link.send(handoff.begin)
+        if first:
+            self.begin_lag_s += (self.clock.now_ns() - handoff.begin.first_token_ns) / 1e9
+        for chunk in handoff.chunks:
+            await link.send(chunk)
+            if first:
+                self.kv_sent_bytes += len(chunk.payload)
+                self.metrics.kv_sent_bytes.labels(codec=handoff.begin.codec).inc(len(chunk.payload))
+        await link.send(link.connection.kv_end(handoff.request_id))
+
+    async def _acks(self, link: Endpoint) -> None:
+        while (event := await link.next_event()) is not None:
+            match event:
+                case Ack():
+                    handoff = self.held.get(event.request_id)
+                    if handoff is None or handoff.attempts == 0:
+                        continue  # a late or repeated Ack (we gave up, or it was a retry's): nothing held
+                    self._release(event.request_id)
+                    outcome = "ok" if event.status == AckStatus.OK else "failed"
+                    self.acked[outcome] += 1
+                    self.metrics.requests.labels(outcome=outcome).inc()
+                    if outcome == "failed":
+                        await self._tell_client(handoff, f"hand-off refused: {event.detail or 'no reason given'}")
+                case Error(request_id=int(rid)):
+                    handoff = self.held.get(rid)
+                    if handoff is not None and handoff.attempts:
+                        handoff.last_error = event.message
+                        delay = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2 ** handoff.attempts)
+                        asyncio.get_running_loop().call_later(delay, self._enqueue, handoff)
+                case Error():
+                    log.warning("KV peer reported: %s", event.message)
+                case Bye():
+                    break
+        raise ConnectionError(f"the KV link to {self.kv_to} closed")
+
+    # -- outcomes ------------------------------------------------------------------------------------------
+
+    def _release(self, request_id: int) -> None:
+        self._held_bytes.pop(request_id, None)
+        self.held.pop(request_id, None)
+        self.metrics.kv_held_bytes.set(sum(self._held_bytes.values()))
+
+    async def _give_up(self, handoff: HeldHandoff) -> None:
+        """The hand-off missed its deadline: release its KV, count it failed, tell the client why."""
+        self._release(handoff.request_id)
+        self.given_up += 1
+        self.acked["failed"] += 1
+        self.metrics.requests.labels(outcome="failed").inc()
+        reason = (f"hand-off gave up after {HANDOFF_DEADLINE_S:.0f} s and {handoff.attempts} attempt(s): "
+                  f"{handoff.last_error or 'no Ack came back'}")
+        log.warning("request %d: %s", handoff.request_id, reason)
+        await self._tell_client(handoff, reason)
+
+    @staticmethod
+    async def _tell_client(handoff: HeldHandoff, reason: str) -> None:
+        with contextlib.suppress(ConnectionError, ProtocolError, RuntimeError):
+            await handoff.client.send(Error(code=ErrorCode.REQUEST_FAILED, message=clip_message(reason),
+                                            request_id=handoff.request_id))
+
+    async def _expire(self) -> None:
+        """Give up on held hand-offs past their deadline that are not being sent right now."""
+        while True:
+            await asyncio.sleep(EXPIRY_POLL_S)
+            now = self.clock.now_ns()
+            for handoff in [h for h in self.held.values() if now >= h.deadline_ns]:
+                if handoff is not self._sending and self.held.get(handoff.request_id) is handoff:
+                    await self._give_up(handoff)
+
+    # -- the connection ------------------------------------------------------------------------------------
+
+    async def _connect(self) -> Endpoint:
+        link = await open_endpoint(self.kv_to.host, self.kv_to.port, Role.PREFILL, Role.MIDDLEBOX)
+        try:
+            await link.send(Hello(role=Role.PREFILL, version=WIRE_VERSION, name=self.name))
+            first = await asyncio.wait_for(link.next_event(), CONNECT_TIMEOUT_S)
+        except BaseException:
+            link.abort()
+            raise
+        if not isinstance(first, Hello):
+            link.abort()
+            raise ConnectionError(f"the KV peer at {self.kv_to} did not say Hello (got {first!r})")
+        return link
+
+    async def connect(self) -> None:
+        """The first connection, retried until CONNECT_TIMEOUT_S (the middlebox may start after us)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CONNECT_TIMEOUT_S
+        while True:
+            try:
+                self.link = await self._connect()
+                return
+            except (OSError, ConnectionError) as exc:
+                if loop.time() >= deadline:
+                    raise ConnectionError(f"cannot reach the middlebox at {self.kv_to} (--kv-to) after "
+                                          f"{CONNECT_TIMEOUT_S:.0f} s: {exc}") from None
+                await asyncio.sleep(BACKOFF_MIN_S * 4)
+
+    async def run(self) -> None:
+        """Run the link (after `connect`) and the deadline watch; a failed link is dialled again, for ever."""
+        assert self.link is not None, "connect() first"
+        expiry = asyncio.create_task(self._expire(), name="hand-off deadlines")
+        try:
+            await self._sessions(self.link)
+        finally:
+            expiry.cancel()
+            await asyncio.gather(expiry, return_exceptions=True)
+
+    async def _sessions(self, link: Endpoint) -> None:
+        delay = BACKOFF_MIN_S
+        while True:
+            self.link = link
+            # Plain tasks, not a TaskSet: each session ends by one of them failing (a lost link), which is
+            # this loop's business to handle, not a failure to log.
+            tasks = [asyncio.create_task(self._sender(link), name="KV sender"),
+                     asyncio.create_task(self._acks(link), name="KV acks")]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                link.abort()
+            error = next((t.exception() for t in done if not t.cancelled() and t.exception()), None)
+            log.warning("KV link to %s lost (%s): reconnecting", self.kv_to, error)
+            while True:
+                await asyncio.sleep(delay)
+                try:
+                    link = await self._connect()
+                except (TimeoutError, OSError, ConnectionError, ProtocolError) as exc:
+                    delay = min(BACKOFF_MAX_S, delay * 2)
+                    log.info("middlebox at %s not reachable yet: %s", self.kv_to, exc)
+                    continue
+                delay = BACKOFF_MIN_S
+                break
+            for handoff in list(self.held.values()):
+                if handoff.attempts:  # sent at least once and not acked: again
+                    self._enqueue(handoff)
+
+    async def close(self) -> None:
+        if self.link is None:
+            return
+        with contextlib.suppress(Exception):  # best effort on the way out
+            await asyncio.wait_for(self.link.send(Bye(reason="prefill stopping")), GOODBYE_TIMEOUT_S)
+        self.link.abort()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "kv_sent_bytes": self.kv_sent_bytes,
+            "acked": dict(self.acked),
+            "held_requests": len(self._held_bytes),
+            "handoff_retries": self.retries,
+            "handoffs_given_up": self.given_up,
+            "first_token_to_kv_begin_s": self.begin_lag_s,
+        }
