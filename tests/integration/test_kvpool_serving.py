@@ -67,8 +67,14 @@ def test_a_run_reuses_exactly_the_prefixes_the_workload_implies(tmp_path, mode):
         # Fetched compact: freq-keep-k keeps half the values (and 4 sink tokens a 512-token block).
         assert pool["fetch_wire_bytes"] / pool["fetch_raw_bytes"] == pytest.approx(0.5, abs=0.02)
         assert pool["pool"]["tiers"]["memory"]["blocks"] > 0 and split["fetch"] > 0
+        # Fetches and write-backs crossed the pool link and the module: their energy is in the report's.
+        relay = next(a["pool_relay"] for a in report["run"]["agents"] if a["role"] == "middlebox")
+        link_j = ((relay["fetch_wire_bytes"] + relay["put_wire_bytes"]) / report["config"]["effective_scale"]
+                  * 8 * 15e-12)  # eth-25g: 15 pJ per wire bit (REFERENCE §5)
+        assert report["energy_j"]["pool"] == pytest.approx(link_j + relay["module_energy_j"]) and link_j > 0
     else:
         assert pool["fetch_raw_bytes"] == 0 and split["fetch"] == 0
+        assert report["energy_j"]["pool"] is None  # the local index moves nothing over a link
 
 
 def test_without_the_flag_nothing_changes(tmp_path):

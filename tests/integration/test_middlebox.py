@@ -270,6 +270,20 @@ async def test_a_kernel_the_module_cannot_run_is_refused_by_policy(testbed):
     assert mb.kernel.placement == "host"
 
 
+async def test_the_module_spends_no_energy_when_the_kernel_runs_on_the_host(testbed):
+    """--policy host: fp8 needs rounding, which the module does not publish, so it runs on the host; the
+    middlebox's module energy counter (what the run report reads) stays at zero while the bytes still cross."""
+    for codec, policy, spends in (("fp8", "host", False), ("freq-keep-k", "reject", True)):
+        _stub, mb, server, _ = await testbed(codec=codec, policy=policy)
+        client = await prefill_client(server.port)
+        await send_kv(client, 21, known_kv(3))
+        assert (await next_acks(client, 1))[21].status == AckStatus.OK
+        stats = mb.stats()
+        assert stats["wire_bytes"] > 0 and stats["link_energy_j"] > 0
+        assert (stats["module_energy_j"] > 0) is spends, (codec, policy, stats["module_energy_j"])
+        await client.aclose()
+
+
 async def test_control_api_reads_and_changes_the_chain_live(testbed):
     stub, mb, server, _ = await testbed()
     http = HttpServer()

@@ -101,6 +101,17 @@ def test_handoff_through_tc_is_latency_plus_bytes_over_bandwidth(netns_run):
     assert low <= statistics.median(ratios) <= high, ratios
 
 
+def test_the_reports_handoff_check_holds_through_tc_at_light_load(netns_run):
+    """The report's own judgement of the same figure: hand-offs that found the link idle, median within 2 % of
+    latency + bytes / bw, the distribution in `fidelity.handoff_model`."""
+    report, _, _ = netns_run
+    check = report["fidelity"]["handoff_model"]
+    dist = check["distribution"]
+    assert dist["idle_handoffs"] >= LIGHT["requests"] // 2, dist
+    assert check["ok"] and dist["ratio"]["p50"] == pytest.approx(1.0, abs=0.02), check
+    assert not report["errors"]
+
+
 def test_no_namespace_or_veth_of_the_run_remains(netns_run):
     _, _, manifest = netns_run
     listed = json.loads(manifest.read_text())["resources"]

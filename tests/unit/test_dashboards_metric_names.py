@@ -12,7 +12,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from dashboards.queries import all_queries, dashboard_files, metric_names
-from kvtransit.model.fidelity import KERNEL_TOLERANCE, LINK_RATE_TOLERANCE
+from kvtransit.model.fidelity import KERNEL_TOLERANCE, LINK_RATE_TOLERANCE, TIMER_TOLERANCE
 from kvtransit.runtime.metrics import METRIC_FACTORIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,6 +106,7 @@ def test_the_fidelity_alert_uses_the_fidelity_guards_tolerances():
     (alert,) = [r for r in _rules("alert") if r["alert"] == "KvtransitRunNotFaithful"]
     assert f"< (1 - {LINK_RATE_TOLERANCE:g})" in alert["expr"]
     assert f"> {float(KERNEL_TOLERANCE)!r}" in alert["expr"]
+    assert f"(kvtransit_timer_lateness_step_share) > {TIMER_TOLERANCE:g}" in alert["expr"]  # lateness counts too
 
 
 def test_every_panel_uses_the_provisioned_datasource_uid():

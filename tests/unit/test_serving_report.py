@@ -82,7 +82,9 @@ def test_report_from_client_records_and_agent_stats(tmp_path):
               "accuracy": {"sampled_requests": 2, "k_relative_error": 0.26, "v_relative_error": 0.61}}
     prefill = {"role": "prefill", "name": "prefill-0", "gpu_energy_j": 5.0, "shortest_step_wall_s": 0.059,
                "timer_lateness_p99_s": 1e-5, "timer_lateness_mean_s": 5e-6}
-    report = build_report(scenario, records, [decode, prefill], run_wall_s=10.0, tokens_delivered=50)
+    # The module's energy is the middlebox's own counter (1 pJ per input bit of the modelled bytes, REFERENCE §5).
+    middlebox = {"role": "middlebox", "name": "middlebox", "module_energy_j": 16e6 / scenario.effective_scale * 8e-12}
+    report = build_report(scenario, records, [decode, prefill, middlebox], run_wall_s=10.0, tokens_delivered=50)
     assert set(REPORT_KEYS) <= set(report)
     assert report["requests"]["ok"] == 10 and report["slo_attainment"] == 1.0
     assert report["handoff_s"]["mean"] == pytest.approx(0.086)
@@ -103,6 +105,8 @@ def test_report_from_client_records_and_agent_stats(tmp_path):
 
 def test_report_without_agent_stats_has_nulls_not_inventions():
     report = build_report(Scenario(), [_record(0, 0.0, 0.05, 0.01, 3, None)], [], run_wall_s=1.0, tokens_delivered=3)
-    assert report["link"]["wire_bytes"] is None and report["energy_j"] == {"link": None, "module": None, "gpu": None}
+    assert report["link"]["wire_bytes"] is None
+    assert report["energy_j"] == {"link": None, "module": None, "gpu": None, "pool": None}
+    assert report["faithful"] is False  # nothing was measured: never a silent pass
     assert report["j_per_token"] is None and report["accuracy"]["k_relative_error"] is None
     assert "TTFT" in to_markdown(report)

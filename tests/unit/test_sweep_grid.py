@@ -93,6 +93,19 @@ def test_bisection_reports_open_ends():
     assert low.goodput_rps is None and low.bracket() == "[none met the target, 1) req/s"
 
 
+def test_a_goodput_resting_on_unfaithful_runs_says_so_in_its_answer():
+    """The issue's case: a bisection whose runs above ~10 req/s were unfaithful marks the answer and the bracket."""
+    search = bisect_goodput(_cliff(14.2), 4.0, 16.0, target=0.9, iterations=4, faithful_at=lambda rate: rate < 10)
+    assert not search.faithful and search.unfaithful == [16.0, 10.0, 13.0, 14.5, 13.75]
+    assert search.answer() == "13.75 *"
+    assert search.bracket() == "[13.75*, 14.5*) req/s; 5 of 6 runs unfaithful"
+
+
+def test_a_goodput_on_faithful_runs_is_unmarked():
+    search = bisect_goodput(_cliff(9.3), 4.0, 16.0, iterations=2, faithful_at=lambda rate: True)
+    assert search.faithful and search.answer() == "7" and search.bracket() == "[7, 10) req/s"
+
+
 def test_a_run_with_no_measure_does_not_meet_the_target():
     assert bisect_goodput(lambda rate: math.nan, 1.0, 2.0).goodput_rps is None
 

@@ -124,12 +124,16 @@ def run(args) -> int:
     if args.json:
         print_json({"results": str(store.json_path), "rows": rows, "goodput": [
             {"link": b.link, "codec": b.codec, "compress_at": b.compress_at, "goodput_rps": s.goodput_rps,
-             "bracket": [s.good, s.bad], "evaluations": s.evaluations} for b, s in searches]})
+             "bracket": [s.good, s.bad], "evaluations": s.evaluations, "faithful": s.faithful,
+             "unfaithful_rates": s.unfaithful} for b, s in searches]})
         return 0
     if searches:
         print_table(f"goodput (attainment >= {args.target:g})", ("link", "codec", "goodput req/s", "bracket", "runs"),
-                    [(b.link, f"{b.codec}@{b.compress_at}", "-" if s.goodput_rps is None else f"{s.goodput_rps:g}",
-                      s.bracket(), str(len(s.evaluations))) for b, s in searches])
+                    [(b.link, f"{b.codec}@{b.compress_at}", s.answer(), s.bracket(), str(len(s.evaluations)))
+                     for b, s in searches])
+        if not all(s.faithful for _, s in searches):
+            print("*: the answer rests on runs that were not faithful (their reports' `fidelity` says which check "
+                  "and the --scale or --dilation that would fix it)")
     else:
         print_table("sweep", ("point", "status", "SLO att.", "TTFT p99 ms", "TPOT p99 ms", "hand-off p99 ms",
                               "link busy", "faithful", "wall s"), [_summary_row(r) for r in rows])

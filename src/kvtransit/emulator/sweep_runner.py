@@ -223,9 +223,12 @@ def search_goodput(base: Scenario, store: ResultsStore, run_point: Callable[[str
 
     counter = {"n": 0}
 
-    def attainment_at(rate: float) -> float:
+    def key_of(rate: float) -> tuple[str, Scenario]:
         scenario = replace(base, rate=round(rate, 4))  # keys stay readable; a resumed search finds the same points
-        key = canonical_key(scenario, {})
+        return canonical_key(scenario, {}), scenario
+
+    def attainment_at(rate: float) -> float:
+        key, scenario = key_of(rate)
         skip = store.done(key, scenario) and not rerun
         if on_start is not None:
             on_start(counter["n"], key, scenario, skip)
@@ -235,4 +238,7 @@ def search_goodput(base: Scenario, store: ResultsStore, run_point: Callable[[str
         value = store.rows[key]["slo_attainment"]
         return math.nan if value is None else value
 
-    return bisect_goodput(attainment_at, lo, hi, target=target, iterations=iterations)
+    def faithful_at(rate: float) -> bool:
+        return store.rows[key_of(rate)[0]].get("faithful") is True  # a failed run was not faithful either
+
+    return bisect_goodput(attainment_at, lo, hi, target=target, iterations=iterations, faithful_at=faithful_at)

@@ -196,24 +196,41 @@ class GoodputSearch:
     good: float | None = None  # the highest rate measured to meet the target
     bad: float | None = None  # the lowest rate measured to miss it
     evaluations: list[tuple[float, float]] = field(default_factory=list)  # (rate, attainment) in run order
+    unfaithful: list[float] = field(default_factory=list)  # rates whose run was not faithful, in run order
 
     @property
     def goodput_rps(self) -> float | None:
         """The answer: the highest rate known to meet the target (None: not even the lowest did)."""
         return self.good
 
+    @property
+    def faithful(self) -> bool:
+        """Every run the bisection measured was faithful. Each one steered the bracket, so one unfaithful run
+        makes the answer rest on figures the emulation did not guarantee (the sweep tables' `*`)."""
+        return not self.unfaithful
+
+    def answer(self) -> str:
+        """The goodput as printed: `*` when it rests on unfaithful runs."""
+        text = "-" if self.good is None else f"{self.good:g}"
+        return text if self.faithful else f"{text} *"
+
     def bracket(self) -> str:
-        low = "none met the target" if self.good is None else f"{self.good:g}"
-        high = "none missed it" if self.bad is None else f"{self.bad:g}"
-        return f"[{low}, {high}) req/s"
+        def end(rate: float | None, missing: str) -> str:
+            return missing if rate is None else f"{rate:g}" + ("*" if rate in self.unfaithful else "")
+
+        text = f"[{end(self.good, 'none met the target')}, {end(self.bad, 'none missed it')}) req/s"
+        if self.unfaithful:
+            text += f"; {len(self.unfaithful)} of {len(self.evaluations)} runs unfaithful"
+        return text
 
 
 def bisect_goodput(attainment_at: Callable[[float], float], lo: float, hi: float, *,
                    target: float = DEFAULT_GOODPUT_TARGET, iterations: int = 4,
-                   rel_tolerance: float = 0.05) -> GoodputSearch:
+                   rel_tolerance: float = 0.05, faithful_at: Callable[[float], bool] | None = None) -> GoodputSearch:
     """Measure `hi`, then `lo`, then halve the bracket until `iterations` midpoints were run or it is within
     `rel_tolerance` of its upper end. If `hi` meets the target, that is the answer (the search says the
-    bracket is open above); if `lo` misses, there is no goodput in the range."""
+    bracket is open above); if `lo` misses, there is no goodput in the range. `faithful_at(rate)`, asked after
+    each measurement: whether that run was faithful (the search inherits its runs' verdicts)."""
     if not (0 < lo < hi and math.isfinite(hi)):
         raise ConfigError(f"goodput search: need 0 < low rate < high rate, got {lo!r}, {hi!r}")
     if not 0 < target <= 1:
@@ -225,6 +242,8 @@ def bisect_goodput(attainment_at: Callable[[float], float], lo: float, hi: float
     def meets(rate: float) -> bool:
         attainment = attainment_at(rate)
         search.evaluations.append((rate, attainment))
+        if faithful_at is not None and not faithful_at(rate):
+            search.unfaithful.append(rate)
         return not math.isnan(attainment) and attainment >= target
 
     if meets(hi):

@@ -50,6 +50,7 @@ class SharedMetrics:
     """What every agent process exports (the fidelity guard's timer view)."""
 
     timer_lateness_seconds: Histogram
+    timer_lateness_step_share: Gauge
 
 
 def shared_metrics(registry: CollectorRegistry) -> SharedMetrics:
@@ -58,6 +59,10 @@ def shared_metrics(registry: CollectorRegistry) -> SharedMetrics:
             registry, "timer_lateness_seconds",
             "How late each model-time wake-up was (actual - deadline), by agent role.",
             LATENESS_BUCKETS_S, ("role",)),
+        timer_lateness_step_share=_gauge(
+            registry, "timer_lateness_step_share",
+            "Mean wake-up lateness over the shortest step held (wall clock): the fidelity guard's timer gap "
+            "(model/fidelity.py, judged against TIMER_TOLERANCE), by agent role.", ("role",)),
     )
 
 

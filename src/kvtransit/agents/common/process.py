@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.fidelity import lateness_mean, step_share
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.http import HttpServer
 from kvtransit.runtime.tasks import TaskSet
@@ -130,6 +131,17 @@ def parse_ready_line(line: str) -> dict | None:
 def new_registry(role: str) -> tuple[CollectorRegistry, runtime_metrics.SharedMetrics]:
     registry = CollectorRegistry()
     return registry, runtime_metrics.shared_metrics(registry)
+
+
+def export_timer_share(shared: runtime_metrics.SharedMetrics, role: str, samples: list[float],
+                       shortest_step_wall_s: Callable[[], float | None]) -> None:
+    """The fidelity guard's timer gap as a gauge, so the "not faithful" alert counts timer lateness too: mean
+    lateness over the shortest step held (0 until a step was held and a wake-up timed)."""
+    def share() -> float:
+        mean, step = lateness_mean(samples), shortest_step_wall_s()
+        return 0.0 if mean is None or not step else step_share(mean, step)
+
+    shared.timer_lateness_step_share.labels(role=role).set_function(share)
 
 
 def lateness_observer(shared: runtime_metrics.SharedMetrics, role: str, samples: list[float]):

@@ -27,7 +27,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvtransit.agents.common import kv_frames
-from kvtransit.agents.common.process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
+from kvtransit.agents.common.process import (
+    Address,
+    announce_ready,
+    export_timer_share,
+    lateness_observer,
+    listen,
+    new_registry,
+    start_http,
+)
 from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.kernels.registry import decode as codec_decode
 from kvtransit.kernels.synthetic_kv import SyntheticKv
@@ -136,6 +144,8 @@ class DecodeAgent:
         self.lateness: list[float] = []
         self.clock: Clock = clock if clock is not None else MonotonicClock(
             observe_lateness=lateness_observer(shared, "decode", self.lateness))
+        export_timer_share(shared, "decode", self.lateness,
+                           lambda: self.shortest_step_wall_s if self.steps else None)
         self.batcher = DecodeBatcher(scenario.kv_capacity_tokens)
         self.layout = scenario.kv_layout
         self.accuracy_sample = accuracy_sample

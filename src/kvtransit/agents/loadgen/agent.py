@@ -278,14 +278,17 @@ class LoadGenerator:
                 "ttft_p99_s": percentile(ttfts, 99) if ttfts else None,
                 "tpot_p99_s": percentile(tpots, 99) if tpots else None}
 
-    async def collect_stats(self) -> list[dict]:
-        stats = []
+    async def collect_stats(self) -> tuple[list[dict], list[str]]:
+        """Every peer's /stats, and one error per peer that gave none: the report names them and the run is not
+        faithful (what they measured is missing from it)."""
+        stats, missing = [], []
         for address in self.stats_from:
             try:
                 stats.append(await get_json(address.host, address.port, "/stats"))
             except (TimeoutError, OSError, ConnectionError, ValueError) as exc:
                 log.warning("no stats from %s: %s", address, exc)
-        return stats
+                missing.append(f"no stats from {address.host}:{address.port}: {exc}")
+        return stats, missing
 
     async def run(self, stop: asyncio.Event | None = None) -> dict:
         stop = stop or asyncio.Event()
@@ -328,14 +331,15 @@ class LoadGenerator:
         # Requests never sent (stopped early) are part of the run too: timed out, not vanished.
         for spec in self.workload[len(self.records):]:
             self.records[spec.request_id] = new_record(self.scenario, spec, spec.arrival_s, timed_out=True)
-        peer_stats = await self.collect_stats()
+        peer_stats, missing_stats = await self.collect_stats()
         if self.ledger is not None:
             for stats in peer_stats:
                 self.ledger.peer(stats)
             self.ledger.counters(self.registry)
             self.ledger.close()
         result = run_report.build_report(self.scenario, sorted(self.records.values(), key=lambda r: r.request_id),
-                                         peer_stats, run_wall_s=run_wall_s, tokens_delivered=self.tokens_delivered)
+                                         peer_stats, run_wall_s=run_wall_s, tokens_delivered=self.tokens_delivered,
+                                         missing_stats=missing_stats)
         if self.ledger is not None:  # the ledger's own verdict on the run (model/ledger_check.py), beside the figures
             assert self.ledger_path is not None  # the ledger was opened at it
             result["ledger"] = {"path": str(self.ledger_path), **ledger_check(self.ledger_path).summary()}

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kvtransit.agents.common.process import finite_json
-from kvtransit.model import fidelity
-from kvtransit.model.energy import link_energy_j, module_energy_j
+from kvtransit.model.energy import link_energy_j
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord, summarise
 
+from .fidelity_report import fidelity_block
 from .kv_pool_report import kv_pool_headline, kv_pool_summary
 from .workload_source import workload_description
 
@@ -40,8 +41,21 @@ def _sum(stats: list[dict], *path: str) -> float:
     return total
 
 
+def _pool_energy_j(scenario: Scenario, middleboxes: list[dict]) -> float | None:
+    """The KV tier's energy (--kv-pool pool): fetches and write-backs over the pool link (its pJ per wire bit)
+    plus what the module spent on them (the middlebox's pool-relay counter). None without a pool relay."""
+    relays = [m["pool_relay"] for m in middleboxes if isinstance(m.get("pool_relay"), dict)]
+    if not relays:
+        return None
+    wire_model_bytes = (_sum(relays, "fetch_wire_bytes") + _sum(relays, "put_wire_bytes")) / scenario.effective_scale
+    return link_energy_j(scenario.link_spec, wire_model_bytes) + _sum(relays, "module_energy_j")
+
+
 def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: list[dict], *, run_wall_s: float,
-                 tokens_delivered: int, middlebox_stats: list[dict] | None = None) -> dict:
+                 tokens_delivered: int, middlebox_stats: list[dict] | None = None,
+                 missing_stats: Sequence[str] = ()) -> dict:
+    """`missing_stats`: one line per peer whose /stats could not be read; they are the report's `errors` and
+    make the run unfaithful (fidelity `stats`)."""
     summary = summarise(records)
     scale, dilation = scenario.effective_scale, scenario.effective_dilation
     decodes = [s for s in peer_stats if s.get("role") == "decode"]
@@ -77,11 +91,13 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
                     scaled_achieved_Bps=sum(x["shaped_achieved_Bps"] for x in shapers) / len(shapers),
                     busy=max(x["busy"] for x in shapers), measured_at="middlebox")
 
-    in_transit = scenario.compress_at == "transit" and scenario.codec != "none"
     energy = {
         "link": link_energy_j(link_spec, wire_bytes) if wire_bytes is not None else None,
-        "module": (module_energy_j(scenario.module, kv_bytes) if in_transit else 0.0) if kv_bytes is not None else None,
+        # The middlebox's own counter (the optics' energy for the chunks its kernel ran on in the module; none
+        # when the kernel ran on the host or the codec on the GPU), not a figure re-derived here.
+        "module": _sum(middleboxes, "module_energy_j") if middleboxes else None,
         "gpu": _sum(prefills, "gpu_energy_j") + _sum(decodes, "gpu_energy_j") if (prefills or decodes) else None,
+        "pool": _pool_energy_j(scenario, middleboxes),
     }
     parts = [v for v in energy.values() if v is not None]
     j_per_token = (math.fsum(parts) / tokens_delivered) if parts and tokens_delivered else None
@@ -95,26 +111,9 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
                       if s["accuracy"]["sampled_requests"] and s["accuracy"][f"{part}_relative_error"] is not None]
             accuracy[f"{part}_relative_error"] = max(values) if values else None
 
-    gaps: dict[str, fidelity.Gap] = {}
-    for s in [*prefills, *decodes]:
-        if s.get("shortest_step_wall_s"):
-            gaps[f"timer_{s['name']}"] = fidelity.timer_gap(s.get("timer_lateness_mean_s"), s["shortest_step_wall_s"],
-                                                            dilation)
-    if has_link:
-        gaps["link_rate"] = fidelity.link_gap(link["scaled_achieved_Bps"] or 0.0, scenario.scaled_link.bandwidth_Bps,
-                                              scale, dilation)
-    kernel_s = _sum(middleboxes, "kernel_compute_s")  # the middlebox's /stats: real and modelled kernel time
-    modelled_s = _sum(middleboxes, "modelled_compute_s")
-    if middleboxes:
-        if modelled_s <= 0:
-            # A free transform (passive optics) models no compute time; the host kernel must still keep up
-            # with the link, so it is held against the link time of the bytes it produced.
-            modelled_s = _sum(middleboxes, "wire_bytes") / scenario.scaled_link.bandwidth_Bps
-        gaps["kernel_time"] = fidelity.kernel_gap(kernel_s, modelled_s, scale, dilation)
-    faithful, fidelity_dict = fidelity.assess(gaps)
-    if not middleboxes:
-        fidelity_dict["kernel_time"] = {"measured": None, "target": fidelity.KERNEL_TOLERANCE, "ok": True,
-                                        "hint": "not measured: no middlebox stats"}
+    faithful, fidelity_dict = fidelity_block(scenario, records, prefills=prefills, decodes=decodes,
+                                             middleboxes=middleboxes, scaled_achieved_Bps=link["scaled_achieved_Bps"],
+                                             missing_stats=missing_stats)
 
     report = {
         "config": scenario.describe(),
@@ -128,6 +127,7 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         "accuracy": accuracy,
         "faithful": faithful,
         "fidelity": fidelity_dict,
+        "errors": list(missing_stats),
         "per_request": [
             {"id": r.request_id, "arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens,
              "output_tokens": r.output_tokens, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s,
@@ -179,13 +179,15 @@ def headline(report: dict) -> list[str]:
          f"wire {num(link['wire_bytes'])} B"
          + (f"; rate by {link['backends']['rate']}, delay by {link['backends']['delay']}"
             if link.get("backends") else "")),
-        (f"energy J: link {num(energy['link'])}, module {num(energy['module'])}, gpu {num(energy['gpu'])}; "
-         f"{num(report['j_per_token'])} J/token"),
+        (f"energy J: link {num(energy['link'])}, module {num(energy['module'])}, gpu {num(energy['gpu'])}"
+         + (f", pool {num(energy['pool'])}" if energy.get("pool") is not None else "")
+         + f"; {num(report['j_per_token'])} J/token"),
         (f"accuracy ({report['accuracy']['codec']}, {report['accuracy']['sampled_requests']} sampled): "
          f"K {num(report['accuracy']['k_relative_error'])}, V {num(report['accuracy']['v_relative_error'])}"),
         "faithful: " + ("yes" if report["faithful"] else "NO: " + "; ".join(
             f"{k}: {v['hint']}" for k, v in report["fidelity"].items() if not v["ok"])),
     ]
+    lines += [f"ERROR: {error}" for error in report.get("errors", [])]
     if report.get("prometheus"):
         lines.append(f"Prometheus: {report['prometheus']['url']} (stopped with the run)")
     if line := kv_pool_headline(report):

@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtransit.agents.common import kv_frames
-from kvtransit.agents.common.process import Address, announce_ready, lateness_observer, listen, new_registry, start_http
+from kvtransit.agents.common.process import (
+    Address,
+    announce_ready,
+    export_timer_share,
+    lateness_observer,
+    listen,
+    new_registry,
+    start_http,
+)
 from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
@@ -64,6 +72,8 @@ class PrefillAgent:
         self.lateness: list[float] = []
         self.clock: Clock = clock if clock is not None else MonotonicClock(
             observe_lateness=lateness_observer(shared, "prefill", self.lateness))
+        export_timer_share(shared, "prefill", self.lateness,
+                           lambda: self.shortest_step_wall_s if self.steps else None)
         layout = scenario.kv_layout
         self.layout = layout
         self.kv = SyntheticKv(layout.layers, layout.kv_heads, layout.head_dim, scenario.seed,

@@ -1,0 +1,96 @@
+"""The run report's `faithful` verdict and `fidelity` block: each check of `model/fidelity.py`, fed from what the
+client measured and what each peer's /stats says.
+
+Fail closed: a check that could not run is in the block as "not measured: …" and makes the run unfaithful.
+The checks, by name in the block:
+- `stats`: every peer the load generator was told to ask answered (else: which did not);
+- `timer_<agent>`: each prefill's and decode's mean wake-up lateness against its shortest step; a role whose
+  figures are in the report (TTFT: prefill; TPOT: decode) but whose timers saw no wake-up is `timer_<role>`;
+- `link_rate`: the link's achieved rate while busy against the configured (scaled) rate;
+- `kernel_time`: the codec's real compute time against the modelled time of the same bytes;
+- `handoff_model`: each hand-off that found a lane of the link free, measured at the client, against the
+  model's latency + bytes / bw (+ module terms); its `distribution` of measured / prescribed is beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvtransit.model import fidelity
+from kvtransit.model.scenario import Scenario
+from kvtransit.model.slo import RequestRecord
+
+
+def _sum(stats: list[dict], key: str) -> float:
+    return sum(s.get(key) or 0.0 for s in stats)
+
+
+def _timer_gaps(records: list[RequestRecord], prefills: list[dict], decodes: list[dict],
+                dilation: float) -> dict[str, fidelity.Gap]:
+    gaps: dict[str, fidelity.Gap] = {}
+    # A role's timers must have run if the figures they drive are in the report.
+    drives = {"prefill": any(r.first_token_s is not None for r in records),
+              "decode": any(r.tpot_s is not None for r in records)}
+    for role, agents in (("prefill", prefills), ("decode", decodes)):
+        timed = [s for s in agents if s.get("shortest_step_wall_s")]
+        for s in timed:
+            gaps[f"timer_{s['name']}"] = fidelity.timer_gap(s.get("timer_lateness_mean_s"), s["shortest_step_wall_s"],
+                                                            dilation)
+        if not timed and drives[role]:
+            what = f"no {role} stats" if not agents else f"no {role} step was timed"
+            gaps[f"timer_{role}"] = fidelity.not_measured(what, fidelity.TIMER_TOLERANCE)
+    return gaps
+
+
+def _handoffs(scenario: Scenario, records: list[RequestRecord], decodes: list[dict]) -> tuple[fidelity.Gap, dict]:
+    """The hand-off check and its distribution (model seconds, model bytes)."""
+    measured = [r for r in records if r.handoff_s is not None and r.kv_ready_s is not None]
+    raw = sum((s.get("link") or {}).get("raw_bytes") or 0 for s in decodes)
+    wire = sum((s.get("link") or {}).get("wire_bytes") or 0 for s in decodes)
+    if not raw > 0:
+        gap = fidelity.not_measured("decode's link meter has no bytes", fidelity.HANDOFF_REL_TOLERANCE)
+        return gap, fidelity.handoff_distribution([], [], len(measured))
+    wire_per_kv_byte = wire / raw  # the codec's real ratio in this run, as decode received it
+    intervals = []
+    for r in measured:
+        start = r.first_token_stamp_s if r.first_token_stamp_s is not None else r.first_token_s
+        assert start is not None and r.kv_ready_s is not None  # handoff_s is not None
+        intervals.append((start, r.kv_ready_s))
+    idle = [r for r, free in zip(measured, fidelity.on_idle_link(intervals, scenario.channels), strict=True) if free]
+    model = scenario.model_spec
+    got = [r.handoff_s for r in idle if r.handoff_s is not None]
+    want = [fidelity.prescribed_handoff_s(scenario, kv, kv * wire_per_kv_byte)
+            for kv in (float(model.kv_bytes(r.prompt_tokens)) for r in idle)]
+    return (fidelity.handoff_gap(got, want, scenario.effective_dilation),
+            fidelity.handoff_distribution(got, want, len(measured)))
+
+
+def fidelity_block(scenario: Scenario, records: list[RequestRecord], *, prefills: list[dict], decodes: list[dict],
+                   middleboxes: list[dict], scaled_achieved_Bps: float | None,
+                   missing_stats: Sequence[str] = ()) -> tuple[bool, dict[str, dict[str, Any]]]:
+    """(`faithful`, `fidelity`): faithful only when every check ran and passed."""
+    scale, dilation = scenario.effective_scale, scenario.effective_dilation
+    gaps: dict[str, fidelity.Gap] = {}
+    if missing_stats:
+        gaps["stats"] = fidelity.not_measured("; ".join(missing_stats), 0.0)
+    gaps.update(_timer_gaps(records, prefills, decodes, dilation))
+    if decodes:
+        gaps["link_rate"] = fidelity.link_gap(scaled_achieved_Bps or 0.0, scenario.scaled_link.bandwidth_Bps, scale,
+                                              dilation)
+    else:
+        gaps["link_rate"] = fidelity.not_measured("no decode stats", fidelity.LINK_RATE_TOLERANCE)
+    if middleboxes:
+        kernel_s = _sum(middleboxes, "kernel_compute_s")  # the middlebox's /stats: real and modelled kernel time
+        modelled_s = _sum(middleboxes, "modelled_compute_s")
+        if modelled_s <= 0:
+            # A free transform (passive optics) models no compute time; the host kernel must still keep up
+            # with the link, so it is held against the link time of the bytes it produced.
+            modelled_s = _sum(middleboxes, "wire_bytes") / scenario.scaled_link.bandwidth_Bps
+        gaps["kernel_time"] = fidelity.kernel_gap(kernel_s, modelled_s, scale, dilation)
+    else:
+        gaps["kernel_time"] = fidelity.not_measured("no middlebox stats", fidelity.KERNEL_TOLERANCE)
+    gaps["handoff_model"], distribution = _handoffs(scenario, records, decodes)
+    faithful, block = fidelity.assess(gaps)
+    block["handoff_model"]["distribution"] = distribution
+    return faithful, block
