@@ -250,3 +250,41 @@ async def test_an_endpoint_is_closed_once_the_server_side_hangs_up(start_server)
         client.close()
         await asyncio.wait_for(client.wait_closed(), 5)
         assert client.is_closed and client.is_closing
+
+
+async def test_open_greeted_says_hello_and_returns_once_the_peer_said_it():
+    from kvtransit.runtime.transport import open_greeted, serve
+    from kvtransit.wire.events import Hello, Role
+
+    async def server_side(endpoint):
+        first = await endpoint.next_event()
+        assert isinstance(first, Hello) and first.name == "prefill-9"
+        await endpoint.send(Hello(role=Role.MIDDLEBOX, version=1, name="mb"))
+        await endpoint.next_event()  # until the client's Bye or close
+
+    server = await serve("127.0.0.1", 0, server_side, Role.MIDDLEBOX, Role.PREFILL)
+    try:
+        client = await open_greeted("127.0.0.1", server.port, Role.PREFILL, Role.MIDDLEBOX, name="prefill-9",
+                                    timeout_s=5)
+        assert await client.goodbye("done") is True
+        client.close()
+    finally:
+        await server.shutdown(1.0)
+
+
+async def test_open_greeted_refuses_a_peer_that_answers_something_else():
+    import pytest
+
+    from kvtransit.runtime.transport import open_greeted, serve
+    from kvtransit.wire.events import Bye, Role
+
+    async def server_side(endpoint):
+        await endpoint.next_event()
+        await endpoint.send(Bye(reason="not today"))
+
+    server = await serve("127.0.0.1", 0, server_side, Role.MIDDLEBOX, Role.PREFILL)
+    try:
+        with pytest.raises(ConnectionError, match="did not say Hello"):
+            await open_greeted("127.0.0.1", server.port, Role.PREFILL, Role.MIDDLEBOX, name="p", timeout_s=5)
+    finally:
+        await server.shutdown(1.0)

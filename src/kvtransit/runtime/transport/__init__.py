@@ -20,7 +20,7 @@ from .endpoint import Endpoint
 from .memory import memory_pair
 from .protocol import FlowLimits, Part, is_borrowed
 from .server import Server, serve, serve_memory
-from .tcp import open_endpoint
+from .tcp import open_endpoint, open_greeted
 
 __all__ = ["Endpoint", "FlowLimits", "Part", "Server", "is_borrowed", "memory_pair",
-           "open_endpoint", "serve", "serve_memory"]
+           "open_endpoint", "open_greeted", "serve", "serve_memory"]

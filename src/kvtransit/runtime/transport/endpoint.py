@@ -23,10 +23,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S
 from kvtransit.wire import State
 from kvtransit.wire.errors import ErrorCode, ProtocolError
-from kvtransit.wire.events import NEED_DATA, ConnectionClosed, Error
-from kvtransit.wire.limits import clip_message
+from kvtransit.wire.events import NEED_DATA, Bye, ConnectionClosed, Error
+from kvtransit.wire.limits import clip_message, clip_reason
 
 from .protocol import FramedProtocol, Part, SansIOConnection, is_borrowed
 
@@ -164,6 +165,17 @@ class Endpoint:
     async def aclose(self) -> None:
         self.close()
         await self.wait_closed()
+
+    async def goodbye(self, reason: str, *, timeout_s: float = GOODBYE_TIMEOUT_S) -> bool:
+        """Best effort on the way out: a Bye with `reason` (clipped to the wire's limit). True when it was written.
+
+        A peer that cannot take a few bytes within `timeout_s` is gone, and a stop must not wait on it."""
+        try:
+            await asyncio.wait_for(self.send(Bye(reason=clip_reason(reason))), timeout_s)
+        except (ProtocolError, ConnectionError, TimeoutError, RuntimeError) as exc:
+            log.debug("could not say goodbye to %s: %s", self.peername, exc)
+            return False
+        return True
 
     async def send_error(self, exc: ProtocolError | BaseException, *, timeout_s: float = 1.0) -> bool:
         """Best effort: tell the peer what went wrong in an Error frame. True when it was written."""

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from kvtransit.wire.events import Role
+from kvtransit.wire.events import Hello, Role
+from kvtransit.wire.limits import WIRE_VERSION
 
 from .endpoint import Endpoint
 from .protocol import DEFAULT_LIMITS, ConnectionFactory, FlowLimits, FramedProtocol, wire_connection
@@ -39,3 +40,20 @@ async def listen(host: str, port: int, protocol_factory: Callable[[], FramedProt
                                  f"connections: {exc.strerror or exc}") from exc
     sockname = listener.sockets[0].getsockname()
     return listener, sockname[0], sockname[1]
+
+
+async def open_greeted(host: str, port: int, our_role: Role, their_role: Role, *, name: str,
+                       timeout_s: float | None = None, limits: FlowLimits = DEFAULT_LIMITS) -> Endpoint:
+    """Connect, say Hello as `name`, and wait (up to `timeout_s`) for the peer's Hello: every kvtransit hop
+    opens this way (docs/WIRE.md). A peer that answers anything else is refused with what it said."""
+    endpoint = await open_endpoint(host, port, our_role, their_role, limits=limits)
+    try:
+        await endpoint.send(Hello(role=our_role, version=WIRE_VERSION, name=name))
+        first = await asyncio.wait_for(endpoint.next_event(), timeout_s)
+    except BaseException:
+        endpoint.abort()
+        raise
+    if not isinstance(first, Hello):
+        endpoint.abort()
+        raise ConnectionError(f"the {their_role.name.lower()} at {host}:{port} did not say Hello (got {first!r})")
+    return endpoint
