@@ -12,7 +12,7 @@ import argparse
 import shlex
 import sys
 
-from kvtransit.cli._scenario import add_scenario_args, scenario_from_args
+from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 
 ENV_NAME = "KVTRANSIT_SCENARIO"
 

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 
-from kvtransit.cli._scenario import add_scenario_args, scenario_from_args
+from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 from kvtransit.shaping import commands
 from kvtransit.shaping.runner import run_command
 from kvtransit.shaping.spec import LinkSpec

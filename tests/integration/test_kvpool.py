@@ -74,7 +74,7 @@ async def pool_path(scenario: Scenario, *, store: BlockStore | None = None):
 async def _write_back(reuse: PrefixReuse, rid: int, ids: tuple[int, ...]):
     lookup = await reuse.lookup(_request(rid, ids))
     reuse.write_back(rid, lookup)
-    await asyncio.gather(*reuse._tasks)
+    await reuse.write_backs_settled()
     return lookup
 
 
@@ -130,7 +130,7 @@ async def test_a_block_that_fails_its_checksum_is_missed_recomputed_and_written_
         assert (lookup.hit_blocks, lookup.cached_tokens) == (2, 2 * BLOCK_TOKENS)  # the bad block is a miss
         assert pool.stats()["bad_blocks"] == 1
         reuse.write_back(2, lookup)  # blocks 2 and 3 recomputed and written back
-        await asyncio.gather(*reuse._tasks)
+        await reuse.write_backs_settled()
         assert (await reuse.lookup(_request(3, ids))).hit_blocks == 4
 
 

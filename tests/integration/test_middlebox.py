@@ -367,7 +367,7 @@ async def test_a_transit_bound_kernel_holds_the_link_for_its_modelled_compute_ti
     mb.reconfigure("kernel", {"codec": "freq-keep-k", "keep": 0.5, "block": 64, "sinks": 4, "transform_charged": True})
     assert mb.kernel.budget.verdict.value == "transit-bound"
     kv = known_kv(9)
-    rate = mb.link_stage.link.bandwidth_Bps
+    rate = mb.chain.link.link.bandwidth_Bps
     compute_s = kv.nbytes * fft_ops_per_byte(64) / (1.6 * rate)
     wire_s = 0.51 * kv.nbytes / rate
     assert compute_s > 3 * wire_s

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.cli._scenario import add_scenario_args, scenario_from_args
+from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from dashboards.queries import PanelQuery, all_queries
-from kvtransit.runtime.prometheus import ANNOUNCE_PREFIX
+from kvtransit.emulator.prometheus import ANNOUNCE_PREFIX
 
 pytestmark = [
     pytest.mark.system,

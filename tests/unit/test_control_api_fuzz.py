@@ -62,7 +62,7 @@ class LiveControlApi:
 
     def close(self) -> None:
         self.loop.run_until_complete(self.http.close())
-        self.middlebox.kernel_stage.close()
+        self.loop.run_until_complete(self.middlebox.close())
         self.loop.close()
 
 
@@ -108,6 +108,17 @@ def test_raw_bytes_get_an_http_refusal_or_a_closed_connection(api, data):
     answer = api.raw(data)
     if answer:
         assert status_of(answer) in REFUSALS | {200}
+
+
+def test_an_unknown_link_field_is_a_400_naming_it_and_the_valid_fields(api):
+    before = api.middlebox.describe_chain()
+    body = json.dumps({"latency_s": 0.5, "bogus": 1}).encode()
+    head = f"PUT /link HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode("latin-1")
+    answer = api.raw(head + body)
+    assert status_of(answer) == 400
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {
+        "error": "unknown link field 'bogus' (fields: rate_Bps, latency_s, jitter_s)"}
+    assert api.middlebox.describe_chain() == before  # refused as a whole
 
 
 def test_the_api_still_serves_after_the_fuzzing(api):

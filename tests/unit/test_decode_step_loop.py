@@ -38,10 +38,10 @@ def step_holds_s(*requests: ServingRequest, steps: int) -> list[float]:
 async def start(clock):
     agent = DecodeAgent(SCENARIO, name="decode-test", listen=ANY, client_listen=ANY, metrics_listen=ANY,
                         accuracy_sample=0, clock=clock)
-    client, serving_client = await greeted_pair(Role.LOADGEN, Role.DECODE, agent._serve_client)
-    link, serving_kv = await greeted_pair(Role.MIDDLEBOX, Role.DECODE, agent._serve_kv)
+    client, serving_client = await greeted_pair(Role.LOADGEN, Role.DECODE, agent.serve_client)
+    link, serving_kv = await greeted_pair(Role.MIDDLEBOX, Role.DECODE, agent.serve_kv)
     tokens: list = []
-    tasks = [serving_client, serving_kv, collect(client, clock, tokens), asyncio.create_task(agent._step_loop())]
+    tasks = [serving_client, serving_kv, collect(client, clock, tokens), asyncio.create_task(agent.step_loop())]
     return agent, link, tokens, tasks
 
 

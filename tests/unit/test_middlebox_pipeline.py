@@ -51,7 +51,7 @@ def chunks(n: int) -> list[KvChunk]:
 
 async def ingest_all(stream: KvStream, events: list[KvChunk]) -> None:
     for event in events:
-        await stream.ingest(event, arrived_ns=0, source_codec="none")
+        await stream.ingest(event, source_codec="none")
 
 
 async def test_a_stream_goes_onto_the_link_in_order_and_closes_with_its_kv_end():
@@ -122,7 +122,7 @@ async def test_ingest_copies_the_payload_out_of_the_receive_buffer():
     event = chunks(1)[0]
     view = memoryview(buffer)
     stream, link, sent = KvStream(RID, PassThrough(), NONE_KERNEL), FakeLink(), []
-    await stream.ingest(KvChunk(**{**event.__dict__, "payload": view}), arrived_ns=0, source_codec="none")
+    await stream.ingest(KvChunk(**{**event.__dict__, "payload": view}), source_codec="none")
     buffer[:] = bytes(len(buffer))  # the connection reuses its buffer for the next read
     stream.end()
     await stream.deliver(link, kv_end=kv_end, on_sent=sent.append)

@@ -1,9 +1,10 @@
-"""The write-back stream's one reader (agents/pool_stream.py), as the middlebox's pool path and the pool use
-it: PoolPut names the blocks, KvBegin opens the put, chunks, KvEnd closes it, an Error aborts it. No sockets."""
+"""The write-back stream's one reader (agents/common/pool_stream.py), as the middlebox's pool path and the pool
+use it: PoolPut names the blocks, KvBegin opens the put, chunks, KvEnd closes it, an Error aborts it (or, before
+its KvBegin, withdraws it). No sockets."""
 
 from __future__ import annotations
 
-from kvtransit.agents.common.pool_stream import PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened
+from kvtransit.agents.common.pool_stream import PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened, PutWithdrawn
 from kvtransit.wire import ErrorCode
 from kvtransit.wire.events import Bye, Error, KvEnd, PoolFetch, PoolPut
 from kvtransit.wire.limits import MAX_OPEN_KV_STREAMS
@@ -42,6 +43,15 @@ def test_an_error_naming_an_open_put_aborts_it_and_nothing_more_arrives_for_it()
     error = Error(ErrorCode.REQUEST_FAILED, "prefill gave up", request_id=5)
     assert puts.receive(error) == PutAborted(opened.put, error)
     assert puts.receive(chunk) is None and puts.receive(end(5)) is None
+
+
+def test_an_error_naming_a_put_announced_but_not_begun_withdraws_it():
+    puts = PutAssembler()
+    puts.receive(PoolPut(4, (21, 22)))
+    error = Error(ErrorCode.REQUEST_FAILED, "prefill gave up", request_id=4)
+    assert puts.receive(error) == PutWithdrawn(4, (21, 22), error)
+    assert puts.receive(error) is None  # withdrawn once: the announcement is gone
+    assert puts.receive(kv_stream(4, 1)[0]).put.hash_ids == ()  # a later KvBegin names no blocks
 
 
 def test_events_that_are_not_part_of_a_put_are_left_to_the_caller():

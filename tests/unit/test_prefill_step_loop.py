@@ -31,9 +31,9 @@ def wall_ns(*requests: tuple[int, int, int]) -> int:
 
 async def start(clock):
     agent = PrefillAgent(SCENARIO, name="prefill-test", listen=ANY, kv_to=ANY, metrics_listen=ANY, clock=clock)
-    client, serving = await greeted_pair(Role.LOADGEN, Role.PREFILL, agent._serve_client)
+    client, serving = await greeted_pair(Role.LOADGEN, Role.PREFILL, agent.serve_client)
     received: list = []
-    tasks = [serving, collect(client, clock, received), asyncio.create_task(agent._step_loop())]
+    tasks = [serving, collect(client, clock, received), asyncio.create_task(agent.step_loop())]
     return agent, client, received, tasks
 
 
@@ -106,7 +106,6 @@ async def test_one_step_takes_every_queued_request_and_holds_the_whole_batch():
     clock = ManualClock(T0)
     agent, client, received, tasks = await start(clock)
     try:
-        agent._work.clear()
         for rid, prompt in ((1, 300), (2, 700)):  # both queued before the loop looks
             await client.send(Request(request_id=rid, prompt_tokens=prompt, output_tokens=4, sent_ns=T0))
         deadline = T0 + wall_ns((1, 300, 4), (2, 700, 4))

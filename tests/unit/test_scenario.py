@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from kvtransit.cli._scenario import add_scenario_args, scenario_from_args
+from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 from kvtransit.model.catalog import model_by_name
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.link_catalog import link_by_name

@@ -99,4 +99,4 @@ async def test_the_control_api_requires_its_bearer_token_and_metrics_stay_public
         assert (await http_call(http.host, http.port, "GET", "/metrics")).status == 200
     finally:
         await http.close()
-        middlebox.kernel_stage.close()
+        await middlebox.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvtransit.agents.loadgen.workload_source import load_trace, requests_for, workload_description
-from kvtransit.cli._scenario import add_scenario_args, parse_goodput, scenario_from_args
+from kvtransit.cli.scenario_flags import add_scenario_args, parse_goodput, scenario_from_args
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord

@@ -1,4 +1,5 @@
-"""The testbed's processes, one package or module each: prefill, middlebox, decode, loadgen, kvpool.
+"""The testbed's processes, one package each: prefill, middlebox, decode, loadgen, kvpool
+(and `common/`, what several of them share).
 
 Each is started by its `kvtransit <role>` subcommand and knows only its peers' addresses; what starts, places,
 supervises and judges them is the harness, `kvtransit.emulator`, which no agent imports.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ._agent import add_common_agent_flags, run_agent
-from ._scenario import add_scenario_args, scenario_from_args
+from .scenario_flags import add_scenario_args, scenario_from_args
 
 
 def register(subparsers) -> None:

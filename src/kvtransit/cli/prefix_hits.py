@@ -12,7 +12,7 @@ writes its full 512-token blocks back, before the next arrives (the light-load b
 from __future__ import annotations
 
 from ._common import add_json_flag, print_json, print_table
-from ._scenario import add_scenario_args, scenario_from_args
+from .scenario_flags import add_scenario_args, scenario_from_args
 
 
 def register(subparsers) -> None:

@@ -21,7 +21,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from ._common import CliError, LiveProgress, add_json_flag, print_json, print_table
-from ._scenario import add_scenario_args, scenario_from_args
+from .scenario_flags import add_scenario_args, scenario_from_args
 
 
 def register(subparsers) -> None:

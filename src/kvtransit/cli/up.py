@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 from ._common import CliError, LiveProgress, add_json_flag, print_json, print_table
-from ._scenario import add_scenario_args, scenario_from_args
+from .scenario_flags import add_scenario_args, scenario_from_args
 
 
 def register(subparsers) -> None:
@@ -53,6 +53,7 @@ def run(args) -> int:
 
     from kvtransit.agents.loadgen.report import headline, table_rows
     from kvtransit.emulator.launcher import Launcher, RunFailed
+    from kvtransit.runtime.signals import run_until_signalled
 
     scenario = scenario_from_args(args)
     if args.accuracy_sample < 0:
@@ -74,28 +75,15 @@ def run(args) -> int:
                         links=args.links, prometheus=args.prometheus, run_dir=args.run_dir,
                         restart_roles=restart_roles)
 
-    async def main():
-        from kvtransit.runtime.signals import Shutdown
-
-        with Shutdown() as shutdown:
-            stop = asyncio.Event()
-
-            async def relay():
-                await shutdown.wait()
-                stop.set()
-
-            relay_task = asyncio.create_task(relay())
-            try:
-                return await launcher.run(stop), stop.is_set()
-            finally:
-                relay_task.cancel()
+    async def run_launcher(stop):  # SIGINT/SIGTERM set `stop`: the launcher stops every process, still reports
+        return await launcher.run(stop), stop.is_set()
 
     failure = None
     try:
         if progress_bar:
             progress_bar.start()
         try:
-            path, interrupted = asyncio.run(main())
+            path, interrupted = asyncio.run(run_until_signalled(run_launcher))
         except RunFailed as exc:
             failure, path, interrupted = str(exc), (args.report if args.report.exists() else None), False
     finally:

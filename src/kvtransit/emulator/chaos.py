@@ -2,7 +2,7 @@
 
 Each scenario runs one short serving run (the Launcher with its supervisor on: the real processes, a middlebox
 or decode that dies is restarted on the same ports), injects its fault a couple of seconds in, lets the run finish,
-then checks the load generator's ledger (`model.ledger.check`): lost, duplicated, cross-delivered, corrupted
+then checks the load generator's ledger (`model.ledger_check.check`): lost, duplicated, cross-delivered, corrupted
 must be 0 and every failure must carry a reason. Recovery time is from the end of the fault (for a kill:
 the kill) to the first hand-off that reached decode after it (and after the restarted process was up).
 

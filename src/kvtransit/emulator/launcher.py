@@ -41,7 +41,7 @@ from .placement import LOOPBACK, LinkSetup, choose_links
 from .supervisor import MAX_RESTARTS, pinned_argv
 
 if TYPE_CHECKING:  # imported where it starts (only with --prometheus)
-    from kvtransit.runtime.prometheus import PrometheusProcess
+    from kvtransit.emulator.prometheus import PrometheusProcess
 
 READY_TIMEOUT_S = 60.0  # a cold start imports numpy, scipy, prometheus_client: seconds on a busy box
 STOP_GRACE_S = 5.0
@@ -265,7 +265,7 @@ class Launcher:
         return Child(name, role, argv, host=setup.host(place, "front"), kv_host=setup.host(place, "kv"))
 
     async def _start_prometheus(self, ready: list[Child]) -> None:
-        from kvtransit.runtime.prometheus import ScrapeTarget, start_prometheus
+        from kvtransit.emulator.prometheus import ScrapeTarget, start_prometheus
 
         targets = [ScrapeTarget(child.role, child.address("metrics_port")) for child in ready]
         testbed = self._links.testbed
@@ -316,7 +316,7 @@ class Launcher:
         stop = stop or asyncio.Event()
         scenario = self.scenario
         if self.want_prometheus:
-            from kvtransit.runtime.prometheus import config_source_dir, find_prometheus
+            from kvtransit.emulator.prometheus import config_source_dir, find_prometheus
 
             find_prometheus()  # missing: a one-line error with the install hint, before anything starts
             config_source_dir()

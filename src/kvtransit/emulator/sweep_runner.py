@@ -6,7 +6,7 @@ point's report is boiled down to one row of a results file that a later sweep re
   report (JSON + Markdown) stays in `points/` beside them.
 - `run_sweep`: the points in order, one live run each; a point that fails is recorded as failed (with the
   reason) and the sweep goes on.
-- `search_goodput`: DistServe's per-instance goodput by bisection over live runs (`model.sweep.bisect_goodput`),
+- `search_goodput`: DistServe's per-instance goodput by bisection over live runs (`model.sweep_plan.bisect_goodput`),
   reusing any rate already in the results file.
 """
 

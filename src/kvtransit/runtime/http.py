@@ -214,7 +214,10 @@ class HttpServer:
 
     @staticmethod
     async def _write(writer: asyncio.StreamWriter, response: HttpResponse) -> None:
-        reason = HTTPStatus(response.status).phrase if response.status in HTTPStatus._value2member_map_ else ""
+        try:
+            reason = HTTPStatus(response.status).phrase
+        except ValueError:  # a status code the standard library does not name
+            reason = ""
         head = [f"HTTP/1.1 {response.status} {reason}", f"Content-Type: {response.content_type}",
                 f"Content-Length: {len(response.body)}", "Connection: close"]
         head += [f"{k}: {v}" for k, v in response.headers.items()]

@@ -313,7 +313,8 @@ def kvpool_metrics(registry: CollectorRegistry) -> KvPoolMetrics:
             ("codec",)),
         blocks_put=_counter(
             registry, "kvpool_blocks_put",
-            "Blocks written back, by outcome: stored, duplicate (already held), failed (stream broke).",
+            "Blocks written back, by outcome: stored, duplicate (already held), failed (a put whose stream broke or "
+            "an Error withdrew, before or after its KvBegin; one per put, not per block).",
             ("outcome",)),
         bad_blocks=_counter(
             registry, "kvpool_bad_blocks",

@@ -10,6 +10,8 @@ is whole. Both feed a connection's events to a `PutAssembler` and act on the ste
     PutChunk(put, chunk)    one of its chunks (chunk.payload may be a view of the receive buffer: copy it)
     PutEnded(put)           its KvEnd: the stream is whole
     PutAborted(put, error)  an Error naming it: its source gave up
+    PutWithdrawn(id, hash_ids, error)   an Error naming a put announced (PoolPut) but not yet begun: given up
+                            before its KvBegin (a failed put for the pool; nothing to undo for the middlebox)
 
 Events that are not part of a put (PoolFetch, Bye, …) give None and are the caller's to handle.
 """
@@ -58,7 +60,14 @@ class PutAborted:
     error: Error
 
 
-PutStep = PutOpened | PutChunk | PutEnded | PutAborted
+@dataclass(frozen=True)
+class PutWithdrawn:
+    request_id: int
+    hash_ids: tuple[int, ...]  # the blocks its PoolPut had named
+    error: Error
+
+
+PutStep = PutOpened | PutChunk | PutEnded | PutAborted | PutWithdrawn
 
 
 class PutAssembler:
@@ -68,7 +77,7 @@ class PutAssembler:
         self._announced: dict[int, tuple[int, ...]] = {}  # request id → blocks, PoolPut seen, KvBegin not yet
         self._open: dict[int, OpenPut] = {}
 
-    def receive(self, event) -> PutStep | None:
+    def receive(self, event: object) -> PutStep | None:
         match event:
             case PoolPut():
                 # A good peer sends its KvBegin right after: more announcements than the wire lets streams be
@@ -88,8 +97,7 @@ class PutAssembler:
             case Error() if event.request_id in self._open:
                 return PutAborted(self._open.pop(event.request_id), event)
             case Error() if event.request_id in self._announced:
-                del self._announced[event.request_id]  # given up before it began: nothing to undo
-                return None
+                return PutWithdrawn(event.request_id, self._announced.pop(event.request_id), event)
         return None
 
     def close(self) -> list[OpenPut]:

@@ -27,7 +27,7 @@ from kvtransit.model.errors import ConfigError
 from kvtransit.model.fidelity import lateness_mean, step_share
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.http import HttpServer
-from kvtransit.runtime.tasks import TaskSet
+from kvtransit.runtime.signals import StopWatcher, run_until_signalled
 from kvtransit.runtime.transport import Server, serve
 from kvtransit.wire.events import Role
 
@@ -170,26 +170,15 @@ async def _watch_parent(stop: asyncio.Event, supervisor_pid: int) -> None:
             with contextlib.suppress(OSError):  # the supervisor read our stderr: the pipe is likely broken now
                 sys.stderr.write(f"supervisor (pid {supervisor_pid}) is gone: stopping\n")
             return
+        # A housekeeping poll, so the loop's own timer: it is no model time and must not count as a clock wake-up.
         await asyncio.sleep(PARENT_POLL_S)
 
 
 async def run_until_stopped(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run `main(stop)`; SIGINT/SIGTERM (or the supervisor's death) set `stop` so it can drain and return."""
-    from kvtransit.runtime.signals import Shutdown
-
-    with Shutdown() as shutdown:
-        stop = asyncio.Event()
-
-        async def relay() -> None:
-            await shutdown.wait()
-            stop.set()
-
-        helpers = TaskSet("process")
-        helpers.spawn(relay(), "signal relay")
-        supervisor = os.environ.get(SUPERVISED_ENV, "")
-        if supervisor.isdigit():
-            helpers.spawn(_watch_parent(stop, int(supervisor)), "supervisor watch")
-        try:
-            await main(stop)
-        finally:
-            await helpers.close()
+    watchers: dict[str, StopWatcher] = {}
+    supervisor = os.environ.get(SUPERVISED_ENV, "")
+    if supervisor.isdigit():
+        supervisor_pid = int(supervisor)
+        watchers["supervisor watch"] = lambda stop: _watch_parent(stop, supervisor_pid)
+    await run_until_signalled(main, watchers=watchers)

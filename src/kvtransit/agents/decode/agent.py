@@ -178,7 +178,8 @@ class DecodeAgent:
 
     # -- to the load generators ----------------------------------------------------------------------------
 
-    async def _serve_client(self, endpoint: Endpoint) -> None:
+    async def serve_client(self, endpoint: Endpoint) -> None:
+        """One load generator's connection: say Hello, then send it every step's tokens until its Bye."""
         await endpoint.send(Hello(role=Role.DECODE, version=WIRE_VERSION, name=self.name))
         self._clients.add(endpoint)
         try:
@@ -208,7 +209,8 @@ class DecodeAgent:
 
     # -- from the link ---------------------------------------------------------------------------------------
 
-    async def _serve_kv(self, endpoint: Endpoint) -> None:
+    async def serve_kv(self, endpoint: Endpoint) -> None:
+        """One KV link from a middlebox: say Hello, then reassemble each hand-off and act on its KvEnd."""
         await endpoint.send(Hello(role=Role.DECODE, version=WIRE_VERSION, name=self.name))
         incoming: dict[int, _Incoming] = {}
         reason = "kv link closed mid-stream"
@@ -337,7 +339,8 @@ class DecodeAgent:
 
     # -- the step loop -----------------------------------------------------------------------------------
 
-    async def _step_loop(self) -> None:
+    async def step_loop(self) -> None:
+        """Admit, hold each step of the batch for its planned time on the clock, send its tokens; idle when empty."""
         scenario, model, device = self.scenario, self.scenario.model_spec, self.scenario.device_spec
         schedule: DeadlineSchedule | None = None  # None: idle, the next step starts now
         while True:
@@ -401,14 +404,14 @@ class DecodeAgent:
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        kv_server = await listen(self.listen_address, "--listen", self._serve_kv, Role.DECODE, Role.MIDDLEBOX)
-        client_server = await listen(self.client_listen, "--client-listen", self._serve_client, Role.DECODE,
+        kv_server = await listen(self.listen_address, "--listen", self.serve_kv, Role.DECODE, Role.MIDDLEBOX)
+        client_server = await listen(self.client_listen, "--client-listen", self.serve_client, Role.DECODE,
                                      Role.LOADGEN)
         http = await start_http(self.metrics_listen, self.registry, self.stats)
         announce_ready("decode", self.name, listen_port=kv_server.port, client_port=client_server.port,
                        metrics_port=http.port)
         loops = TaskSet("decode")
-        step = loops.spawn(self._step_loop(), "step loop")
+        step = loops.spawn(self.step_loop(), "step loop")
         stopper = loops.spawn(stop.wait(), "stop")
         try:
             done, _ = await asyncio.wait([step, stopper], return_when=asyncio.FIRST_COMPLETED)

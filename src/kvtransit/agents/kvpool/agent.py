@@ -9,7 +9,8 @@ module and the shaped link. Per connection (role KVPOOL, the peer a MIDDLEBOX; d
   → stored, then `Ack(id, OK, "stored k of n")`. A stream whose chunks do not split evenly into its blocks
   (or with no PoolPut before it) is refused with an Error naming the request; its bytes are dropped.
 
-The put stream is read by `agents/pool_stream.PutAssembler`, as the middlebox's pool path reads it. Storage
+The put stream is read by `agents/common/pool_stream.py: PutAssembler`, as the middlebox's pool path reads it;
+a put its source gives up on (an Error naming it, before or after its KvBegin) counts as failed. Storage
 rules (capacity, LRU, disk tier, CRC32C on read) are `store.BlockStore`'s. Capacities are given in model bytes
 (the KV at full size) and held at the run's payload scale, like everything else. The pool keeps no time of its
 own (its LRU is by use order, not by clock), so it takes no Clock.
@@ -21,7 +22,16 @@ import asyncio
 import logging
 from functools import partial
 
-from kvtransit.agents.common.pool_stream import OpenPut, PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened
+from kvtransit.agents.common.pool_stream import (
+    OpenPut,
+    PutAborted,
+    PutAssembler,
+    PutChunk,
+    PutEnded,
+    PutOpened,
+    PutStep,
+    PutWithdrawn,
+)
 from kvtransit.agents.common.process import Address, announce_ready, listen, new_registry, start_http
 from kvtransit.model.prefix import BLOCK_TOKENS
 from kvtransit.model.scenario import Scenario
@@ -104,7 +114,7 @@ class KvPool:
         except (ProtocolError, ConnectionError) as exc:
             log.warning("pool client %s: %s", endpoint.peername, exc)
 
-    async def _put_step(self, endpoint: Endpoint, step) -> None:
+    async def _put_step(self, endpoint: Endpoint, step: PutStep | None) -> None:
         match step:
             case PutOpened(put):
                 await self._put_begin(endpoint, put)
@@ -114,7 +124,7 @@ class KvPool:
                                               chunk.payload_crc))
             case PutEnded(put) if put.refused is None:
                 await self._put_end(endpoint, put)
-            case PutAborted():
+            case PutAborted() | PutWithdrawn():  # its source gave up, after its KvBegin or before
                 self.store.counters.put["failed"] += 1
                 if self.metrics is not None:
                     self.metrics.blocks_put.labels(outcome="failed").inc()

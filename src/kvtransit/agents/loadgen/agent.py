@@ -18,7 +18,6 @@ CLOCK_MONOTONIC (the injected `clock`: a MonotonicClock, or a ManualClock in tes
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,12 +29,11 @@ from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import PrefillRouter, ServingRequest
 from kvtransit.model.slo import RequestRecord, percentile
 from kvtransit.runtime import metrics as runtime_metrics
-from kvtransit.runtime.clock import Clock, MonotonicClock
+from kvtransit.runtime.clock import Clock, MonotonicClock, sleep_for
 from kvtransit.runtime.http_client import get_json
-from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S
-from kvtransit.runtime.transport import Endpoint, open_endpoint
-from kvtransit.wire.events import Bye, Error, FirstToken, Hello, Request, Role, Tokens
-from kvtransit.wire.limits import WIRE_VERSION
+from kvtransit.runtime.tasks import TaskSet
+from kvtransit.runtime.transport import Endpoint, open_greeted
+from kvtransit.wire.events import Bye, Error, FirstToken, Request, Role, Tokens
 
 from . import report as run_report
 from .ledger_writer import LedgerWriter
@@ -51,6 +49,8 @@ Progress = Callable[[dict], None]
 # A decode instance that went away (restarted) is dialled again this often, doubling up to the max.
 RECONNECT_MIN_S = 0.1
 RECONNECT_MAX_S = 1.0
+# How often the live progress callback is given a snapshot: twice a second is smooth enough for a progress bar.
+PROGRESS_EVERY_S = 0.5
 
 
 class LoadGenerator:
@@ -215,7 +215,7 @@ class LoadGenerator:
         while True:
             await self._read_decode(index, endpoint)
             while self._running:
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay)  # a redial backoff is housekeeping, not model time: the loop's timer
                 try:
                     endpoint = await self._connect(self.decode_addresses[index], Role.DECODE)
                 except (OSError, ConnectionError) as exc:
@@ -231,12 +231,7 @@ class LoadGenerator:
     # -- the run ---------------------------------------------------------------------------------------------
 
     async def _connect(self, address: Address, their_role: Role) -> Endpoint:
-        endpoint = await open_endpoint(address.host, address.port, Role.LOADGEN, their_role)
-        await endpoint.send(Hello(role=Role.LOADGEN, version=WIRE_VERSION, name=self.name))
-        first = await endpoint.next_event()
-        if not isinstance(first, Hello):
-            raise ConnectionError(f"{their_role.name.lower()} at {address} did not say Hello (got {first!r})")
-        return endpoint
+        return await open_greeted(address.host, address.port, Role.LOADGEN, their_role, name=self.name)
 
     async def _dispatch(self, prefills: list[Endpoint]) -> None:
         for spec in self.workload:
@@ -265,7 +260,7 @@ class LoadGenerator:
 
     async def _report_progress(self) -> None:
         while True:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(PROGRESS_EVERY_S)  # a display refresh, not model time: the loop's timer
             if self.progress is not None:
                 self.progress(self.snapshot())
 
@@ -291,43 +286,63 @@ class LoadGenerator:
         return stats, missing
 
     async def run(self, stop: asyncio.Event | None = None) -> dict:
+        """The whole run: dial every peer, `drive` the workload through them, then build (and write) the report."""
         stop = stop or asyncio.Event()
         http = await start_http(self.metrics_listen, self.registry, self.snapshot)
         if self.ledger_path is not None:
             self.ledger = LedgerWriter(self.ledger_path, clock=self.clock)
-        self._running = True
         prefills = [await self._connect(a, Role.PREFILL) for a in self.prefill_addresses]
         decodes = [await self._connect(a, Role.DECODE) for a in self.decode_addresses]
         announce_ready("loadgen", self.name, metrics_port=http.port)
-        readers = [asyncio.create_task(self._read_prefill(i, e)) for i, e in enumerate(prefills)]
-        readers += [asyncio.create_task(self._follow_decode(i, e, decodes)) for i, e in enumerate(decodes)]
-        self._t0_ns = self.clock.now_ns()
-        dispatch = asyncio.create_task(self._dispatch(prefills))
-        progress = asyncio.create_task(self._report_progress())
-        stopper = asyncio.create_task(stop.wait())
         try:
-            await asyncio.wait([dispatch, stopper], return_when=asyncio.FIRST_COMPLETED)
+            run_wall_s = await self.drive(prefills, decodes, stop)
+            return await self._build_report(run_wall_s)
+        finally:
+            for endpoint in [*prefills, *decodes]:  # `decodes` holds the reconnected ones too
+                endpoint.abort()
+            await http.close()
+
+    async def drive(self, prefills: list[Endpoint], decodes: list[Endpoint], stop: asyncio.Event) -> float:
+        """Send the workload over greeted connections on its schedule (t0 = now) and read what comes back, until
+        every request is over, the drain allowance after the last send has passed, or `stop` is set; then every
+        request still open is timed out and each peer is told Bye. Returns the run's wall seconds.
+
+        `decodes` is updated in place when a decode instance is dialled again; the caller closes the connections."""
+        self._running = True
+        self._t0_ns = self.clock.now_ns()
+        readers = TaskSet(f"{self.name} readers")
+        for i, endpoint in enumerate(prefills):
+            readers.spawn(self._read_prefill(i, endpoint), f"prefill {i}")
+        for i, endpoint in enumerate(decodes):
+            readers.spawn(self._follow_decode(i, endpoint, decodes), f"decode {i}")
+        schedule = TaskSet(f"{self.name} schedule")
+        try:
+            schedule.spawn(self._report_progress(), "progress")
+            stopped = schedule.spawn(stop.wait(), "stop")
+            dispatch = schedule.spawn(self._dispatch(prefills), "send schedule")
+            await asyncio.wait([dispatch, stopped], return_when=asyncio.FIRST_COMPLETED)
             if dispatch.done() and (failure := dispatch.exception()) is not None:
                 raise failure
             if not stop.is_set():
-                done = asyncio.create_task(self._done.wait())
-                await asyncio.wait([done, stopper], timeout=self.scenario.wall_s(self.drain_timeout_s),
-                                   return_when=asyncio.FIRST_COMPLETED)
-                done.cancel()
+                # The drain allowance is model seconds (× dilation), so it runs on the injected clock.
+                drained = schedule.spawn(self._done.wait(), "all requests over")
+                allowance = schedule.spawn(sleep_for(self.clock, self.scenario.wall_s(self.drain_timeout_s)),
+                                           "drain allowance")
+                await asyncio.wait([drained, allowance, stopped], return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._running = False
-            for task in (dispatch, progress, stopper):
-                task.cancel()
+            await schedule.close()  # nothing is sent from here on
             run_wall_s = (self.clock.now_ns() - self._t0_ns) / 1e9
             for rid in list(self._open):  # the deadline passed (or the run was stopped) with these unfinished
                 self.records[rid].timed_out = True
                 self._settle(rid)
             for endpoint in [*prefills, *decodes]:
-                with contextlib.suppress(TimeoutError, ConnectionError, RuntimeError):
-                    await asyncio.wait_for(endpoint.send(Bye(reason="run over")), GOODBYE_TIMEOUT_S)
-            for task in readers:
-                task.cancel()
-            await asyncio.gather(*readers, dispatch, progress, stopper, return_exceptions=True)
+                await endpoint.goodbye("run over")
+            await readers.close()
+        return run_wall_s
+
+    async def _build_report(self, run_wall_s: float) -> dict:
+        """The run report from the records, every peer's /stats and the ledger's own check; written if asked."""
         # Requests never sent (stopped early) are part of the run too: timed out, not vanished.
         for spec in self.workload[len(self.records):]:
             self.records[spec.request_id] = new_record(self.scenario, spec, spec.arrival_s, timed_out=True)
@@ -345,7 +360,4 @@ class LoadGenerator:
             result["ledger"] = {"path": str(self.ledger_path), **ledger_check(self.ledger_path).summary()}
         if self.report_path is not None:
             run_report.write_report(result, self.report_path)
-        for endpoint in [*prefills, *decodes]:
-            endpoint.abort()
-        await http.close()
         return result

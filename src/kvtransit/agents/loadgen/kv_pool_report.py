@@ -1,8 +1,8 @@
 """The run report's `kv_pool` block: what prefix reuse saved and what fetching it cost (model terms).
 
-Joined from the prefills' `/stats` "prefix" blocks (prefix_cache.py), the kvpool's `/stats` (kvpool.py) and
-the client's TTFT. TTFT is split into fetch (the mean time a request waited for its prefix to arrive, all
-lookups counted, misses' round trips included) and the rest (queue + the prefill step: compute).
+Joined from the prefills' `/stats` "prefix" blocks (agents/prefill/prefix_cache.py), the kvpool's `/stats`
+(agents/kvpool/agent.py) and the client's TTFT. TTFT is split into fetch (the mean time a request waited for its
+prefix to arrive, all lookups counted, misses' round trips included) and the rest (queue + the prefill step: compute).
 """
 
 from __future__ import annotations

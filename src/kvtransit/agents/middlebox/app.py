@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 
@@ -43,7 +42,7 @@ from .decode_peers import DEFAULT_CONNECT_TIMEOUT_S, DecodePeer, DecodePeers
 from .faults import FaultChain
 from .handoff import Handoff
 from .pipeline import Abandoned, ByteBudget, Delivered, KvStream, Refused
-from .stages import DEFAULT_CHAIN, ActiveKernel, ChainSettings, KernelStage, LinkStage, ModuleStage, StageChain
+from .stages import DEFAULT_CHAIN, ActiveKernel, ChainSettings, StageChain
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +63,11 @@ class Middlebox:
         self.scenario = scenario
         self.name = name
         self.clock = clock if clock is not None else MonotonicClock()
+        # Faults hold writes for ms to minutes and need no sub-ms precision; the hand-off clock's yield-spin
+        # over the last ms of every hold (clock.DEFAULT_SPIN_S, for the link's pacing) would keep a core busy
+        # for as long as a fault holds a write, so faults wait on the loop's timer alone. An injected clock
+        # (a ManualClock in tests) serves both.
+        self.fault_clock: Clock = clock if clock is not None else MonotonicClock(spin_s=0.0)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.inflight_bytes = inflight_bytes
         self.link_name = scenario.link
@@ -87,20 +91,7 @@ class Middlebox:
 
     @property
     def link_backend(self) -> str:
-        return self.link_stage.backend
-
-    # The chain's three stages by kind (chain.kernel, chain.module, chain.link), for readers of the middlebox.
-    @property
-    def kernel_stage(self) -> KernelStage:
-        return self.chain.kernel
-
-    @property
-    def module_stage(self) -> ModuleStage:
-        return self.chain.module
-
-    @property
-    def link_stage(self) -> LinkStage:
-        return self.chain.link
+        return self.chain.link.backend
 
     @property
     def kernel(self) -> ActiveKernel:
@@ -119,7 +110,7 @@ class Middlebox:
 
     def _chain_changed(self) -> None:
         self.accounting.declare(self.kernel.name)
-        self.accounting.watch_link(self.link_stage)
+        self.accounting.watch_link(self.chain.link)
 
     # -- decode side --------------------------------------------------------------------------------------
 
@@ -171,11 +162,10 @@ class Middlebox:
         return handoff
 
     async def _ingest_chunk(self, handoff: Handoff, event: KvChunk) -> None:
-        arrived_ns = self.clock.now_ns()
         self.accounting.chunk_in(handoff.begin.codec, event.raw_bytes)
         if handoff.failed:
             return  # the hand-off already failed: drain the rest of its stream without keeping it
-        await handoff.stream.ingest(event, arrived_ns=arrived_ns, source_codec=handoff.begin.codec)
+        await handoff.stream.ingest(event, source_codec=handoff.begin.codec)
 
     # -- onto the link ------------------------------------------------------------------------------------
 
@@ -206,18 +196,16 @@ class Middlebox:
         rid = handoff.request_id
         endpoint = peer.endpoint
         assert endpoint is not None
-        begin = handoff.begin
-        kernel = handoff.stream.kernel
-        if begin.codec == "none" and kernel.codec is not None:
-            begin = replace(begin, codec=kernel.name)
+        begin = handoff.stream.next_hop_begin(handoff.begin)
         # The hand-off starts, in model time, when the prefill produces the first token (REFERENCE §4:
         # hand-off = KV ready - first token). The prefill sends the KV during its step, stamped with the
         # step's end, so frames are held until then and paced from then (the link's FIFO permitting): the
         # host's own overhead of producing and framing the bytes is not charged on top of the link's time,
         # and a host too slow to keep up still shows, as bytes that arrive after they were due.
         start_ns = begin.first_token_ns if begin.first_token_ns > 0 else handoff.arrived_ns
-        start_ns += self.link_stage.start_hold_ns
-        async with self.link_stage.shaper.transfer(endpoint, label=f"request {rid}") as link:
+        link_stage = self.chain.link
+        start_ns += link_stage.start_hold_ns
+        async with link_stage.shaper.transfer(endpoint, label=f"request {rid}") as link:
             await link.send(begin, ready_ns=start_ns)
             outcome = await handoff.stream.deliver(link, kv_end=endpoint.connection.kv_end, ready_ns=start_ns,
                                                    on_sent=self._on_chunk_sent)
@@ -228,8 +216,8 @@ class Middlebox:
                 return reason
 
     def _on_chunk_sent(self, item: ChunkInFlight) -> None:
-        self.accounting.chunk_out(item, link_j=self.link_stage.energy_j(item.wire_bytes, self.model_bytes_per_byte),
-                                  module_j=self.module_stage.energy_j(item))
+        self.accounting.chunk_out(item, link_j=self.chain.link.energy_j(item.wire_bytes, self.model_bytes_per_byte),
+                                  module_j=self.chain.module.energy_j(item))
 
     def _on_transfer_done(self, record: TransferRecord) -> None:
         self.accounting.transfer_done(record)
@@ -281,7 +269,7 @@ class Middlebox:
         return {
             "role": "middlebox", "name": self.name, **self.accounting.stats(),
             "open_handoffs": len(self._open),
-            "link": self.accounting.link_stats(self.link_stage),
+            "link": self.accounting.link_stats(self.chain.link),
             "chain": self.describe_chain(),
             "faults": self.faults.describe(),
         }

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvtransit.wire.events import KvChunk
 
 
 @dataclass
 class ChunkInFlight:
-    """A KV chunk on its way from the prefill side to the link.
+    """A KV chunk on its way from its source connection to the link.
 
-    `arrived_ns` is when its last byte reached the middlebox (the link paces a hand-off from its first token,
-    not from here, so a stage holds only what is still owed: see Middlebox._transfer). `chunk` starts as the
-    frame received, with its payload copied out of the receive buffer, and each stage may replace it.
+    `chunk` starts as the frame received, with its payload copied out of the receive buffer
+    (pipeline.KvStream.ingest), and each stage may replace it; the other fields say what the stages did.
     """
 
     chunk: KvChunk
-    arrived_ns: int
     raw_bytes: int
     codec: str = "none"  # the codec that produced the payload now in `chunk` ("none": raw)
     placement: str = "none"  # where that codec ran: "module" (in transit), "host", "gpu" (prefill), "none"
@@ -25,8 +23,6 @@ class ChunkInFlight:
     modelled_compute_s: float = 0.0  # what the module model prescribes for the same bytes
     module_ops: float = 0.0
     transit_bound: bool = False
-    ready_ns: int = 0  # when the module released it to the link
-    notes: dict = field(default_factory=dict)
 
     @property
     def wire_bytes(self) -> int:

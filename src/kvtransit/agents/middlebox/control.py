@@ -62,8 +62,12 @@ def _kernel_update(body: dict) -> dict:
 
 
 def _link_update(body: dict) -> dict:
-    _reject_unknown(body, "link", LINK_FIELDS)
-    for name, value in body.items():
+    # An unknown field is the link stage's to refuse (LinkStage.reconfigure: a ConfigError, so a 400 naming it
+    # and the valid fields); the values of the fields it knows must be finite numbers in range.
+    for name in LINK_FIELDS:
+        if name not in body:
+            continue
+        value = body[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise HttpError(400, f"link field {name!r}: expected a finite number, got {value!r}")
     if "rate_Bps" in body and body["rate_Bps"] <= 0:
@@ -96,7 +100,7 @@ def register_control_routes(http: HttpServer, middlebox: Middlebox) -> None:
 
     async def put_fault(request: HttpRequest) -> list:
         # make_fault raises ConfigError (a ValueError: a 400 naming the field) for a bad type or parameter.
-        middlebox.faults.put(make_fault(fault_name(request), _object_body(request), clock=middlebox.clock))
+        middlebox.faults.put(make_fault(fault_name(request), _object_body(request), clock=middlebox.fault_clock))
         return middlebox.faults.describe()
 
     async def delete_fault(request: HttpRequest) -> list:

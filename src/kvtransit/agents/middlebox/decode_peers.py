@@ -13,17 +13,15 @@ refused with an Error or lost with its connection (the prefill still holds the K
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kvtransit.model.errors import ConfigError
-from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S, TaskSet
-from kvtransit.runtime.transport import Endpoint, open_endpoint
-from kvtransit.wire import WIRE_VERSION
+from kvtransit.runtime.tasks import TaskSet
+from kvtransit.runtime.transport import Endpoint, open_greeted
 from kvtransit.wire.errors import ProtocolError
-from kvtransit.wire.events import Ack, Bye, Error, Hello, Role
+from kvtransit.wire.events import Ack, Bye, Error, Role
 
 from .faults import FaultChain, FaultedEndpoint
 from .handoff import Handoff
@@ -87,8 +85,7 @@ class DecodePeers:
         for peer in self.peers:
             endpoint = peer.endpoint
             if endpoint is not None and not endpoint.is_closing:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(endpoint.send(Bye(reason="middlebox stopping")), GOODBYE_TIMEOUT_S)
+                await endpoint.goodbye("middlebox stopping")
                 endpoint.close()
         await self._tasks.close()
 
@@ -100,15 +97,17 @@ class DecodePeers:
         deadline = loop.time() + timeout_s
         while True:
             try:
-                endpoint = await open_endpoint(peer.host, peer.port, Role.MIDDLEBOX, Role.DECODE)
+                # Decode says Hello as it accepts: one that has not within the dial's own timeout is not a decode.
+                greeted = await open_greeted(peer.host, peer.port, Role.MIDDLEBOX, Role.DECODE, name=self.name,
+                                             timeout_s=timeout_s)
                 break
-            except OSError as exc:
+            except OSError as exc:  # refused, unreachable, or no Hello in time (TimeoutError is an OSError)
                 if loop.time() >= deadline:
                     raise ConfigError(f"cannot reach {peer.name} at {peer.host}:{peer.port} (--decode) after "
                                       f"{timeout_s:.0f} s: {exc}") from None
                 await asyncio.sleep(CONNECT_RETRY_S)
-        endpoint = FaultedEndpoint(endpoint, self.faults)
-        await endpoint.send(Hello(role=Role.MIDDLEBOX, version=WIRE_VERSION, name=self.name))
+        # The faults sit in the write path of everything after the greeting (the hand-offs and their Errors).
+        endpoint = FaultedEndpoint(greeted, self.faults)
         peer.endpoint = endpoint
         self._tasks.spawn(self._read(peer), f"read {peer.name}")
 

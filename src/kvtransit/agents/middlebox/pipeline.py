@@ -13,8 +13,10 @@ write-back (prefill → kvpool, pool.py).
   been told with an Error naming the request, so it drops what it holds.
 - After a failure, `discard` releases whatever the stream still holds (its source may still be sending).
 
-Memory: a hand-off's streams share their prefill connection's `ByteBudget`: `ingest` waits while the
-connection is over it, and a chunk's bytes are given back once it is on the link (or dropped).
+Memory: the streams read from one source connection (a prefill's hand-off connection, or its pool connection)
+share that connection's `ByteBudget`, the middlebox's in-flight limit: `ingest` waits while the connection is
+over it, so the reader stops and TCP pushes back, and a chunk's bytes are given back once it is on the link
+(or dropped).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from kvtransit.kernels import KernelInputError
 from kvtransit.model.errors import ConfigError
 from kvtransit.runtime.egress import Transfer
 from kvtransit.wire import ErrorCode, clip_message
-from kvtransit.wire.events import Error, KvChunk, KvEnd
+from kvtransit.wire.events import Error, KvBegin, KvChunk, KvEnd
 
 from .chunk_in_flight import ChunkInFlight
 from .stages import StageChain
@@ -126,7 +128,7 @@ class KvStream:
 
     # -- the source's side ------------------------------------------------------------------------------
 
-    async def ingest(self, event: KvChunk, *, arrived_ns: int, source_codec: str) -> None:
+    async def ingest(self, event: KvChunk, *, source_codec: str) -> None:
         """Start one chunk down the stages (waiting first while the connection is over its byte budget).
 
         `source_codec`: what the source's KvBegin announced, the codec of a chunk that arrives encoded."""
@@ -139,8 +141,7 @@ class KvStream:
         if isinstance(event.payload, memoryview):
             event.payload.release()
         encoded = bool(event.codec_id)
-        item = ChunkInFlight(chunk=chunk, arrived_ns=arrived_ns, raw_bytes=event.raw_bytes,
-                             codec=source_codec if encoded else "none",
+        item = ChunkInFlight(chunk=chunk, raw_bytes=event.raw_bytes, codec=source_codec if encoded else "none",
                              placement=PLACEMENT_GPU if encoded else PLACEMENT_NONE)
         result = asyncio.ensure_future(self._stages.run(item, self.kernel))
         self._queue.put_nowait(Staged(result, nbytes))
@@ -152,6 +153,13 @@ class KvStream:
         self._queue.put_nowait(Aborted(reason, code))
 
     # -- the link's side --------------------------------------------------------------------------------
+
+    def next_hop_begin(self, begin: KvBegin) -> KvBegin:
+        """The source's KvBegin as the next hop must see it: a raw stream that this stream's kernel compresses
+        is announced with the kernel's codec (a stream that arrived encoded keeps what its source announced)."""
+        if begin.codec == "none" and self.kernel.codec is not None:
+            return replace(begin, codec=self.kernel.name)
+        return begin
 
     async def deliver(self, link: Transfer, *, kv_end: Callable[[int], KvEnd], ready_ns: int | None = None,
                       on_sent: Callable[[ChunkInFlight], None]) -> StreamOutcome:

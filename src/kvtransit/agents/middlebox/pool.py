@@ -4,10 +4,13 @@
     prefill ◀──PoolHit + blocks (compact)── module ◀══link══ kvpool         (fetch: TTFT pays this)
     prefill ──PoolPut + raw blocks──▶ kernel ══link══▶ kvpool ──Ack──▶ prefill   (write-back, compressed once)
 
-- **Write-back** (put): the prefill sends new blocks raw (read by `agents/pool_stream.PutAssembler`, as the
-  pool reads them); each chunk runs down the same stage chain as a hand-off (pipeline.KvStream: compressed
-  once, on the way out), then over the put lane of the pool link to the pool, which stores the compact form.
-  The pool's Ack is relayed to the prefill.
+- **Write-back** (put): the prefill sends new blocks raw (read by `agents/common/pool_stream.py: PutAssembler`,
+  as the pool reads them); each chunk runs down the same stage chain as a hand-off (pipeline.KvStream:
+  compressed once, on the way out), then over the put lane of the pool link to the pool, which stores the
+  compact form. The pool's Ack is relayed to the prefill. As on the hand-off path, each prefill connection may
+  run at most the middlebox's in-flight limit ahead of the lane (pipeline.ByteBudget): past it, the middlebox
+  stops reading and TCP pushes back to the prefill. A chunk the kernel refuses fails the put: the pool is sent
+  an Error naming the request (it drops what it holds), the prefill a FAILED Ack.
 - **Fetch**: the pool streams the blocks as stored; they cross the fetch lane of the pool link at their wire
   (compact) size, paced by the link's rate and latency, and the module is charged the inverse transform
   (REFERENCE §5's pricing, the same `ModuleStage` as the forward direction: its modelled compute holds the
@@ -25,14 +28,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from kvtransit.agents.common.pool_stream import OpenPut, PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened
+from kvtransit.agents.common.pool_stream import (
+    OpenPut,
+    PutAborted,
+    PutAssembler,
+    PutChunk,
+    PutEnded,
+    PutOpened,
+    PutStep,
+    PutWithdrawn,
+)
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.egress import EgressShaper
 from kvtransit.runtime.metrics import pool_relay_metrics
-from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S, TaskSet
-from kvtransit.runtime.transport import Endpoint, open_endpoint
+from kvtransit.runtime.tasks import TaskSet
+from kvtransit.runtime.transport import Endpoint, open_greeted
 from kvtransit.wire import WIRE_VERSION, ErrorCode, clip_message, clip_reason
 from kvtransit.wire.errors import ProtocolError
 from kvtransit.wire.events import (
@@ -53,7 +66,7 @@ from kvtransit.wire.events import (
 from .accounting import PoolAccounting
 from .app import Middlebox
 from .chunk_in_flight import ChunkInFlight
-from .pipeline import Abandoned, Delivered, KvStream, Refused
+from .pipeline import Abandoned, ByteBudget, Delivered, KvStream, Refused
 from .stages.kernel import PLACEMENT_MODULE
 
 log = logging.getLogger(__name__)
@@ -61,22 +74,33 @@ log = logging.getLogger(__name__)
 POOL_RETRY_S = 1.0  # after a failed dial, the next request waits at least this long before redialling
 
 
-@dataclass
-class _Put:
-    """A write-back on its way to the pool: who to answer, and its stream of chunks."""
+PoolDial = Callable[[str], Awaitable[Endpoint]]
+"""Opens one greeted connection to the pool, given the name to say in Hello (tests dial in memory)."""
 
-    put: OpenPut
+
+@dataclass
+class _WriteBack:
+    """A write-back on its way to the pool: what its prefill opened, who to answer, its stream of chunks."""
+
+    opened: OpenPut  # its KvBegin and the blocks its PoolPut named
     owner: Endpoint
     stream: KvStream
+
+    @property
+    def request_id(self) -> int:
+        return self.opened.request_id
 
 
 class PoolRelay:
     """Owned by a Middlebox; shares its stage chain, has its own two lanes to the pool."""
 
-    def __init__(self, middlebox: Middlebox, pool_host: str, pool_port: int, *, registry):
-        self.mb = middlebox
+    def __init__(self, middlebox: Middlebox, pool_host: str, pool_port: int, *, registry,
+                 dial: PoolDial | None = None):
+        """`dial`: how to reach the pool (default: TCP to pool_host:pool_port, greeted both ways)."""
+        self.middlebox = middlebox
         self.clock: Clock = middlebox.clock
         self.pool_host, self.pool_port = pool_host, pool_port
+        self._dial: PoolDial = dial if dial is not None else self._dial_tcp
         scenario = middlebox.scenario
         shaped = scenario.scaled_link
         self.accounting = PoolAccounting(pool_relay_metrics(registry), dilation=middlebox.dilation,
@@ -109,22 +133,22 @@ class PoolRelay:
             for conn in (self._fetch_conn, self._put_conn):
                 if conn is not None:
                     conn.abort()
+            conns: list[Endpoint] = []
             try:
-                conns = []
                 for lane in ("fetch", "put"):
-                    conn = await open_endpoint(self.pool_host, self.pool_port, Role.MIDDLEBOX, Role.KVPOOL)
-                    await conn.send(Hello(role=Role.MIDDLEBOX, version=WIRE_VERSION, name=f"{self.mb.name}-{lane}"))
-                    first = await conn.next_event()
-                    if not isinstance(first, Hello):
-                        raise ConnectionError(f"the kvpool did not say Hello (got {first!r})")
-                    conns.append(conn)
+                    conns.append(await self._dial(f"{self.middlebox.name}-{lane}"))
             except (ConnectionError, OSError, ProtocolError) as exc:
+                for conn in conns:
+                    conn.abort()
                 self._last_failed_dial_ns = self.clock.now_ns()
                 raise ConnectionError(f"kvpool at {self.pool_host}:{self.pool_port} unreachable: {exc}") from None
             self._fetch_conn, self._put_conn = conns
             self._tasks.spawn(self._read_fetches(self._fetch_conn), "pool fetch reader")
             self._tasks.spawn(self._read_put_acks(self._put_conn), "pool put reader")
             return self._fetch_conn, self._put_conn
+
+    async def _dial_tcp(self, name: str) -> Endpoint:
+        return await open_greeted(self.pool_host, self.pool_port, Role.MIDDLEBOX, Role.KVPOOL, name=name)
 
     async def _read_fetches(self, conn: Endpoint) -> None:
         """The pool's fetch answers, one at a time, each relayed over the fetch lane to the prefill asking."""
@@ -151,8 +175,8 @@ class PoolRelay:
         """One fetch answer: PoolHit, then (blocks > 0) its KV stream, over the fetch lane to the prefill."""
         rid = hit.request_id
         owner = self._fetch_owner.pop(rid, None)
-        kernel = self.mb.kernel
-        module = self.mb.chain.module
+        kernel = self.middlebox.kernel
+        module = self.middlebox.chain.module
         streaming = hit.blocks > 0  # the pool's KV stream for this fetch is still to be read
         # Every frame is paced from the answer's arrival (as the hand-off is from its first token): the time
         # this host spends reading the pool's frames is not charged on top of the link's.
@@ -169,7 +193,7 @@ class PoolRelay:
                         case KvBegin() as begin:
                             await link.send(begin, ready_ns=start_ns)
                         case KvChunk() as chunk:
-                            item = ChunkInFlight(chunk=chunk, arrived_ns=self.clock.now_ns(), raw_bytes=chunk.raw_bytes,
+                            item = ChunkInFlight(chunk=chunk, raw_bytes=chunk.raw_bytes,
                                                  codec=kernel.name if chunk.codec_id else "none",
                                                  placement=PLACEMENT_MODULE if chunk.codec_id else "none")
                             # Decompressing on the way in costs the module what compressing did (the inverse
@@ -221,9 +245,12 @@ class PoolRelay:
 
     async def handle_prefill(self, endpoint: Endpoint) -> None:
         """One prefill's pool connection: fetches and write-backs in, answers out."""
-        await endpoint.send(Hello(role=Role.MIDDLEBOX, version=WIRE_VERSION, name=self.mb.name))
+        await endpoint.send(Hello(role=Role.MIDDLEBOX, version=WIRE_VERSION, name=self.middlebox.name))
+        # The connection's write-backs share one budget, the middlebox's in-flight limit, as a hand-off
+        # connection's do: a slow put lane stops this reader instead of piling chunks up here.
+        budget = ByteBudget(self.middlebox.inflight_bytes)
         assembler = PutAssembler()
-        puts: dict[int, _Put] = {}
+        write_backs: dict[int, _WriteBack] = {}
         try:
             async for event in endpoint:
                 match event:
@@ -232,24 +259,26 @@ class PoolRelay:
                     case Bye():
                         break
                     case _:
-                        await self._put_step(endpoint, puts, assembler.receive(event))
+                        await self._put_step(endpoint, write_backs, budget, assembler.receive(event))
         finally:
             for put in assembler.close():
-                puts.pop(put.request_id).stream.abort("prefill went away mid-put")
+                write_backs.pop(put.request_id).stream.abort("prefill went away mid-put")
 
-    async def _put_step(self, endpoint: Endpoint, puts: dict[int, _Put], step) -> None:
+    async def _put_step(self, endpoint: Endpoint, write_backs: dict[int, _WriteBack], budget: ByteBudget,
+                        step: PutStep | None) -> None:
         match step:
             case PutOpened(put):
-                stream = KvStream(put.request_id, self.mb.chain, self.mb.kernel)
-                puts[put.request_id] = _Put(put, endpoint, stream)
-                self._tasks.spawn(self._forward_put(puts[put.request_id]), f"put {put.request_id}")
+                stream = KvStream(put.request_id, self.middlebox.chain, self.middlebox.kernel, budget)
+                write_back = write_backs[put.request_id] = _WriteBack(put, endpoint, stream)
+                self._tasks.spawn(self._forward_put(write_back), f"put {put.request_id}")
             case PutChunk(put, chunk):
-                await puts[put.request_id].stream.ingest(chunk, arrived_ns=self.clock.now_ns(),
-                                                         source_codec=put.begin.codec)
+                await write_backs[put.request_id].stream.ingest(chunk, source_codec=put.begin.codec)
             case PutEnded(put):
-                puts.pop(put.request_id).stream.end()
+                write_backs.pop(put.request_id).stream.end()
             case PutAborted(put, error):
-                puts.pop(put.request_id).stream.abort(error.message, error.code)
+                write_backs.pop(put.request_id).stream.abort(error.message, error.code)
+            case PutWithdrawn():
+                pass  # given up before its KvBegin: nothing was sent on to the pool for it yet
 
     async def _start_fetch(self, owner: Endpoint, fetch: PoolFetch) -> None:
         try:
@@ -261,22 +290,20 @@ class PoolRelay:
             await self._tell(owner, Error(code=ErrorCode.REQUEST_FAILED, message=clip_message(f"pool down: {exc}"),
                                           request_id=fetch.request_id), "fetch")
 
-    async def _forward_put(self, put: _Put) -> None:
-        rid = put.put.request_id
-        stream = put.stream
-        begin = put.put.begin
-        if begin.codec == "none" and stream.kernel.codec is not None:
-            begin = replace(begin, codec=stream.kernel.name)
+    async def _forward_put(self, write_back: _WriteBack) -> None:
+        rid = write_back.request_id
+        stream = write_back.stream
+        hash_ids = write_back.opened.hash_ids
         try:
-            if not put.put.hash_ids:
-                await self._refuse_put(put, f"KvBegin for request {rid} on the pool path without a PoolPut naming "
-                                            "its blocks")
+            if not hash_ids:
+                await self._refuse_put(write_back, f"KvBegin for request {rid} on the pool path without a PoolPut "
+                                                   "naming its blocks")
                 return
             _, put_conn = await self._pool()
-            self._put_owner[rid] = put.owner
+            self._put_owner[rid] = write_back.owner
             async with self.put_lane.transfer(put_conn, label=f"put {rid}") as link:
-                await link.send(PoolPut(request_id=rid, hash_ids=put.put.hash_ids))
-                await link.send(begin)
+                await link.send(PoolPut(request_id=rid, hash_ids=hash_ids))
+                await link.send(stream.next_hop_begin(write_back.opened.begin))
                 outcome = await stream.deliver(link, kv_end=put_conn.connection.kv_end, on_sent=self._on_put_sent)
             match outcome:
                 case Delivered():
@@ -284,22 +311,23 @@ class PoolRelay:
                 case Abandoned():  # the prefill gave up on it: nobody to answer
                     self._put_owner.pop(rid, None)
                     self.accounting.outcome("put", ok=False)
-                case Refused(reason):
-                    await self._refuse_put(put, reason)
+                case Refused(reason):  # the pool was sent an Error naming the put: it drops what it holds
+                    await self._refuse_put(write_back, reason)
         except (ConnectionError, ProtocolError) as exc:
-            await self._refuse_put(put, str(exc))
+            await self._refuse_put(write_back, str(exc))
         finally:
             await stream.discard()
 
-    async def _refuse_put(self, put: _Put, reason: str) -> None:
+    async def _refuse_put(self, write_back: _WriteBack, reason: str) -> None:
         """The put will not be stored: a FAILED Ack tells the prefill (a write-back is never retried)."""
-        rid = put.put.request_id
+        rid = write_back.request_id
         self._put_owner.pop(rid, None)
-        await self._tell(put.owner, Ack(request_id=rid, status=AckStatus.FAILED, detail=clip_reason(reason)), "put")
+        await self._tell(write_back.owner, Ack(request_id=rid, status=AckStatus.FAILED, detail=clip_reason(reason)),
+                         "put")
 
     def _on_put_sent(self, item: ChunkInFlight) -> None:
         self.accounting.chunk("put", item, raw=item.raw_bytes, wire=item.wire_bytes,
-                              module_j=self.mb.chain.module.energy_j(item))
+                              module_j=self.middlebox.chain.module.energy_j(item))
 
     # -- bookkeeping ------------------------------------------------------------------------------------
 
@@ -318,8 +346,7 @@ class PoolRelay:
     async def close(self) -> None:
         for conn in (self._fetch_conn, self._put_conn):
             if conn is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(conn.send(Bye(reason="middlebox stopping")), GOODBYE_TIMEOUT_S)
+                await conn.goodbye("middlebox stopping")
                 conn.abort()
         await self._tasks.close()
 

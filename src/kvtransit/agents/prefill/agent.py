@@ -96,7 +96,8 @@ class PrefillAgent:
 
     # -- the loadgen side --------------------------------------------------------------------------------
 
-    async def _serve_client(self, endpoint: Endpoint) -> None:
+    async def serve_client(self, endpoint: Endpoint) -> None:
+        """One load generator's connection: say Hello, then admit every Request it sends until its Bye."""
         await endpoint.send(Hello(role=Role.PREFILL, version=WIRE_VERSION, name=self.name))
         while (event := await endpoint.next_event()) is not None:
             if isinstance(event, Request):
@@ -131,7 +132,8 @@ class PrefillAgent:
         cached = self._lookups[request_id].cached_tokens if self.prefix is not None else 0
         return BatchEntry(request_id, request.prompt_tokens, request.output_tokens, cached)
 
-    async def _step_loop(self) -> None:
+    async def step_loop(self) -> None:
+        """Take a batch, hold it for its planned time on the clock, send its first tokens; idle when none is queued."""
         schedule: DeadlineSchedule | None = None  # None: idle, the next step starts now
         while True:
             if not len(self.queue):
@@ -227,17 +229,17 @@ class PrefillAgent:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.handoffs.connect()
-        server = await listen(self.listen_address, "--listen", self._serve_client, Role.PREFILL, Role.LOADGEN)
+        server = await listen(self.listen_address, "--listen", self.serve_client, Role.PREFILL, Role.LOADGEN)
         http = await start_http(self.metrics_listen, self.registry, self.stats)
         announce_ready("prefill", self.name, listen_port=server.port, metrics_port=http.port)
         loops = TaskSet("prefill")
-        for name, coro in (("step loop", self._step_loop()), ("hand-offs", self.handoffs.run()),
-                           ("stop", stop.wait())):
-            loops.spawn(coro, name)
+        step = loops.spawn(self.step_loop(), "step loop")
+        handoffs = loops.spawn(self.handoffs.run(), "hand-offs")
+        stopper = loops.spawn(stop.wait(), "stop")
         try:
-            done, _ = await asyncio.wait(list(loops), return_when=asyncio.FIRST_COMPLETED)
-            for task in done:  # a loop only ends by failing; the stop task ends cleanly
-                if (failure := task.exception()) is not None:
+            done, _ = await asyncio.wait([step, handoffs, stopper], return_when=asyncio.FIRST_COMPLETED)
+            for loop in (step, handoffs):  # a loop only ends by failing; the stop task ends cleanly
+                if loop in done and (failure := loop.exception()) is not None:
                     raise failure
         finally:
             await loops.close()

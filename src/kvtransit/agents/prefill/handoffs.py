@@ -27,11 +27,11 @@ from typing import Any
 from kvtransit.agents.common.process import Address
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock
-from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S
-from kvtransit.runtime.transport import Endpoint, open_endpoint
+from kvtransit.runtime.tasks import TaskSet
+from kvtransit.runtime.transport import Endpoint, open_greeted
 from kvtransit.wire.errors import ErrorCode, ProtocolError
-from kvtransit.wire.events import Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, Request, Role
-from kvtransit.wire.limits import WIRE_VERSION, clip_message
+from kvtransit.wire.events import Ack, AckStatus, Bye, Error, KvBegin, KvChunk, Request, Role
+from kvtransit.wire.limits import clip_message
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,7 @@ class HandoffLink:
                     if handoff is not None and handoff.attempts:
                         handoff.last_error = event.message
                         delay = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2 ** handoff.attempts)
+                        # A retry's backoff is housekeeping, not model time: the loop's timer (module docstring).
                         asyncio.get_running_loop().call_later(delay, self._enqueue, handoff)
                 case Error():
                     log.warning("KV peer reported: %s", event.message)
@@ -202,7 +203,7 @@ class HandoffLink:
     async def _expire(self) -> None:
         """Give up on held hand-offs past their deadline that are not being sent right now."""
         while True:
-            await asyncio.sleep(EXPIRY_POLL_S)
+            await asyncio.sleep(EXPIRY_POLL_S)  # a housekeeping poll: the loop's timer (module docstring)
             now = self.clock.now_ns()
             for handoff in [h for h in self.held.values() if now >= h.deadline_ns]:
                 if handoff is not self._sending and self.held.get(handoff.request_id) is handoff:
@@ -211,21 +212,13 @@ class HandoffLink:
     # -- the connection ------------------------------------------------------------------------------------
 
     async def _connect(self) -> Endpoint:
-        link = await open_endpoint(self.kv_to.host, self.kv_to.port, Role.PREFILL, Role.MIDDLEBOX)
-        try:
-            await link.send(Hello(role=Role.PREFILL, version=WIRE_VERSION, name=self.name))
-            first = await asyncio.wait_for(link.next_event(), CONNECT_TIMEOUT_S)
-        except BaseException:
-            link.abort()
-            raise
-        if not isinstance(first, Hello):
-            link.abort()
-            raise ConnectionError(f"the KV peer at {self.kv_to} did not say Hello (got {first!r})")
-        return link
+        return await open_greeted(self.kv_to.host, self.kv_to.port, Role.PREFILL, Role.MIDDLEBOX, name=self.name,
+                                  timeout_s=CONNECT_TIMEOUT_S)
 
     async def connect(self) -> None:
         """The first connection, retried until CONNECT_TIMEOUT_S (the middlebox may start after us)."""
         loop = asyncio.get_running_loop()
+        # Start-up housekeeping, retried on the loop's timer, so bounded on that timer too (module docstring).
         deadline = loop.time() + CONNECT_TIMEOUT_S
         while True:
             try:
@@ -235,17 +228,17 @@ class HandoffLink:
                 if loop.time() >= deadline:
                     raise ConnectionError(f"cannot reach the middlebox at {self.kv_to} (--kv-to) after "
                                           f"{CONNECT_TIMEOUT_S:.0f} s: {exc}") from None
-                await asyncio.sleep(BACKOFF_MIN_S * 4)
+                await asyncio.sleep(BACKOFF_MIN_S * 4)  # a dial backoff: the loop's timer (module docstring)
 
     async def run(self) -> None:
         """Run the link (after `connect`) and the deadline watch; a failed link is dialled again, for ever."""
         assert self.link is not None, "connect() first"
-        expiry = asyncio.create_task(self._expire(), name="hand-off deadlines")
+        watch = TaskSet(f"{self.name} hand-offs")
+        watch.spawn(self._expire(), "deadline watch")
         try:
             await self._sessions(self.link)
         finally:
-            expiry.cancel()
-            await asyncio.gather(expiry, return_exceptions=True)
+            await watch.close()
 
     async def _sessions(self, link: Endpoint) -> None:
         delay = BACKOFF_MIN_S
@@ -265,7 +258,7 @@ class HandoffLink:
             error = next((t.exception() for t in done if not t.cancelled() and t.exception()), None)
             log.warning("KV link to %s lost (%s): reconnecting", self.kv_to, error)
             while True:
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay)  # a redial backoff: the loop's timer (module docstring)
                 try:
                     link = await self._connect()
                 except (TimeoutError, OSError, ConnectionError, ProtocolError) as exc:
@@ -281,8 +274,7 @@ class HandoffLink:
     async def close(self) -> None:
         if self.link is None:
             return
-        with contextlib.suppress(Exception):  # best effort on the way out
-            await asyncio.wait_for(self.link.send(Bye(reason="prefill stopping")), GOODBYE_TIMEOUT_S)
+        await self.link.goodbye("prefill stopping")  # best effort on the way out
         self.link.abort()
 
     def stats(self) -> dict[str, Any]:

@@ -17,7 +17,6 @@ a fetch that fails or times out (`fetch-failed`) is a miss with its reason count
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -29,15 +28,14 @@ from kvtransit.model.prefix import BLOCK_TOKENS, PrefixIndex, cached_tokens, cap
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock
-from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S, TaskSet
-from kvtransit.runtime.transport import Endpoint, open_endpoint
+from kvtransit.runtime.tasks import TaskSet
+from kvtransit.runtime.transport import Endpoint, open_greeted
 from kvtransit.wire.errors import ProtocolError
 from kvtransit.wire.events import (
     Ack,
     AckStatus,
     Bye,
     Error,
-    Hello,
     KvBegin,
     KvChunk,
     KvEnd,
@@ -47,14 +45,16 @@ from kvtransit.wire.events import (
     Request,
     Role,
 )
-from kvtransit.wire.limits import WIRE_VERSION
 
 log = logging.getLogger(__name__)
 
 # A fetch not answered within this many wall seconds (× dilation) is given up and recomputed: generous, a
 # 32k-token prefix over eth-25g takes 1.4 s (REFERENCE §2), but bounded.
 FETCH_TIMEOUT_S = 10.0
-POOL_REDIAL_S = 1.0  # after a failed dial, lookups count pool-down for this long before dialling again
+# After a failed dial, lookups count pool-down for this long before dialling again (on the injected clock, as the
+# middlebox's pool relay holds off: agents/middlebox/pool.py POOL_RETRY_S). One second: a restarted middlebox is
+# back in ~1-2 s here, and a pool that is down is not dialled once per request meanwhile.
+POOL_REDIAL_S = 1.0
 
 OUTCOMES = ("hit", "miss", "pool-down", "fetch-failed")
 
@@ -120,12 +120,12 @@ class PrefixReuse:
             if self.mode == "local" else None
         self.totals = PrefixTotals()
         self._conn: Endpoint | None = None
-        self._reader: asyncio.Task | None = None
         self._dial_lock = asyncio.Lock()
-        self._next_dial = 0.0
+        self._last_failed_dial_ns: int | None = None
         self._fetches: dict[int, _Fetch] = {}
         self._puts: dict[int, asyncio.Future] = {}
-        self._tasks = TaskSet("prefix write-backs")
+        self._write_backs = TaskSet(f"{name} prefix write-backs")
+        self._pool_reader = TaskSet(f"{name} prefix pool reader")
 
     @property
     def enabled(self) -> bool:
@@ -206,7 +206,13 @@ class PrefixReuse:
             return
         if result.outcome == "pool-down":
             return  # nothing to write to; the next lookup dials again
-        self._tasks.spawn(self._put(request_id, result), f"put {request_id}")
+        self._write_backs.spawn(self._put(request_id, result), f"put {request_id}")
+
+    async def write_backs_settled(self) -> None:
+        """Return once every write-back begun so far has ended (stored, refused, or failed and counted). Waiting is
+        all it does: a waiter that is cancelled leaves the write-backs running."""
+        if pending := list(self._write_backs):
+            await asyncio.wait(pending)
 
     def _put_frames(self, request_id: int, result: Lookup) -> list:
         """PoolPut, then KvBegin and each new block as rows of whole token runs: every layer's K and V rows,
@@ -256,23 +262,20 @@ class PrefixReuse:
         async with self._dial_lock:
             if self._conn is not None and not self._conn.is_closing:
                 return self._conn
-            loop = asyncio.get_running_loop()
             if self.pool_via is None:
                 raise ConnectionError("no pool address (--kv-pool-via) was given")
-            if loop.time() < self._next_dial:
+            if self._last_failed_dial_ns is not None and \
+                    self.clock.now_ns() - self._last_failed_dial_ns < POOL_REDIAL_S * 1e9:
                 raise ConnectionError(f"the pool path at {self.pool_via} is down (redialling shortly)")
             try:
-                conn = await open_endpoint(self.pool_via.host, self.pool_via.port, Role.PREFILL, Role.MIDDLEBOX)
-                await conn.send(Hello(role=Role.PREFILL, version=WIRE_VERSION, name=self.name))
-                first = await conn.next_event()
-                if not isinstance(first, Hello):
-                    conn.abort()
-                    raise ConnectionError(f"the middlebox's pool port did not say Hello (got {first!r})")
-            except (ConnectionError, OSError, ProtocolError):
-                self._next_dial = loop.time() + POOL_REDIAL_S
+                # Bounded like a fetch: a pool port that never says Hello must not hold every lookup at this lock.
+                conn = await open_greeted(self.pool_via.host, self.pool_via.port, Role.PREFILL, Role.MIDDLEBOX,
+                                          name=self.name, timeout_s=FETCH_TIMEOUT_S * self.scenario.effective_dilation)
+            except (ConnectionError, OSError, ProtocolError):  # OSError includes TimeoutError
+                self._last_failed_dial_ns = self.clock.now_ns()
                 raise
             self._conn = conn
-            self._reader = loop.create_task(self._read(conn), name="pool reader")
+            self._pool_reader.spawn(self._read(conn), "pool reader")
             return conn
 
     async def _read(self, conn: Endpoint) -> None:
@@ -334,15 +337,11 @@ class PrefixReuse:
                 "local_evictions": self.local.evictions if self.local is not None else None}
 
     async def close(self) -> None:
-        await self._tasks.close(deadline_s=1.0)  # a write-back in flight is dropped: the cache is an optimisation
+        await self._write_backs.close(deadline_s=1.0)  # a write-back in flight is dropped: the cache is an optimisation
         if self._conn is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._conn.send(Bye(reason="prefill stopping")), GOODBYE_TIMEOUT_S)
+            await self._conn.goodbye("prefill stopping")  # best effort on the way out
             self._conn.abort()
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
+        await self._pool_reader.close()
 
 
 def _settle(future: asyncio.Future, outcome: str) -> None:

@@ -1,7 +1,7 @@
 """What every fault is: a name, validated parameters, a write hook and an optional frame hook.
 
-A fault that holds writes for a time waits on the middlebox's clock (`self.clock`, runtime.clock), so its
-timing is tested on a ManualClock without sleeping."""
+A fault that holds writes for a time waits on the clock the middlebox gives its faults (`self.clock`,
+runtime.clock; `Middlebox.fault_clock`), so its timing is tested on a ManualClock without sleeping."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ class Fault:
         """`values`: the parameters by name (the API body without "type"); the rest take their default."""
         values = values or {}
         self.name = name
-        self.clock: Clock = clock if clock is not None else MonotonicClock()
+        # Alone, a fault waits on the loop's timer without the yield-spin (spin_s=0): a fault's hold needs no
+        # sub-ms precision and must not keep a core busy (as Middlebox.fault_clock).
+        self.clock: Clock = clock if clock is not None else MonotonicClock(spin_s=0.0)
         unknown = sorted(set(values) - set(self.params))
         if unknown:
             raise ConfigError(f"fault {name!r} ({self.kind}): unknown parameter {unknown[0]!r} "

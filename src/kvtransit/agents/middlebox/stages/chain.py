@@ -51,11 +51,15 @@ class ChainSettings:
     clock: Clock
     on_transfer_done: Callable[[TransferRecord], None] | None = None
 
+    def __post_init__(self) -> None:
+        # Checked here, the one place, before any stage is built (the link stage takes it as given).
+        if self.link_backend not in LINK_BACKENDS:
+            raise ConfigError(f"unknown link backend {self.link_backend!r} "
+                              f"(choose from: {', '.join(LINK_BACKENDS)})")
+
     @classmethod
     def from_scenario(cls, scenario: Scenario, *, link_backend: str, kernel_threads: int, clock: Clock,
                       on_transfer_done: Callable[[TransferRecord], None] | None = None) -> ChainSettings:
-        if link_backend not in LINK_BACKENDS:
-            raise ConfigError(f"unknown link backend {link_backend!r} (choose from: {', '.join(LINK_BACKENDS)})")
         dilation = scenario.effective_dilation
         # --compress-at gpu: the prefill already ran the codec; the module passes its bytes through.
         codec = "none" if scenario.compress_at == "gpu" else scenario.codec

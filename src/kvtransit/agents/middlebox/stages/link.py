@@ -48,8 +48,7 @@ class LinkStage(Stage):
 
     def __init__(self, link: Link, shaper: EgressShaper, *, module_latency_s: float, model_link: Link,
                  dilation: float, backend: str = "userspace"):
-        if backend not in LINK_BACKENDS:
-            raise ConfigError(f"unknown link backend {backend!r} (choose from: {', '.join(LINK_BACKENDS)})")
+        """`backend`: one of LINK_BACKENDS (ChainSettings checks it, before any stage is built)."""
         self.link = link  # what is shaped (scaled rate, dilated latency)
         self.model_link = model_link  # what is modelled (REFERENCE §2), for energy and reports
         self.shaper = shaper
