@@ -110,6 +110,12 @@ def _dashboard(uid: str, title: str, description: str, rows: list[tuple[str, lis
     return board.build()
 
 
+# The client's hand-off (phase="total": the loadgen's only phase) plus decode's queue wait, over E2E.
+_CLIENT_HANDOFF_SUM = 'kvtransit_handoff_seconds_sum{phase="total"}'
+KV_WAIT_SHARE_EXPR = (f"({_rate(_CLIENT_HANDOFF_SUM)} + {_rate('kvtransit_decode_queue_wait_seconds_sum')}) / "
+                      f"{_rate('kvtransit_e2e_seconds_sum')}")
+
+
 def slo_overview():
     return _dashboard(
         "kvtransit-slo-overview", "kvtransit / SLO overview",
@@ -137,6 +143,10 @@ def slo_overview():
                       unit="s"),
             PanelSpec("Hand-off p99 (client view)", "KV ready at decode - first token, as the loadgen sees it.",
                       (Query(_quantile(0.99, "kvtransit_handoff_seconds", "phase"), "{{phase}} p99"),), unit="s"),
+            PanelSpec("KV wait + transfer share of E2E",
+                      "(hand-off + decode queue wait) / E2E over the last 30 s: summed times, so each request weighs "
+                      "by its E2E; the run report's `kv_wait_share` is the mean of each request's own share.",
+                      (Query(KV_WAIT_SHARE_EXPR, "share"),), unit="percentunit"),
         ]), ("Requests", [
             PanelSpec("Requests by outcome", "ok (SLO met), slo-miss, failed, timed-out; per second.",
                       (Query("kvtransit:requests:rate30s", "{{outcome}}"),), unit="reqps"),

@@ -147,6 +147,18 @@ def test_tpot_is_the_roofline_decode_steps_plus_the_handoff_share(light_run):
     assert statistics.median(ratios) == pytest.approx(1.0, abs=0.05), ratios
 
 
+def test_kv_wait_share_is_the_mean_of_hand_off_plus_decode_queue_wait_over_e2e(light_run):
+    """Decode's queue wait reaches every taken request's record, and the report's share is recomputed from the
+    per-request figures (steady window: the first 10 % by arrival left out; one-token outputs have no share)."""
+    taken = [r for r in light_run["per_request"] if r["handoff_s"] is not None]
+    assert taken and all(r["decode_wait_s"] is not None and r["decode_wait_s"] >= 0 for r in taken), taken
+    steady = sorted(light_run["per_request"], key=lambda r: r["arrival_s"])[LIGHT["requests"] // 10:]
+    shares = [(r["handoff_s"] + r["decode_wait_s"]) / r["e2e_s"] for r in steady
+              if r["output_tokens"] >= 2 and r["e2e_s"] and r["handoff_s"] is not None]
+    assert light_run["kv_wait_share"] == pytest.approx(statistics.fmean(shares))
+    assert 0 < light_run["kv_wait_share"] < 1
+
+
 def test_compress_at_gpu_puts_the_codecs_own_bytes_on_the_wire(tmp_path):
     """The wire carries exactly what the codec makes of each request's KV (computed here independently);
     in transit the real middlebox must put the same bytes on the link."""

@@ -99,3 +99,21 @@ async def test_with_nothing_running_the_loop_holds_no_step():
         assert agent.steps == 0 and tokens == [] and clock.pending == 0  # waiting for work, not on the clock
     finally:
         await cancel(*tasks)
+
+
+async def test_a_kv_that_arrives_mid_step_waits_in_decodes_queue_until_the_next_step_boundary():
+    clock = ManualClock(T0)
+    agent, link, _tokens, tasks = await start(clock)
+    try:
+        await hand_off(link, 5)  # at T0, the batch empty: admitted at once
+        await clock.advance_ns(0)
+        first_deadline = T0 + round(step_holds_s(ServingRequest(5, 8, 4), steps=1)[0] * 1e9)
+        arrived = T0 + (first_deadline - T0) // 4  # a quarter into the first step
+        await clock.advance_ns(arrived - T0)
+        await hand_off(link, 6)
+        await clock.advance_ns(first_deadline - clock.now_ns())
+        # Model seconds (÷ dilation): 6 waited the rest of the step, 5 not at all.
+        assert agent.queue_waits.waits_s == {5: 0.0, 6: SCENARIO.model_s((first_deadline - arrived) / 1e9)}
+        assert agent.registry.get_sample_value("kvtransit_decode_queue_wait_seconds_count") == 2
+    finally:
+        await cancel(*tasks)

@@ -124,3 +124,25 @@ def test_to_argv_round_trips_through_the_shared_flags():
 def test_shared_flags_reject_bad_values_through_the_scenario():
     with pytest.raises(ConfigError, match="choose from"):
         scenario_from_args(_parser().parse_args(["--link", "nope"]))
+
+
+@pytest.mark.parametrize("scale", [1e-4, 5e-4, 9e-4])
+def test_a_scale_below_one_kv_channel_a_layer_is_refused_naming_the_smallest_allowed(scale):
+    with pytest.raises(ConfigError) as caught:
+        Scenario(scale=scale)  # llama3-8b: 1024 KV channels a layer
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"scale: {scale!r}") and "smallest allowed is 0.000977" in message
+    with pytest.raises(ConfigError, match="smallest allowed"):
+        scenario_from_args(_parser().parse_args(["--scale", str(scale)]))
+
+
+def test_the_smallest_allowed_scale_as_printed_is_one_channel():
+    assert Scenario(scale=0.000977).kv_layout.channels == 1
+    assert Scenario(scale=1 / 1024).kv_layout.channels == 1
+
+
+def test_real_size_dilation_brings_the_full_link_within_the_host_budget():
+    s = Scenario(link="eth-25g")  # 3.125 GB/s (REFERENCE §2) / 50 MB/s
+    assert s.real_size_dilation == pytest.approx(62.5)
+    at_real_size = Scenario(link="eth-25g", scale=1.0, dilation=s.real_size_dilation)
+    assert at_real_size.scaled_link.bandwidth_Bps <= HOST_BUDGET_BPS * (1 + 1e-9)

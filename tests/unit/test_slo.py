@@ -15,6 +15,7 @@ from kvtransit.model.slo import (
     Outcome,
     RequestRecord,
     distribution,
+    kv_wait_share,
     percentile,
     steady_window,
     summarise,
@@ -117,3 +118,27 @@ def test_handoff_prefers_the_producers_first_token_stamp():
     assert r.handoff_s == pytest.approx(0.050)
     r.first_token_stamp_s = 0.098  # prefill stamped it 2 ms before the client received it
     assert r.handoff_s == pytest.approx(0.052)
+
+
+def test_kv_wait_share_is_the_mean_of_each_requests_hand_off_plus_decode_wait_over_e2e():
+    # By hand, arrivals 0..3 (no warm-up cut with warmup_fraction=0):
+    #   r0: E2E 1.0, hand-off 0.15 - 0.10 = 0.05, decode wait 0.05 → 0.10 / 1.0 = 0.10
+    #   r1: E2E 0.5, hand-off 0.20 - 0.10 = 0.10 (prefill's stamp), decode wait 0.15 → 0.25 / 0.5 = 0.50
+    #   r2: decode's wait unknown (its decode restarted): left out
+    #   r3: one output token: over at its first token, the hand-off is outside its E2E: left out
+    r0 = rec(0, 0.0, [0.10, 1.00], kv_ready=0.15, decode_wait_s=0.05)
+    r1 = rec(1, 1.0, [1.12, 1.50], kv_ready=1.20, decode_wait_s=0.15, first_token_stamp_s=1.10)
+    r2 = rec(2, 2.0, [2.10, 2.80], kv_ready=2.20)
+    r3 = rec(3, 3.0, [3.10], kv_ready=3.20, decode_wait_s=0.0)
+    assert r0.kv_wait_share == pytest.approx(0.10) and r1.kv_wait_share == pytest.approx(0.50)
+    assert r2.kv_wait_s is None and r2.kv_wait_share is None and r3.kv_wait_share is None
+    assert kv_wait_share([r0, r1, r2, r3], warmup_fraction=0.0) == pytest.approx((0.10 + 0.50) / 2)
+
+
+def test_kv_wait_share_counts_the_steady_window_only_and_is_nan_without_a_figure():
+    warm = rec(0, 0.0, [0.1, 1.0], kv_ready=0.5, decode_wait_s=0.4)  # 0.8: the warm-up request, left out
+    steady = [rec(i, float(i), [i + 0.1, i + 1.0], kv_ready=i + 0.2, decode_wait_s=0.0) for i in range(1, 10)]
+    assert kv_wait_share([warm, *steady]) == pytest.approx(0.1 / 1.0)
+    assert math.isnan(kv_wait_share([rec(0, 0.0, [0.1, 1.0], kv_ready=0.2)]))
+    failed = rec(1, 0.0, [0.1], output=5, kv_ready=0.2, decode_wait_s=0.1, failure="lost")
+    assert failed.kv_wait_share is None  # no E2E: it never finished

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from kvtransit.emulator.sweep_report import PLOT_FILES, markdown_tables, write_plots
-from kvtransit.emulator.sweep_runner import ResultsStore, run_sweep, search_goodput, sweep_points
+from kvtransit.emulator.sweep_runner import (
+    METRIC_COLUMNS,
+    ResultsStore,
+    row_from_report,
+    run_sweep,
+    search_goodput,
+    sweep_points,
+)
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.sweep_plan import Grid, bisect_goodput, parse_axis, preset, preset_emulation
@@ -218,3 +226,46 @@ def test_a_row_written_before_a_scenario_field_existed_is_not_run_again(tmp_path
     runner = CountingRunner()
     run_sweep(points, ResultsStore(tmp_path), runner)
     assert runner.keys == []
+
+
+def _report(**extra) -> dict:
+    distribution = {"mean": 0.1, "p50": 0.1, "p90": 0.1, "p99": 0.2, "max": 0.2}
+    return {"link": {"busy": 0.4, "wire_bytes": 1e9}, "handoff_s": distribution, "ttft_s": distribution,
+            "tpot_s": distribution, "slo_attainment": 1.0, "goodput_rps": 2.0, "j_per_token": 0.1,
+            "faithful": True, "config": {}, **extra}
+
+
+def test_a_row_says_which_placement_its_point_ran_on_and_its_kv_wait_share(tmp_path):
+    links = {"mode": "netns", "reason": "auto: root with tc", "backends": {"rate": "tc tbf", "delay": "userspace"}}
+    report = _report(kv_wait_share=0.25, config={"links": links})
+    row = row_from_report("k", Scenario(), report, wall_s=1.0, report_path=tmp_path / "k.json")
+    assert (row["placement"], row["kv_wait_share"]) == ("netns (tc tbf)", 0.25)
+    # A report from before either existed (no launcher annotation, no share): the columns are empty, not an error.
+    old = row_from_report("k", Scenario(), _report(), wall_s=1.0, report_path=tmp_path / "k.json")
+    assert old["placement"] is None and old["kv_wait_share"] is None
+    assert {"placement", "kv_wait_share"} <= set(METRIC_COLUMNS)
+
+
+def test_tables_have_the_kv_wait_share_and_the_placement_of_each_point():
+    rows = _rows()
+    for row in rows:
+        row.update(kv_wait_share=0.125, placement="netns (tc tbf)")
+    text = markdown_tables(rows)
+    share = text.split("## eth-25g: KV wait + transfer share of E2E")[1].split("##")[0]
+    assert "| 8 | 12.5% | 12.5% | 12.5% |" in share
+    placement = text.split("## eth-25g: placement (--links)")[1].split("##")[0]
+    assert "| 8 | netns (tc tbf) | netns (tc tbf) | netns (tc tbf) |" in placement
+
+
+def test_the_sweep_command_places_points_as_up_does_by_default():
+    import argparse
+
+    from kvtransit.cli import sweep, up
+    from kvtransit.emulator.sweep_runner import PointRunner
+
+    parser = argparse.ArgumentParser()
+    subparsers = parser.add_subparsers()
+    sweep.register(subparsers)
+    up.register(subparsers)
+    assert parser.parse_args(["sweep", "--out", "x"]).links == parser.parse_args(["up"]).links == "auto"
+    assert PointRunner(Path(".")).links == "auto"

@@ -6,12 +6,17 @@ OUT/results.md (rows = load, columns = codecs, one table per link × metric) and
     kvtransit sweep --out runs/deck --preset handoff-25g
     kvtransit sweep --out runs/gp --goodput-search --grid codec=none,fp8 --rate-lo 4 --rate-hi 16
 
-Every point is a real run of the testbed (the same Launcher as `kvtransit up`). Resumable: a point already in
-OUT/results.json with the same scenario is not run again unless --rerun. With --preset, the preset fixes the
-scenario; a scenario flag given with a value other than its default overrides the preset's (e.g. --requests
-80 for a short pass). `--goodput-search`: per link × codec of the grid, DistServe's goodput (the highest rate
-whose SLO attainment reaches --target) by bisection between --rate-lo and --rate-hi, --iterations midpoints
-at most; each run is a row of the same results file.
+Every point is a real run of the testbed (the same Launcher as `kvtransit up`), placed as `up` places it:
+`--links auto` (default) runs the middlebox and decode in network namespaces with tc shaping the link when
+this host can (root, tc/ip), else on loopback with the user-space shaper, which reaches only part of a fast
+link's rate (its points then report unfaithful); the table's `placement` column says where each point ran.
+
+Resumable: a point already in OUT/results.json with the same scenario is not run again unless --rerun (a row
+keeps the placement it ran on). With --preset, the preset fixes the scenario; a scenario flag given with a value
+other than its default overrides the preset's (e.g. --requests 80 for a short pass). `--goodput-search`: per
+link × codec of the grid, DistServe's goodput (the highest rate whose SLO attainment reaches --target) by
+bisection between --rate-lo and --rate-hi, --iterations midpoints at most; each run is a row of the same
+results file.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ def register(subparsers) -> None:
     p.add_argument("--preset", choices=tuple(PRESETS), default=None,
                    help="; ".join(f"{name}: {text}" for name, (text, _) in PRESETS.items()))
     p.add_argument("--rerun", action="store_true", help="run points already in the results file again")
-    p.add_argument("--links", choices=("auto", "netns", "loopback"), default="loopback",
-                   help="how each run's link is built (as `kvtransit up --links`; default loopback)")
+    p.add_argument("--links", choices=("auto", "netns", "loopback"), default="auto",
+                   help="network namespaces + tc (netns), loopback + the user-space shaper, or netns when this host "
+                        "can (auto, the default), for every point (as `kvtransit up --links`)")
     p.add_argument("--accuracy-sample", type=int, default=2, metavar="N", help="requests whose codec error decode "
                    "measures, per point (default 2)")
     p.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
@@ -136,7 +142,8 @@ def run(args) -> int:
                   "and the --scale or --dilation that would fix it)")
     else:
         print_table("sweep", ("point", "status", "SLO att.", "TTFT p99 ms", "TPOT p99 ms", "hand-off p99 ms",
-                              "link busy", "faithful", "wall s"), [_summary_row(r) for r in rows])
+                              "KV wait share", "link busy", "faithful", "placement", "wall s"),
+                    [_summary_row(r) for r in rows])
     print(f"results: {store.json_path}, {store.csv_path}, {tables}" + (f"; plots: {', '.join(p.name for p in plots)}"
                                                                       if plots else ""))
     print(f"points run now: {runner.runs}; already in the results file: {len(rows) - runner.runs}")
@@ -162,8 +169,9 @@ def _summary_row(row: dict) -> tuple:
 
     return (row["key"], row["status"] if row["status"] == "ok" else f"failed: {row['error'][:60]}",
             fmt(row["slo_attainment"], ".1%"), fmt(row["ttft_p99_ms"], ".1f"), fmt(row["tpot_p99_ms"], ".2f"),
-            fmt(row["handoff_p99_ms"], ".1f"), fmt(row["link_busy"], ".1%"),
-            "-" if row["faithful"] is None else ("yes" if row["faithful"] else "NO"), fmt(row["wall_s"], ".1f"))
+            fmt(row["handoff_p99_ms"], ".1f"), fmt(row.get("kv_wait_share"), ".1%"), fmt(row["link_busy"], ".1%"),
+            "-" if row["faithful"] is None else ("yes" if row["faithful"] else "NO"), row.get("placement") or "-",
+            fmt(row["wall_s"], ".1f"))
 
 
 class _SweepProgress(LiveProgress):

@@ -7,6 +7,9 @@ middlebox → decode veth when this host can (root, tc/ip, tbf or htb), else eve
 middlebox's user-space shaper; `netns` insists (fails loudly), `loopback` never tries. The output and the report
 say which back-end shaped each property. `--prometheus` runs a real Prometheus scraping every process.
 
+Before anything starts it says what `--scale` cuts and keeps, how to run at real size, and, when the workload
+offers more than the modelled system serves (model/offered_load.py), that its queues will grow all run.
+
 Defaults: llama3-8b on 1x h100 per instance, 1 prefill + 1 decode, eth-25g, freq-keep-k keep 0.5 in transit,
 100 requests at 2/s (about a minute). Every scenario flag is shared with the agent commands.
 """
@@ -15,9 +18,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._common import CliError, LiveProgress, add_json_flag, print_json, print_table
 from .scenario_flags import add_scenario_args, scenario_from_args
+
+if TYPE_CHECKING:  # the handler imports the model when it runs
+    from kvtransit.model.scenario import Scenario
 
 
 def register(subparsers) -> None:
@@ -69,6 +76,8 @@ def run(args) -> int:
         else:
             print(line, flush=True, file=sys.stderr if args.json else sys.stdout)
 
+    for line in run_preamble(scenario):  # what is scaled, and an overload, said before anything starts
+        log(f"kvtransit up: {line}")
     launcher = Launcher(scenario, report_path=args.report, accuracy_sample=args.accuracy_sample,
                         drain_timeout_s=args.drain_timeout,
                         on_progress=progress_bar.update if progress_bar else None, log=log,
@@ -104,6 +113,24 @@ def run(args) -> int:
         sys.stderr.write(f"kvtransit up: error: {failure}\n")
         return 1
     return 130 if interrupted else 0
+
+
+def run_preamble(scenario: Scenario) -> list[str]:
+    """The lines `kvtransit up` prints before it starts: what the scale cuts and keeps (the report's own words),
+    how to run at real size, and a warning when the workload offers more than the modelled system serves
+    (parsing a trace here also refuses a bad one before any process or namespace exists)."""
+    from kvtransit.agents.loadgen.report import scale_note
+    from kvtransit.agents.loadgen.workload_source import requests_for
+    from kvtransit.model.offered_load import offered_vs_capacity
+
+    config = scenario.describe()
+    lines = [line for line in (scale_note(config),) if line]
+    if config["effective_scale"] < 1:
+        lines.append(f"real size: --scale 1 --dilation {config['real_size_dilation']:g} (the {scenario.link} link "
+                     f"then runs at {config['host_budget_Bps'] / 1e6:g} MB/s, what this host keeps up with)")
+    if warning := offered_vs_capacity(scenario, requests_for(scenario)).warning():
+        lines.append(f"WARNING: {warning}")
+    return lines
 
 
 def _restart_roles(text: str) -> tuple[str, ...]:

@@ -21,6 +21,8 @@ TABLE_METRICS = (
     ("goodput_rps", "goodput (req/s)", lambda v: f"{v:.2f}"),
     ("j_per_token", "J/token", lambda v: f"{v:.3f}"),
     ("wire_bytes", "wire bytes (GB)", lambda v: f"{v / 1e9:.2f}"),
+    ("kv_wait_share", "KV wait + transfer share of E2E", lambda v: f"{v:.1%}"),
+    ("placement", "placement (--links)", str),
 )
 PLOT_FILES = ("slo_attainment.png", "handoff_p99.png", "link_busy.png", "tpot_p99.png")
 

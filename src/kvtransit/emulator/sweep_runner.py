@@ -30,9 +30,10 @@ from kvtransit.model.sweep_plan import GoodputSearch, Grid, bisect_goodput, cano
 
 from .launcher import Launcher, RunFailed
 
-# What a row says about its run, in the order the CSV lists them (model terms, milliseconds where "_ms").
+# What a row says about its run, in the order the CSV lists them (model terms, milliseconds where "_ms"). New
+# columns go at the end: a results file is read by name, but a spreadsheet of an older one by position.
 METRIC_COLUMNS = ("link_busy", "handoff_p99_ms", "ttft_p99_ms", "tpot_p99_ms", "slo_attainment", "goodput_rps",
-                  "j_per_token", "wire_bytes", "faithful")
+                  "j_per_token", "wire_bytes", "faithful", "kv_wait_share", "placement")
 # The point's parameters every row carries, besides its grid overrides.
 PARAMETER_COLUMNS = ("link", "codec", "compress_at", "rate", "requests", "effective_scale", "effective_dilation",
                      "ttft_slo_ms", "tpot_slo_ms", "trace")
@@ -59,8 +60,19 @@ def row_from_report(key: str, scenario: Scenario, report: dict, *, wall_s: float
         "j_per_token": report["j_per_token"],
         "wire_bytes": report["link"]["wire_bytes"],
         "faithful": report["faithful"],
+        "kv_wait_share": report.get("kv_wait_share"),
+        "placement": placement(report),
         **_kv_pool_columns(report),
     }
+
+
+def placement(report: dict) -> str | None:
+    """Where the point ran and who shaped its link's rate, e.g. "netns (tc tbf)" or "loopback (userspace)": the
+    launcher's `config.links` (None for a report written without a launcher)."""
+    links = report.get("config", {}).get("links")
+    if not links:
+        return None
+    return f"{links['mode']} ({links['backends']['rate']})"
 
 
 def _kv_pool_columns(report: dict) -> dict:
@@ -149,10 +161,11 @@ def _slug(key: str) -> str:
 
 @dataclass
 class PointRunner:
-    """Runs one scenario live and returns its row. `links`: the Launcher's links mode."""
+    """Runs one scenario live and returns its row. `links`: the Launcher's links mode, `auto` as `kvtransit up`
+    (namespaces + tc where this host can: loopback's user-space shaper falls short of the link's rate)."""
 
     directory: Path
-    links: str = "loopback"
+    links: str = "auto"
     accuracy_sample: int = 2
     drain_timeout_s: float | None = None
     log: Callable[[str], None] = lambda _line: None

@@ -94,6 +94,27 @@ def channels_for_scale(model: ModelSpec, scale: float) -> int:
     return max(1, min(model.kv_dim, round(scale * model.kv_dim)))
 
 
+def smallest_scale(model: ModelSpec) -> float:
+    """One KV channel a layer: below it a layer would carry no bytes (no frame to send), so it is refused."""
+    return 1 / model.kv_dim
+
+
+def _at_least_one_channel(model: ModelSpec, scale: float) -> None:
+    smallest = smallest_scale(model)
+    # A relative tolerance so that the smallest scale as printed (rounded up) is itself accepted.
+    if scale * model.kv_dim < 1 - 1e-9:
+        shown = _round_up(smallest)
+        raise ConfigError(f"scale: {scale!r} leaves {model.name} less than one KV channel a layer "
+                          f"({scale * model.kv_dim:.3g} of {model.kv_dim}); the smallest allowed is {shown:g} "
+                          f"(1/{model.kv_dim}: one channel)")
+
+
+def _round_up(value: float, digits: int = 3) -> float:
+    """`value` rounded up to `digits` significant digits, so the figure a message prints is never below it."""
+    step = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+    return math.ceil(value / step - 1e-9) * step
+
+
 def auto_channels_and_dilation(model: ModelSpec, link: Link, dilation: float, budget_Bps: float) -> tuple[int, float]:
     """The most channels whose scaled link rate fits `budget_Bps` at `dilation`; more dilation if one does not.
 
@@ -237,6 +258,7 @@ class Scenario:
             if isinstance(self.scale, str):
                 raise ConfigError(f"scale: expected a number in (0, 1] or {AUTO!r}, got {self.scale!r}")
             _number("scale", self.scale, lo=0, hi=1, lo_open=True)
+            _at_least_one_channel(self.model_spec, self.scale)
         self.codec_declaration  # noqa: B018 — the codec's own checks (e.g. fp4 block) run now, not mid-run
         if self.kv_capacity_tokens < 1:
             raise ConfigError(
@@ -329,6 +351,13 @@ class Scenario:
             pj_per_bit=link.pj_per_bit,
         )
 
+    @property
+    def real_size_dilation(self) -> float:
+        """The dilation that runs this scenario's link at `--scale 1` within `HOST_BUDGET_BPS` (at least 1): the
+        same rule as `scale="auto"`, applied to every channel of the model's KV at once."""
+        needed = self.link_spec.bandwidth_Bps / HOST_BUDGET_BPS
+        return max(1.0, math.ceil(needed / DILATION_QUANTUM - 1e-9) * DILATION_QUANTUM)
+
     def wall_s(self, model_s: float) -> float:
         """A modelled duration as held on the wall clock (× dilation)."""
         return model_s * self.effective_dilation
@@ -375,6 +404,7 @@ class Scenario:
             "kv_capacity_tokens": self.kv_capacity_tokens,
             "codec_ratio": self.codec_declaration.ratio,
             "host_budget_Bps": HOST_BUDGET_BPS,
+            "real_size_dilation": self.real_size_dilation,
         }
 
 

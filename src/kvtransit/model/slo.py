@@ -12,6 +12,10 @@ the simulator's line up number for number:
 - Summaries drop the first 10 % of requests by arrival (warm-up); percentiles interpolate linearly (numpy's
   default). Hand-off = KV ready − first token, over all requests (no warm-up cut).
 - Goodput = SLO-met requests in the steady window / (last − first arrival in that window), seconds.
+- KV wait + transfer share of E2E = the mean, over the steady window's finished requests with at least two
+  output tokens, of (hand-off + decode queue wait) / E2E, where the decode queue wait is KV ready → admitted
+  into decode's batch (REFERENCE §4: admitted FIFO at a step boundary). How much of what a user waits for is the
+  KV getting to, and waiting at, decode: the study's question, which no single latency above answers.
 
 One difference, on purpose: the simulator only knows finished requests; a live run can also lose requests
 (a checksum failure, a crash, a timeout). Those stay in the steady window and count as *not met*, so a
@@ -65,6 +69,9 @@ class RequestRecord:
     # The SLO this request is judged by (a scenario may set its own: `--goodput ttft:MS tpot:MS`).
     ttft_slo_s: float = TTFT_SLO_S
     tpot_slo_s: float = TPOT_SLO_S
+    # KV ready → admitted into decode's continuous batch (decode measures it; None when not known, e.g. a
+    # decode instance restarted before the run's end and took its figures with it).
+    decode_wait_s: float | None = None
 
     @property
     def first_token_s(self) -> float | None:
@@ -103,6 +110,21 @@ class RequestRecord:
     def handoff_s(self) -> float | None:
         first = self.first_token_stamp_s if self.first_token_stamp_s is not None else self.first_token_s
         return None if first is None or self.kv_ready_s is None else self.kv_ready_s - first
+
+    @property
+    def kv_wait_s(self) -> float | None:
+        """Hand-off + decode queue wait: first token → the KV's request admitted at decode."""
+        handoff = self.handoff_s
+        return None if handoff is None or self.decode_wait_s is None else handoff + self.decode_wait_s
+
+    @property
+    def kv_wait_share(self) -> float | None:
+        """`kv_wait_s` / E2E, for a finished request with at least two output tokens (with one, the request is
+        over at its first token and the hand-off lies outside its E2E)."""
+        kv_wait, e2e = self.kv_wait_s, self.e2e_s
+        if kv_wait is None or e2e is None or e2e <= 0 or self.output_tokens < 2:
+            return None
+        return kv_wait / e2e
 
     @property
     def slo_met(self) -> bool:
@@ -153,6 +175,13 @@ def steady_window(records: Sequence[RequestRecord], warmup_fraction: float = WAR
         raise ConfigError(f"warm-up fraction must be in [0, 1), got {warmup_fraction!r}")
     ordered = sorted(records, key=lambda r: (r.arrival_s, r.request_id))
     return ordered[int(len(ordered) * warmup_fraction):]
+
+
+def kv_wait_share(records: Sequence[RequestRecord], warmup_fraction: float = WARMUP_FRACTION) -> float:
+    """The KV wait + transfer share of E2E: the mean over the steady window of each request's
+    `kv_wait_share` (requests without one are left out); NaN when no request has one."""
+    shares = [share for r in steady_window(records, warmup_fraction) if (share := r.kv_wait_share) is not None]
+    return math.fsum(shares) / len(shares) if shares else math.nan
 
 
 @dataclass(frozen=True)

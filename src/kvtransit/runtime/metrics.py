@@ -149,6 +149,9 @@ def middlebox_metrics(registry: CollectorRegistry) -> MiddleboxMetrics:
 STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, TPOT_SLO_S, 0.05, 0.1, 0.25, 0.5,
                   1.0, 2.5, 5.0)
 E2E_BUCKETS_S = (0.1, 0.25, 0.5, TTFT_SLO_S, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+# Decode's queue wait (KV ready → admitted): under one step when the batch has room (a step boundary is at most
+# a step away: ~6-100 ms, above), seconds when KV capacity or the batch limit holds requests back.
+QUEUE_WAIT_BUCKETS_S = HANDOFF_BUCKETS_S
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,7 @@ class DecodeMetrics:
     gpu_energy_joules: Counter
     codec_relative_error: Gauge
     kv_handoffs: Counter
+    queue_wait_seconds: Histogram
 
 
 def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
@@ -236,6 +240,10 @@ def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
             "KV streams that reached decode, by outcome: taken (new request), duplicate (a retry of one already "
             "taken: dropped and acked), aborted (the stream broke or its sender gave up; dropped, never used).",
             ("outcome",)),
+        queue_wait_seconds=_histogram(
+            registry, "decode_queue_wait_seconds",
+            "KV ready at decode -> admitted into the continuous batch (model seconds), per request.",
+            QUEUE_WAIT_BUCKETS_S),
     )
 
 

@@ -36,6 +36,7 @@ from kvtransit.agents.common.process import (
     new_registry,
     start_http,
 )
+from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, QueueWaits, queue_waits_body
 from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.kernels.registry import decode as codec_decode
 from kvtransit.kernels.synthetic_kv import SyntheticKv
@@ -175,6 +176,8 @@ class DecodeAgent:
         # Where hand-off time goes, summed (wall seconds): first token → KvBegin here (sender side and link
         # queue), KvBegin → KvEnd here (the transfer).
         self.phase_s = {"first_token_to_begin": 0.0, "begin_to_end": 0.0, "handoffs": 0}
+        # Each request's wait in decode's queue, KV ready → admitted (served at QUEUE_WAITS_PATH for the client).
+        self.queue_waits = QueueWaits()
 
     # -- to the load generators ----------------------------------------------------------------------------
 
@@ -301,6 +304,7 @@ class DecodeAgent:
         # the two, the client knows whom to blame, and the sender still holds the KV.
         await self._tokens([TokenEntry(request_id=begin.request_id, token_index=0, t_ns=ready_ns)])
         await endpoint.send(Ack(request_id=begin.request_id, status=AckStatus.OK, t_ns=ready_ns))
+        self.queue_waits.ready(begin.request_id, ready_ns)
         self.batcher.enqueue(request)
         self.metrics.waiting.set(self.batcher.waiting)
         self._work.set()
@@ -344,7 +348,7 @@ class DecodeAgent:
         scenario, model, device = self.scenario, self.scenario.model_spec, self.scenario.device_spec
         schedule: DeadlineSchedule | None = None  # None: idle, the next step starts now
         while True:
-            self.batcher.admit()
+            self._admitted(self.batcher.admit())
             self.metrics.waiting.set(self.batcher.waiting)
             self.metrics.running.set(self.batcher.running)
             self.metrics.kv_reserved_tokens.set(self.batcher.reserved_tokens)
@@ -375,7 +379,18 @@ class DecodeAgent:
             await self._tokens([TokenEntry(request_id=wire_id(rid), token_index=index, t_ns=t_ns)
                                 for rid, index in result.tokens])
 
+    def _admitted(self, requests: list[ServingRequest]) -> None:
+        """Each admitted request's queue wait, KV ready → now (the step boundary that admitted it), model seconds."""
+        now = self.clock.now_ns()
+        for request in requests:
+            wait_s = self.queue_waits.admitted(wire_id(request.request_id), now, self.scenario.model_s)
+            if wait_s is not None:
+                self.metrics.queue_wait_seconds.observe(wait_s)
+
     # -- stats ---------------------------------------------------------------------------------------------
+
+    async def _queue_waits_route(self, _request) -> dict:
+        return queue_waits_body(self.queue_waits.waits_s)
 
     def stats(self) -> dict:
         link = self.link
@@ -408,6 +423,7 @@ class DecodeAgent:
         client_server = await listen(self.client_listen, "--client-listen", self.serve_client, Role.DECODE,
                                      Role.LOADGEN)
         http = await start_http(self.metrics_listen, self.registry, self.stats)
+        http.route("GET", QUEUE_WAITS_PATH, self._queue_waits_route, public=True)
         announce_ready("decode", self.name, listen_port=kv_server.port, client_port=client_server.port,
                        metrics_port=http.port)
         loops = TaskSet("decode")

@@ -12,7 +12,8 @@
 Times: token arrivals are stamped on receipt at the client; "KV ready" is decode's stamp (a Tokens entry
 with index 0); the first token's producer stamp (prefill) is kept for the hand-off. All on the host's shared
 CLOCK_MONOTONIC (the injected `clock`: a MonotonicClock, or a ManualClock in tests), reported in model seconds
-(÷ dilation).
+(÷ dilation). Decode's queue wait (KV ready → admitted) is read from each decode once the run is over
+(`agents/common/queue_waits.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvtransit.agents.common.process import Address, announce_ready, new_registry, start_http
+from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, parse_queue_waits
 from kvtransit.model.ledger_check import LEDGER_FILE
 from kvtransit.model.ledger_check import read as ledger_check
 from kvtransit.model.scenario import Scenario
@@ -283,7 +285,22 @@ class LoadGenerator:
             except (TimeoutError, OSError, ConnectionError, ValueError) as exc:
                 log.warning("no stats from %s: %s", address, exc)
                 missing.append(f"no stats from {address.host}:{address.port}: {exc}")
+                continue
+            if stats[-1].get("role") == "decode":
+                await self._read_queue_waits(address)
         return stats, missing
+
+    async def _read_queue_waits(self, address: Address) -> None:
+        """Decode's queue wait of every request it admitted, into the records. Not having them costs only the
+        report's `kv_wait_share` (it counts the requests that have one), so a failure is a warning."""
+        try:
+            waits = parse_queue_waits(await get_json(address.host, address.port, QUEUE_WAITS_PATH))
+        except (TimeoutError, OSError, ConnectionError, ValueError) as exc:
+            log.warning("no decode queue waits from %s: %s", address, exc)
+            return
+        for request_id, wait_s in waits.items():
+            if (record := self.records.get(request_id)) is not None:
+                record.decode_wait_s = wait_s
 
     async def run(self, stop: asyncio.Event | None = None) -> dict:
         """The whole run: dial every peer, `drive` the workload through them, then build (and write) the report."""

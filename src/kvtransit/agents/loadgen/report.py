@@ -19,12 +19,13 @@ from typing import Any
 
 from kvtransit.agents.common.process import finite_json
 from kvtransit.model.energy import link_energy_j
-from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import RequestRecord, summarise
+from kvtransit.model.offered_load import offered_vs_capacity
+from kvtransit.model.scenario import SYNTHETIC_KV, Scenario
+from kvtransit.model.slo import RequestRecord, kv_wait_share, summarise
 
 from .fidelity_report import fidelity_block
 from .kv_pool_report import kv_pool_headline, kv_pool_summary
-from .workload_source import workload_description
+from .workload_source import requests_for, workload_description
 
 REPORT_KEYS = ("config", "ttft_s", "tpot_s", "itl_s", "e2e_s", "handoff_s", "slo_attainment", "goodput_rps",
                "requests", "link", "energy_j", "j_per_token", "accuracy", "faithful", "fidelity")
@@ -117,8 +118,13 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
 
     report = {
         "config": scenario.describe(),
-        "workload": workload_description(scenario),  # for a trace: sampling, time scale, context cap applied
+        # For a trace: sampling, time scale, context cap applied; for any workload: its offered load against
+        # the modelled capacity (model/offered_load.py), the figure `kvtransit up` warned with before the run.
+        "workload": {**workload_description(scenario),
+                     "offered_vs_capacity": offered_vs_capacity(scenario, requests_for(scenario)).as_dict()},
         **summary.as_dict(),
+        # Mean over requests of (hand-off + decode queue wait) / E2E (model/slo.py: kv_wait_share).
+        "kv_wait_share": kv_wait_share(records),
         # Prefix reuse (--kv-pool local|pool): hit rate, fetch bytes and time, TTFT split; None when off.
         "kv_pool": kv_pool_summary(scenario, peer_stats, summary.as_dict()["ttft_s"]["mean"]),
         "link": link,
@@ -131,7 +137,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         "per_request": [
             {"id": r.request_id, "arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens,
              "output_tokens": r.output_tokens, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s,
-             "handoff_s": r.handoff_s, "outcome": r.outcome.value, "failure": r.failure}
+             "handoff_s": r.handoff_s, "decode_wait_s": r.decode_wait_s, "outcome": r.outcome.value,
+             "failure": r.failure}
             for r in records],
         "run": {"wall_s": run_wall_s, "model_s": run_wall_s / dilation, "tokens_delivered": tokens_delivered,
                 "agents": peer_stats},
@@ -179,6 +186,7 @@ def headline(report: dict) -> list[str]:
          f"wire {num(link['wire_bytes'])} B"
          + (f"; rate by {link['backends']['rate']}, delay by {link['backends']['delay']}"
             if link.get("backends") else "")),
+        *[line for line in (scale_note(report["config"]), offered_load_line(report.get("workload") or {})) if line],
         (f"energy J: link {num(energy['link'])}, module {num(energy['module'])}, gpu {num(energy['gpu'])}"
          + (f", pool {num(energy['pool'])}" if energy.get("pool") is not None else "")
          + f"; {num(report['j_per_token'])} J/token"),
@@ -195,12 +203,53 @@ def headline(report: dict) -> list[str]:
     return lines
 
 
+def _kv_content(config: dict) -> str:
+    sample = config.get("kv_sample", SYNTHETIC_KV)
+    return "synthetic" if sample == SYNTHETIC_KV else f"real-sample {sample}"
+
+
+def scale_note(config: dict) -> str | None:
+    """What is real and what is scaled (model/scenario.py): `--scale` cuts each layer's KV channels (kv_heads ×
+    head_dim), never its tokens or layers; the link's rate is cut by the same factor, so transfer times, like
+    every step time, are the full-size model's. None for a config without the derived figures."""
+    if "effective_scale" not in config or "kv_channels" not in config:
+        return None
+    scale, channels = config["effective_scale"], config["kv_channels"]
+    all_channels = round(channels / scale)
+    layers = config["kv_layout"][0]
+    content = ("KV content synthetic" if config.get("kv_sample", SYNTHETIC_KV) == SYNTHETIC_KV
+               else f"KV content from the real sample {config['kv_sample']} (channels cycled, tokens tiled)")
+    if scale >= 1:
+        line = f"scale 1: each request carries its real KV bytes ({all_channels} KV channels a layer); {content}"
+    else:
+        line = (f"scale {scale:.4g}: each request carries {scale * 100:.3g} % of its real KV bytes ({channels} of "
+                f"{all_channels} KV channels a layer; every token and all {layers} layers kept, times the full-size "
+                f"model's); {content}; bytes and energy reported at full size (measured bytes ×{1 / scale:.4g})")
+    dilation = config.get("effective_dilation", 1.0)
+    if dilation != 1:
+        line += f"; dilation {dilation:g}: held ×{dilation:g} on the wall clock, reported ÷{dilation:g}"
+    return line
+
+
+def offered_load_line(workload: dict) -> str | None:
+    """The workload's offered load against the modelled capacity, per stage (model/offered_load.py)."""
+    check = workload.get("offered_vs_capacity")
+    if not check or check.get("offered_rps") is None:
+        return None
+    busy = ", ".join(f"{stage} {u:.0%}" for stage, u in check["utilisation"].items() if u is not None)
+    line = f"offered load {check['offered_rps']:.3g} req/s; modelled capacity busy: {busy}"
+    if check.get("overloaded"):
+        line += f" (OVERLOADED: more than the modelled {check['bottleneck']} serves; its queue grows all run)"
+    return line
+
+
 def to_markdown(report: dict) -> str:
     lines = ["# kvtransit run report", ""]
     cfg = report["config"]
     lines.append(f"{cfg['model']} on {cfg['gpus']}x {cfg['device']}, {cfg['prefill']}P{cfg['decode']}D, link "
-                 f"{cfg['link']}, codec {cfg['codec']} at {cfg['compress_at']}, scale {cfg['effective_scale']:.4g}, "
-                 f"dilation {cfg['effective_dilation']:g}. Times in model seconds.")
+                 f"{cfg['link']}, codec {cfg['codec']} at {cfg['compress_at']}, scale {cfg['effective_scale']:.4g} "
+                 f"({_kv_content(cfg)} KV), dilation {cfg['effective_dilation']:g}. Times in model seconds; bytes "
+                 "and energy at full size.")
     lines += ["", "| metric (ms) | mean | p50 | p90 | p99 | max |", "|---|---|---|---|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in table_rows(report)]
     lines += [""] + [f"- {line}" for line in headline(report)] + [""]
