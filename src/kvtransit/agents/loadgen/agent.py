@@ -371,7 +371,7 @@ class LoadGenerator:
             self.ledger.close()
         result = run_report.build_report(self.scenario, sorted(self.records.values(), key=lambda r: r.request_id),
                                          peer_stats, run_wall_s=run_wall_s, tokens_delivered=self.tokens_delivered,
-                                         missing_stats=missing_stats)
+                                         missing_stats=missing_stats, workload=self.workload)
         if self.ledger is not None:  # the ledger's own verdict on the run (model/ledger_check.py), beside the figures
             assert self.ledger_path is not None  # the ledger was opened at it
             result["ledger"] = {"path": str(self.ledger_path), **ledger_check(self.ledger_path).summary()}

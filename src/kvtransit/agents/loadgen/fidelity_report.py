@@ -21,9 +21,7 @@ from kvtransit.model import fidelity
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord
 
-
-def _sum(stats: list[dict], key: str) -> float:
-    return sum(s.get(key) or 0.0 for s in stats)
+from .peer_stats import stat_sum
 
 
 def _timer_gaps(records: list[RequestRecord], prefills: list[dict], decodes: list[dict],
@@ -46,8 +44,8 @@ def _timer_gaps(records: list[RequestRecord], prefills: list[dict], decodes: lis
 def _handoffs(scenario: Scenario, records: list[RequestRecord], decodes: list[dict]) -> tuple[fidelity.Gap, dict]:
     """The hand-off check and its distribution (model seconds, model bytes)."""
     measured = [r for r in records if r.handoff_s is not None and r.kv_ready_s is not None]
-    raw = sum((s.get("link") or {}).get("raw_bytes") or 0 for s in decodes)
-    wire = sum((s.get("link") or {}).get("wire_bytes") or 0 for s in decodes)
+    raw = stat_sum(decodes, "link", "raw_bytes")
+    wire = stat_sum(decodes, "link", "wire_bytes")
     if not raw > 0:
         gap = fidelity.not_measured("decode's link meter has no bytes", fidelity.HANDOFF_REL_TOLERANCE)
         return gap, fidelity.handoff_distribution([], [], len(measured))
@@ -81,12 +79,12 @@ def fidelity_block(scenario: Scenario, records: list[RequestRecord], *, prefills
     else:
         gaps["link_rate"] = fidelity.not_measured("no decode stats", fidelity.LINK_RATE_TOLERANCE)
     if middleboxes:
-        kernel_s = _sum(middleboxes, "kernel_compute_s")  # the middlebox's /stats: real and modelled kernel time
-        modelled_s = _sum(middleboxes, "modelled_compute_s")
+        kernel_s = stat_sum(middleboxes, "kernel_compute_s")  # the middlebox's /stats: real and modelled kernel time
+        modelled_s = stat_sum(middleboxes, "modelled_compute_s")
         if modelled_s <= 0:
             # A free transform (passive optics) models no compute time; the host kernel must still keep up
             # with the link, so it is held against the link time of the bytes it produced.
-            modelled_s = _sum(middleboxes, "wire_bytes") / scenario.scaled_link.bandwidth_Bps
+            modelled_s = stat_sum(middleboxes, "wire_bytes") / scenario.scaled_link.bandwidth_Bps
         gaps["kernel_time"] = fidelity.kernel_gap(kernel_s, modelled_s, scale, dilation)
     else:
         gaps["kernel_time"] = fidelity.not_measured("no middlebox stats", fidelity.KERNEL_TOLERANCE)

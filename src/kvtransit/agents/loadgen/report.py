@@ -22,24 +22,15 @@ from kvtransit.model.energy import link_energy_j
 from kvtransit.model.offered_load import offered_vs_capacity
 from kvtransit.model.scenario import SYNTHETIC_KV, Scenario
 from kvtransit.model.slo import RequestRecord, kv_wait_share, summarise
+from kvtransit.model.workload import RequestSpec
 
 from .fidelity_report import fidelity_block
 from .kv_pool_report import kv_pool_headline, kv_pool_summary
+from .peer_stats import stat_sum
 from .workload_source import requests_for, workload_description
 
 REPORT_KEYS = ("config", "ttft_s", "tpot_s", "itl_s", "e2e_s", "handoff_s", "slo_attainment", "goodput_rps",
                "requests", "link", "energy_j", "j_per_token", "accuracy", "faithful", "fidelity")
-
-
-def _sum(stats: list[dict], *path: str) -> float:
-    """Σ over the peers' /stats of the number at `path` (a missing key or a null counts as 0)."""
-    total = 0.0
-    for s in stats:
-        value: Any = s  # parsed JSON: a dict on the way down, a number (or None) at the end
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        total += value or 0.0
-    return total
 
 
 def _pool_energy_j(scenario: Scenario, middleboxes: list[dict]) -> float | None:
@@ -48,15 +39,17 @@ def _pool_energy_j(scenario: Scenario, middleboxes: list[dict]) -> float | None:
     relays = [m["pool_relay"] for m in middleboxes if isinstance(m.get("pool_relay"), dict)]
     if not relays:
         return None
-    wire_model_bytes = (_sum(relays, "fetch_wire_bytes") + _sum(relays, "put_wire_bytes")) / scenario.effective_scale
-    return link_energy_j(scenario.link_spec, wire_model_bytes) + _sum(relays, "module_energy_j")
+    wire_bytes = stat_sum(relays, "fetch_wire_bytes") + stat_sum(relays, "put_wire_bytes")
+    wire_model_bytes = wire_bytes / scenario.effective_scale
+    return link_energy_j(scenario.link_spec, wire_model_bytes) + stat_sum(relays, "module_energy_j")
 
 
 def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: list[dict], *, run_wall_s: float,
                  tokens_delivered: int, middlebox_stats: list[dict] | None = None,
-                 missing_stats: Sequence[str] = ()) -> dict:
+                 missing_stats: Sequence[str] = (), workload: Sequence[RequestSpec] | None = None) -> dict:
     """`missing_stats`: one line per peer whose /stats could not be read; they are the report's `errors` and
-    make the run unfaithful (fidelity `stats`)."""
+    make the run unfaithful (fidelity `stats`). `workload`: the requests the run sent (the load generator
+    passes what it holds; without it they are drawn, or the trace read, again from the scenario)."""
     summary = summarise(records)
     scale, dilation = scenario.effective_scale, scenario.effective_dilation
     decodes = [s for s in peer_stats if s.get("role") == "decode"]
@@ -66,9 +59,9 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
     link_spec = scenario.link_spec
 
     # The link as the decode end received it, scaled back to the modelled system.
-    wire_bytes_scaled = _sum(decodes, "link", "wire_bytes")
-    raw_bytes_scaled = _sum(decodes, "link", "raw_bytes")
-    busy_wall_s = _sum(decodes, "link", "busy_s")
+    wire_bytes_scaled = stat_sum(decodes, "link", "wire_bytes")
+    raw_bytes_scaled = stat_sum(decodes, "link", "raw_bytes")
+    busy_wall_s = stat_sum(decodes, "link", "busy_s")
     has_link = bool(decodes)
     wire_bytes = wire_bytes_scaled / scale if has_link else None
     kv_bytes = raw_bytes_scaled / scale if has_link else None
@@ -96,14 +89,15 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         "link": link_energy_j(link_spec, wire_bytes) if wire_bytes is not None else None,
         # The middlebox's own counter (the optics' energy for the chunks its kernel ran on in the module; none
         # when the kernel ran on the host or the codec on the GPU), not a figure re-derived here.
-        "module": _sum(middleboxes, "module_energy_j") if middleboxes else None,
-        "gpu": _sum(prefills, "gpu_energy_j") + _sum(decodes, "gpu_energy_j") if (prefills or decodes) else None,
+        "module": stat_sum(middleboxes, "module_energy_j") if middleboxes else None,
+        "gpu": (stat_sum(prefills, "gpu_energy_j") + stat_sum(decodes, "gpu_energy_j")
+                if (prefills or decodes) else None),
         "pool": _pool_energy_j(scenario, middleboxes),
     }
     parts = [v for v in energy.values() if v is not None]
     j_per_token = (math.fsum(parts) / tokens_delivered) if parts and tokens_delivered else None
 
-    sampled = int(_sum(decodes, "accuracy", "sampled_requests"))
+    sampled = int(stat_sum(decodes, "accuracy", "sampled_requests"))
     accuracy = {"codec": scenario.codec, "sampled_requests": sampled,
                 "k_relative_error": None, "v_relative_error": None}
     if sampled:  # one decode's figures, or the worst over several (an error must never be averaged away)
@@ -121,7 +115,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         # For a trace: sampling, time scale, context cap applied; for any workload: its offered load against
         # the modelled capacity (model/offered_load.py), the figure `kvtransit up` warned with before the run.
         "workload": {**workload_description(scenario),
-                     "offered_vs_capacity": offered_vs_capacity(scenario, requests_for(scenario)).as_dict()},
+                     "offered_vs_capacity": offered_vs_capacity(
+                         scenario, workload if workload is not None else requests_for(scenario)).as_dict()},
         **summary.as_dict(),
         # Mean over requests of (hand-off + decode queue wait) / E2E (model/slo.py: kv_wait_share).
         "kv_wait_share": kv_wait_share(records),
