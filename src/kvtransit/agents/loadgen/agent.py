@@ -33,6 +33,7 @@ from kvtransit.model.slo import RequestRecord, percentile
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock, MonotonicClock, sleep_for
 from kvtransit.runtime.http_client import get_json
+from kvtransit.runtime.redial import redial
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint, open_greeted
 from kvtransit.wire.events import Bye, Error, FirstToken, Request, Role, Tokens
@@ -213,22 +214,19 @@ class LoadGenerator:
 
     async def _follow_decode(self, index: int, endpoint: Endpoint, endpoints: list[Endpoint]) -> None:
         """Read a decode instance's tokens; when it goes away (a restart), reconnect while the run is on."""
-        delay = RECONNECT_MIN_S
+        address = self.decode_addresses[index]
+
+        def not_back(exc: BaseException) -> None:
+            log.info("decode %s not back yet: %s", address, exc)
+
         while True:
             await self._read_decode(index, endpoint)
-            while self._running:
-                await asyncio.sleep(delay)  # a redial backoff is housekeeping, not model time: the loop's timer
-                try:
-                    endpoint = await self._connect(self.decode_addresses[index], Role.DECODE)
-                except (OSError, ConnectionError) as exc:
-                    delay = min(delay * 2, RECONNECT_MAX_S)
-                    log.info("decode %s not back yet: %s", self.decode_addresses[index], exc)
-                    continue
-                endpoints[index] = endpoint
-                delay = RECONNECT_MIN_S
-                break
-            else:
+            redialled = await redial(lambda: self._connect(address, Role.DECODE), first_s=RECONNECT_MIN_S,
+                                     max_s=RECONNECT_MAX_S, retry_on=OSError, on_retry=not_back,
+                                     wanted=lambda: self._running)
+            if redialled is None:
                 return
+            endpoints[index] = endpoint = redialled
 
     # -- the run ---------------------------------------------------------------------------------------------
 

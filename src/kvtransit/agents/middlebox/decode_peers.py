@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from kvtransit.model.errors import ConfigError
+from kvtransit.runtime.redial import dial_within
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint, open_greeted
 from kvtransit.wire.errors import ProtocolError
@@ -92,20 +93,18 @@ class DecodePeers:
     # -- one connection ---------------------------------------------------------------------------------
 
     async def _connect(self, peer: DecodePeer, timeout_s: float) -> None:
-        # Dial retries wait on the loop's (wall) clock: they wait for a process to start, not for model time.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            try:
-                # Decode says Hello as it accepts: one that has not within the dial's own timeout is not a decode.
-                greeted = await open_greeted(peer.host, peer.port, Role.MIDDLEBOX, Role.DECODE, name=self.name,
-                                             timeout_s=timeout_s)
-                break
-            except OSError as exc:  # refused, unreachable, or no Hello in time (TimeoutError is an OSError)
-                if loop.time() >= deadline:
-                    raise ConfigError(f"cannot reach {peer.name} at {peer.host}:{peer.port} (--decode) after "
-                                      f"{timeout_s:.0f} s: {exc}") from None
-                await asyncio.sleep(CONNECT_RETRY_S)
+        def greet() -> Awaitable[Endpoint]:
+            # Decode says Hello as it accepts: one that has not within the dial's own timeout is not a decode.
+            return open_greeted(peer.host, peer.port, Role.MIDDLEBOX, Role.DECODE, name=self.name,
+                                timeout_s=timeout_s)
+
+        def give_up(exc: BaseException) -> Exception:
+            return ConfigError(f"cannot reach {peer.name} at {peer.host}:{peer.port} (--decode) after "
+                               f"{timeout_s:.0f} s: {exc}")
+
+        # Refused, unreachable, or no Hello in time (TimeoutError is an OSError): retried until `timeout_s`.
+        greeted = await dial_within(greet, within_s=timeout_s, retry_s=CONNECT_RETRY_S, retry_on=OSError,
+                                    give_up=give_up)
         # The faults sit in the write path of everything after the greeting (the hand-offs and their Errors).
         endpoint = FaultedEndpoint(greeted, self.faults)
         peer.endpoint = endpoint

@@ -27,6 +27,7 @@ from typing import Any
 from kvtransit.agents.common.process import Address
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock
+from kvtransit.runtime.redial import dial_within, redial
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint, open_greeted
 from kvtransit.wire.errors import ErrorCode, ProtocolError
@@ -217,18 +218,12 @@ class HandoffLink:
 
     async def connect(self) -> None:
         """The first connection, retried until CONNECT_TIMEOUT_S (the middlebox may start after us)."""
-        loop = asyncio.get_running_loop()
-        # Start-up housekeeping, retried on the loop's timer, so bounded on that timer too (module docstring).
-        deadline = loop.time() + CONNECT_TIMEOUT_S
-        while True:
-            try:
-                self.link = await self._connect()
-                return
-            except (OSError, ConnectionError) as exc:
-                if loop.time() >= deadline:
-                    raise ConnectionError(f"cannot reach the middlebox at {self.kv_to} (--kv-to) after "
-                                          f"{CONNECT_TIMEOUT_S:.0f} s: {exc}") from None
-                await asyncio.sleep(BACKOFF_MIN_S * 4)  # a dial backoff: the loop's timer (module docstring)
+        def give_up(exc: BaseException) -> Exception:
+            return ConnectionError(f"cannot reach the middlebox at {self.kv_to} (--kv-to) after "
+                                   f"{CONNECT_TIMEOUT_S:.0f} s: {exc}")
+
+        self.link = await dial_within(self._connect, within_s=CONNECT_TIMEOUT_S, retry_s=BACKOFF_MIN_S * 4,
+                                      retry_on=OSError, give_up=give_up)
 
     async def run(self) -> None:
         """Run the link (after `connect`) and the deadline watch; a failed link is dialled again, for ever."""
@@ -241,7 +236,6 @@ class HandoffLink:
             await watch.close()
 
     async def _sessions(self, link: Endpoint) -> None:
-        delay = BACKOFF_MIN_S
         while True:
             self.link = link
             # Plain tasks, not a TaskSet: each session ends by one of them failing (a lost link), which is
@@ -257,16 +251,13 @@ class HandoffLink:
                 link.abort()
             error = next((t.exception() for t in done if not t.cancelled() and t.exception()), None)
             log.warning("KV link to %s lost (%s): reconnecting", self.kv_to, error)
-            while True:
-                await asyncio.sleep(delay)  # a redial backoff: the loop's timer (module docstring)
-                try:
-                    link = await self._connect()
-                except (TimeoutError, OSError, ConnectionError, ProtocolError) as exc:
-                    delay = min(BACKOFF_MAX_S, delay * 2)
-                    log.info("middlebox at %s not reachable yet: %s", self.kv_to, exc)
-                    continue
-                delay = BACKOFF_MIN_S
-                break
+            def not_yet(exc: BaseException) -> None:
+                log.info("middlebox at %s not reachable yet: %s", self.kv_to, exc)
+
+            redialled = await redial(self._connect, first_s=BACKOFF_MIN_S, max_s=BACKOFF_MAX_S,
+                                     retry_on=(OSError, ProtocolError), on_retry=not_yet)
+            assert redialled is not None  # wanted for ever: only a successful dial returns
+            link = redialled
             for handoff in list(self.held.values()):
                 if handoff.attempts:  # sent at least once and not acked: again
                     self._enqueue(handoff)
