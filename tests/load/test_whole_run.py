@@ -88,9 +88,15 @@ def test_handoff_p99_stays_near_the_model_under_load(whole_run):
             measured.append(r["handoff_s"])
             modelled.append(link.latency_s + model.kv_bytes(r["prompt_tokens"]) / compression / link.bandwidth_Bps)
     assert len(measured) >= SCENARIO.requests * 0.9  # single-token outputs have no hand-off
+    median = statistics.median(m / w for m, w in zip(measured, modelled, strict=True))
+    tail = percentile(measured, 99) / percentile(modelled, 99)
     # Loose (a quiet box: median 1.04, p99 over the model's p99 1.18): at 8 req/s a hand-off now and then
-    # waits behind another on the link, which the model of one hand-off alone does not count, and the 2-core
-    # box is shared. The p99 of the per-request ratios is not held: a small hand-off queued behind a large one
-    # has a large ratio by design.
-    assert 0.8 < statistics.median(m / w for m, w in zip(measured, modelled, strict=True)) < 1.5
-    assert percentile(measured, 99) / percentile(modelled, 99) < 2.0
+    # waits behind another on the link, which the model of one hand-off alone does not count. The p99 of the
+    # per-request ratios is not held: a small hand-off queued behind a large one has a large ratio by design.
+    near_the_model = 0.8 < median < 1.5 and tail < 2.0
+    # The product's promise is not "always near the model" but "near the model, or the run says it is not
+    # faithful": on a CI box starved of CPU the hand-offs once took 1.92x, and then the report's own checks
+    # must have said so (a far-off run that still claims to be faithful is the bug this test is for).
+    failing = {name: check["hint"] for name, check in report["fidelity"].items() if not check["ok"]}
+    assert near_the_model or (not report["faithful"] and failing), (median, tail, report["fidelity"])
+    assert report["faithful"] == (not failing)

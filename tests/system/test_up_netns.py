@@ -108,7 +108,11 @@ def test_the_reports_handoff_check_holds_through_tc_at_light_load(netns_run):
     check = report["fidelity"]["handoff_model"]
     dist = check["distribution"]
     assert dist["idle_handoffs"] >= LIGHT["requests"] // 2, dist
-    assert check["ok"] and dist["ratio"]["p50"] == pytest.approx(1.0, abs=0.02), check
+    # The check's own rule (median within 2 %, or within 1 ms for short hand-offs: a light run's median
+    # hand-off is ~40 ms, so a CI box once measured 1.020x and the check rightly passed it on the 1 ms arm).
+    assert check["ok"], check
+    low, high = NETNS_HANDOFF_BOUNDS
+    assert low <= dist["ratio"]["p50"] <= high, check
     assert not report["errors"]
 
 
