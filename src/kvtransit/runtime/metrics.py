@@ -185,7 +185,7 @@ def prefill_metrics(registry: CollectorRegistry) -> PrefillMetrics:
             "KV payload bytes streamed towards decode (after the codec when it runs on the GPU).", ("codec",)),
         kv_held_bytes=_gauge(
             registry, "prefill_kv_held_bytes",
-            "KV bytes held until the decode side acknowledges them."),
+            "KV bytes sent and not yet acknowledged by the decode side."),
         gpu_energy_joules=_counter(
             registry, "prefill_gpu_energy_joules",
             "Modelled dynamic GPU energy of prefill steps (FLOPs x pJ/FLOP + HBM bytes x pJ/byte)."),

@@ -7,9 +7,9 @@ streams it towards decode through the middlebox and keeps it until the Ack for t
 
 What a step holds and costs is planned by the pure `model.prefill_plan` (the roofline time from the cached and
 computed tokens, the GPU codec with `compress_at="gpu"`, the energy); this file does the holding and the I/O.
-The KV of a batch is generated (and, with `compress_at="gpu"`, encoded) while the step's timer runs, so the
-host's real work overlaps the modelled GPU time; if it overruns, the step wakes late and the fidelity guard
-sees it.
+The KV of a batch is generated (and, with `compress_at="gpu"`, encoded) layer by layer as the hand-off link
+sends it, while the step's timer runs on an idle link, so the host's real work overlaps the modelled GPU time;
+if it overruns, the step wakes late and the fidelity guard sees it.
 
 Steps are held on the injected `clock` (a ManualClock in tests).
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,9 +41,10 @@ from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock, DeadlineSchedule, MonotonicClock
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint
-from kvtransit.wire.events import Bye, FirstToken, Hello, KvBegin, KvChunk, Request, Role
+from kvtransit.wire.events import Bye, FirstToken, Hello, KvBegin, Request, Role
 from kvtransit.wire.limits import WIRE_VERSION
 
+from .handoff_frames import HandoffFrames
 from .handoffs import HANDOFF_DEADLINE_S, HandoffLink, HeldHandoff
 from .prefix_cache import Lookup, PrefixReuse
 
@@ -92,7 +92,6 @@ class PrefillAgent:
         self.steps = 0
         self.shortest_step_wall_s = float("inf")
         self.gpu_energy_j = 0.0
-        self.host_kv_s = 0.0  # real time spent making (and encoding) KV
 
     # -- the loadgen side --------------------------------------------------------------------------------
 
@@ -150,10 +149,8 @@ class PrefillAgent:
             deadline_ns = schedule.add(plan.wall_s)
             # In the step now: from here on the step's own table holds them (and the hand-offs, `handoffs`).
             step = {e.request_id: self.admitted.pop(wire_id(e.request_id)) for e in plan.entries}
-            started = time.perf_counter()
-            for entry in plan.handoffs:  # the host's real work overlaps the modelled step
+            for entry in plan.handoffs:  # the link makes and sends their KV while the step's timer runs
                 self._stage_handoff(step[entry.request_id], deadline_ns)
-            self.host_kv_s += time.perf_counter() - started
             await self.clock.sleep_until(deadline_ns)
             self.steps += 1
             self.shortest_step_wall_s = min(self.shortest_step_wall_s, plan.wall_s)
@@ -171,12 +168,13 @@ class PrefillAgent:
                     self.metrics.requests.labels(outcome="ok").inc()
 
     def _stage_handoff(self, admitted: _Admitted, first_token_ns: int) -> None:
-        """The hand-off starts at the first token, the end of this step (REFERENCE §4). The KV goes to the
-        middlebox now, stamped with that time, and the middlebox holds it until then: the host's own cost of
-        producing, framing and relaying the bytes overlaps the modelled step instead of landing on the hand-off
-        (which a kernel shaper, tc, could never win back)."""
-        begin, chunks = self._make_frames(admitted.request, first_token_ns)
-        self.handoffs.hold(HeldHandoff(admitted.request, admitted.client, begin, chunks,
+        """The hand-off starts at the first token, the end of this step (REFERENCE §4). Its KV goes to the
+        middlebox as soon as the link reaches it (now, on an idle link), stamped with that time, and the
+        middlebox holds it until then: the host's own cost of producing, framing and relaying the bytes
+        overlaps the modelled step instead of landing on the hand-off (which a kernel shaper, tc, could never
+        win back). The bytes are made as they are sent (handoff_frames.py)."""
+        begin, frames = self._make_frames(admitted.request, first_token_ns)
+        self.handoffs.hold(HeldHandoff(admitted.request, admitted.client, begin, frames,
                                        deadline_ns=first_token_ns + round(HANDOFF_DEADLINE_S * 1e9)))
 
     async def _first_token(self, admitted: _Admitted, t_ns: int) -> None:
@@ -185,28 +183,19 @@ class PrefillAgent:
         except (ConnectionError, RuntimeError) as exc:
             log.warning("could not send first token of request %d: %s", admitted.request.request_id, exc)
 
-    def _make_frames(self, request: Request, first_token_ns: int) -> tuple[KvBegin, list[KvChunk]]:
+    def _make_frames(self, request: Request, first_token_ns: int) -> tuple[KvBegin, HandoffFrames]:
+        """The hand-off's KvBegin and the recipe of its chunks (made when the link sends them)."""
         layout = self.layout
         tokens = request.prompt_tokens
-        rows_per_layer = 2 * layout.kv_heads
-        row_bytes = tokens * layout.head_dim * layout.bytes_per_value
-        pieces = kv_frames.row_slices(layout.layers, rows_per_layer, row_bytes)
-        layers = [kv_frames.as_rows(self.kv.layer(request.request_id, layer, tokens)) for layer in range(layout.layers)]
         codec_name = self.scenario.codec if self.gpu_codec is not None else "none"
         codec = self.gpu_codec
         if codec is not None and tokens < self.scenario.sinks:
             codec = kv_frames.codec_for(self.scenario, tokens)
-        chunks: list[KvChunk] = []
-        for index, piece in enumerate(pieces):
-            rows = layers[piece.layer]
-            if codec is None:
-                chunks.append(kv_frames.raw_chunk(request.request_id, index, piece, rows))
-            else:
-                chunks.append(kv_frames.encoded_chunk(request.request_id, index, piece, rows, codec, codec_name))
+        frames = HandoffFrames(request.request_id, tokens, layout, self.kv, codec, codec_name)
         begin = KvBegin(request_id=request.request_id, prompt_tokens=tokens, output_tokens=request.output_tokens,
-                        n_layers=layout.layers, n_chunks=len(chunks), raw_bytes=layout.request_bytes(tokens),
+                        n_layers=layout.layers, n_chunks=frames.n_chunks, raw_bytes=layout.request_bytes(tokens),
                         codec=codec_name, first_token_ns=first_token_ns)
-        return begin, chunks
+        return begin, frames
 
     # -- stats ---------------------------------------------------------------------------------------------
 
@@ -221,7 +210,7 @@ class PrefillAgent:
             "timer_lateness_mean_s": lateness_mean(self.lateness),
             "timer_wakeups": len(self.lateness),
             "shortest_step_wall_s": self.shortest_step_wall_s if self.steps else None,
-            "host_kv_s": self.host_kv_s,
+            "host_kv_s": self.handoffs.make_s,
             **({"prefix": self.prefix.stats()} if self.prefix is not None else {}),
         }
 

@@ -1,7 +1,8 @@
 """The prefill's side of every hand-off: its KV link to the middlebox, and recovery when that link fails.
 
 A request that hands off is held here from its step (`hold`) until decode's Ack, relayed by the middlebox,
-releases it. Its frames go out one hand-off after another, FIFO (the hand-off link is a FIFO, REFERENCE §4).
+releases it; what is held is the recipe of its frames, which are made as they are sent (handoff_frames.py).
+Its frames go out one hand-off after another, FIFO (the hand-off link is a FIFO, REFERENCE §4).
 - An Ack releases the KV; a FAILED Ack is a refusal for good (decode cannot hold it, the kernel refused it),
   and the client is told why.
 - An Error naming the request means this attempt did not get through (the link to decode, or decode itself,
@@ -21,8 +22,9 @@ import asyncio
 import contextlib
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Any
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from kvtransit.agents.common.process import Address
 from kvtransit.runtime import metrics as runtime_metrics
@@ -51,22 +53,30 @@ CONNECT_TIMEOUT_S = 30.0
 EXPIRY_POLL_S = 0.25
 
 
+class FrameSource(Protocol):
+    """A hand-off's KvChunks, made a layer at a time when the link sends them, and made again, identical, if
+    it sends them again: nothing is held between sends (handoff_frames.py)."""
+
+    @property
+    def n_layers(self) -> int: ...
+
+    def layer_chunks(self, layer: int) -> list[KvChunk]:
+        """Layer `layer`'s chunks in wire order (run on a worker thread: it must not touch the loop)."""
+        ...
+
+
 @dataclass
 class HeldHandoff:
-    """One request's KV, held from its step until an Ack releases it (or its deadline gives it up)."""
+    """One request's hand-off, held from its step until an Ack releases it (or its deadline gives it up)."""
 
     request: Request
     client: Endpoint  # the load generator's connection: told when the hand-off fails for good
     begin: KvBegin
-    chunks: list[KvChunk]
+    frames: FrameSource
     deadline_ns: int  # give up (with the reason) if still unacked at this time
     attempts: int = 0  # sends begun
     last_error: str = ""
     queued: bool = False  # waiting in the send queue (never twice)
-    held_bytes: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.held_bytes = sum(len(chunk.payload) for chunk in self.chunks)
 
     @property
     def request_id(self) -> int:
@@ -83,7 +93,7 @@ class HandoffLink:
         self.metrics = metrics
         self.held: dict[int, HeldHandoff] = {}  # request id → held until acked or given up
         self._out: asyncio.Queue[HeldHandoff] = asyncio.Queue()
-        self._held_bytes: dict[int, int] = {}  # request id → KV bytes held, from its first send
+        self._held_bytes: dict[int, int] = {}  # request id → KV bytes sent and not yet acked
         self._sending: HeldHandoff | None = None  # the hand-off whose frames are going out right now
         self.link: Endpoint | None = None
         self.retries = 0
@@ -91,6 +101,7 @@ class HandoffLink:
         self.kv_sent_bytes = 0
         self.acked = {"ok": 0, "failed": 0}
         self.begin_lag_s = 0.0  # first token → KvBegin written, summed: the sender's share of the hand-off
+        self.make_s = 0.0  # real time spent making (and, on the GPU side, encoding) KV frames
 
     def hold(self, handoff: HeldHandoff) -> None:
         """Hold `handoff` until its Ack and queue it for the link."""
@@ -115,8 +126,6 @@ class HandoffLink:
             if self.clock.now_ns() >= handoff.deadline_ns:
                 await self._give_up(handoff)
                 continue
-            self._held_bytes[rid] = handoff.held_bytes
-            self.metrics.kv_held_bytes.set(sum(self._held_bytes.values()))
             handoff.attempts += 1
             if handoff.attempts > 1:
                 self.retries += 1
@@ -141,15 +150,24 @@ class HandoffLink:
 
     async def _send_frames(self, link: Endpoint, handoff: HeldHandoff) -> None:
         first = handoff.attempts == 1
+        rid = handoff.request_id
         await link.send(handoff.begin)
         if first:
             self.begin_lag_s += (self.clock.now_ns() - handoff.begin.first_token_ns) / 1e9
-        for chunk in handoff.chunks:
-            await link.send(chunk)
-            if first:
-                self.kv_sent_bytes += len(chunk.payload)
-                self.metrics.kv_sent_bytes.labels(codec=handoff.begin.codec).inc(len(chunk.payload))
-        await link.send(link.connection.kv_end(handoff.request_id))
+        self._held_bytes[rid] = 0
+        for layer in range(handoff.frames.n_layers):
+            # Made off the loop, one layer at a time: the step timers share this loop (handoff_frames.py).
+            started = time.perf_counter()
+            chunks = await asyncio.to_thread(handoff.frames.layer_chunks, layer)
+            self.make_s += time.perf_counter() - started
+            for chunk in chunks:
+                await link.send(chunk)
+                self._held_bytes[rid] += len(chunk.payload)
+                if first:
+                    self.kv_sent_bytes += len(chunk.payload)
+                    self.metrics.kv_sent_bytes.labels(codec=handoff.begin.codec).inc(len(chunk.payload))
+            self.metrics.kv_held_bytes.set(sum(self._held_bytes.values()))
+        await link.send(link.connection.kv_end(rid))
 
     async def _acks(self, link: Endpoint) -> None:
         while (event := await link.next_event()) is not None:

@@ -1,0 +1,66 @@
+"""One hand-off's KV frames, made when the link sends them, and made again, byte for byte, if it sends again.
+
+A request's KV is a pure function of (seed, request id, tokens) (kernels/synthetic_kv.py), so the prefill
+holds the recipe, not the bytes. Made at its step instead, every request waiting for the link kept its whole
+KV alive: under a backlog the prefill held ~60 requests (1.1 GB at scale 1/16 on eth-25g, 14 req/s), every
+request was cut into fresh pages (6.8 ms of page faults each vs 1.2 ms into reused memory, measured here),
+and a step's batch was made in one burst on the event loop that also holds the step timers (py-spy: 39 % of
+the prefill's samples). Made per layer as the sender reaches it, the memory is one layer plus what the socket
+holds, and it is reused. A layer is made on a worker thread, CRC and all: numpy's copy releases the GIL
+(google_crc32c does not, but holds it ~0.1 ms per 512 KiB), so the loop's step timers do not wait behind it.
+
+On an idle link the sender reaches a hand-off as soon as its step stages it, so its bytes still go out
+while the step's timer runs (the middlebox holds them until the first token): the overlap of host work and
+modelled GPU time that agent.py describes is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kvtransit.agents.common import kv_frames
+from kvtransit.kernels.synthetic_kv import SyntheticKv
+from kvtransit.model.scenario import KvLayout
+from kvtransit.wire import crc32c
+from kvtransit.wire.events import KvChunk
+
+
+@dataclass(frozen=True)
+class HandoffFrames:
+    """The recipe for one request's KvChunks: its KV, cut into the wire's row slices, raw or GPU-encoded."""
+
+    request_id: int
+    tokens: int
+    layout: KvLayout
+    kv: SyntheticKv
+    codec: object | None  # the GPU codec (compress_at="gpu"), or None: raw BF16 rows
+    codec_name: str
+
+    def pieces(self) -> list[kv_frames.RowSlice]:
+        layout = self.layout
+        row_bytes = self.tokens * layout.head_dim * layout.bytes_per_value
+        return kv_frames.row_slices(layout.layers, 2 * layout.kv_heads, row_bytes)
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.pieces())
+
+    def layer_chunks(self, layer: int) -> list[KvChunk]:
+        """Layer `layer`'s chunks in wire order, each with its payload CRC computed here (a worker thread's
+        work: the event loop only writes them)."""
+        rows = kv_frames.as_rows(self.kv.layer(self.request_id, layer, self.tokens))
+        chunks = []
+        for index, piece in enumerate(self.pieces()):
+            if piece.layer != layer:
+                continue
+            if self.codec is None:
+                chunk = kv_frames.raw_chunk(self.request_id, index, piece, rows)
+            else:
+                chunk = kv_frames.encoded_chunk(self.request_id, index, piece, rows, self.codec, self.codec_name)
+            chunks.append(dataclasses.replace(chunk, payload_crc=crc32c(chunk.payload)))
+        return chunks
+
+    @property
+    def n_layers(self) -> int:
+        return self.layout.layers
