@@ -29,7 +29,7 @@ ALLOWED_INTERNAL = {
 }
 # Third-party packages each layer may import; stdlib is always allowed except where banned below.
 ALLOWED_THIRD_PARTY = {
-    "wire": {"google_crc32c"},  # CRC32C in C: a pure-Python CRC of a 256 MB payload would dominate
+    "wire": {"crc32c"},  # CRC32C in C: a pure-Python CRC of a 256 MB payload would dominate
     "model": set(),
     "kernels": {"numpy", "scipy", "pyfftw", "ml_dtypes"},
     "shaping": set(),

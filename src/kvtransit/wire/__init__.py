@@ -1,4 +1,4 @@
-"""Sans-IO framing of every hop (stdlib + google_crc32c only: no sockets, no asyncio, no clock).
+"""Sans-IO framing of every hop (stdlib + crc32c only: no sockets, no asyncio, no clock).
 
     conn = Connection(our_role=Role.PREFILL, their_role=Role.MIDDLEBOX)
     transport.write(conn.send(events.Hello(role=Role.PREFILL, version=WIRE_VERSION, name="prefill-0")))

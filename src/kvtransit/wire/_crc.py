@@ -1,9 +1,10 @@
 """CRC32C over any contiguous buffer without copying it, and combining CRCs of consecutive pieces.
 
-google_crc32c's C extension only takes buffers that need no release (bytes, numpy arrays) and rejects
-bytearray and memoryview; a ctypes array laid over the same memory is accepted, so writable buffers (our
-receive buffer, bytearrays) are checksummed in place. Read-only views over anything but bytes fall back to
-a copy (slow path; avoid by relaying KvChunk.payload_crc).
+The `crc32c` package (ICRAR, hardware-accelerated: 25-28 GB/s on this box, the speed of google_crc32c) takes
+any buffer (bytes, bytearray, memoryview, numpy arrays) in place and releases the GIL while it runs over a
+large one. That matters here: a relay's event loop checksums every payload it receives, and under
+google_crc32c (which holds the GIL) the middlebox's kernel thread waited behind it (benchmarks/RESULTS.md,
+Capacity: ~12 % of the GIL-holding samples of a relaying middlebox were CRC).
 
 crc32c_combine(crc(A), crc(B), len(B)) == crc(A + B) lets a KvEnd checksum over all chunk payloads reuse each
 chunk's CRC instead of a second pass over the bytes (zlib's crc32_combine, for the Castagnoli polynomial).
@@ -11,34 +12,17 @@ chunk's CRC instead of a second pass over the bytes (zlib's crc32_combine, for t
 
 from __future__ import annotations
 
-import ctypes
 import functools
-from collections.abc import Callable
 
-import google_crc32c
+import crc32c as _crc32c
 
 _POLY = 0x82F63B78  # CRC32C (Castagnoli), reflected: RFC 3720 §B.4
 _X0 = 1 << 31  # the polynomial "1" in reflected bit order
 
 
-# The C extension's entry point; its stubs leave the result untyped (it is a Python int).
-_value: Callable[[object], int] = google_crc32c.value
-
-
-def crc32c(data: object) -> int:
-    """CRC32C of any contiguous buffer: bytes, bytearray, memoryview, a numpy array."""
-    if type(data) is bytes:
-        return _value(data)
-    try:
-        return _value(data)  # numpy arrays and other release-free buffers
-    except TypeError:
-        pass
-    view = memoryview(data)  # type: ignore[arg-type]  # any buffer; not one: TypeError, as before
-    if view.nbytes == 0:
-        return 0
-    if not view.readonly:
-        return _value((ctypes.c_char * view.nbytes).from_buffer(view))
-    return _value(bytes(view))
+def crc32c(data: bytes | bytearray | memoryview) -> int:
+    """CRC32C of any contiguous buffer (a numpy array too: wire's types stop at memoryview)."""
+    return _crc32c.crc32c(data)
 
 
 def _multmodp(a: int, b: int) -> int:

@@ -26,6 +26,8 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from kvtransit.kernels import KernelInputError
 from kvtransit.model.errors import ConfigError
 from kvtransit.runtime.egress import Transfer
@@ -136,8 +138,10 @@ class KvStream:
         if self._budget is not None:
             await self._budget.acquire(nbytes)
         # The payload is a view into the receive buffer, valid until the next read: take our own copy, then
-        # let the view go at once, so the connection reuses its buffer instead of allocating a new one.
-        chunk = replace(event, payload=bytes(event.payload))
+        # let the view go at once, so the connection reuses its buffer instead of allocating a new one. numpy
+        # copies with the GIL released (bytes() holds it, page faults and all: 16 % of the GIL-holding samples
+        # of a relaying middlebox, time the kernel thread waited; benchmarks/RESULTS.md, Capacity).
+        chunk = replace(event, payload=np.frombuffer(event.payload, np.uint8).copy().data)
         if isinstance(event.payload, memoryview):
             event.payload.release()
         encoded = bool(event.codec_id)

@@ -7,7 +7,7 @@ request was cut into fresh pages (6.8 ms of page faults each vs 1.2 ms into reus
 and a step's batch was made in one burst on the event loop that also holds the step timers (py-spy: 39 % of
 the prefill's samples). Made per layer as the sender reaches it, the memory is one layer plus what the socket
 holds, and it is reused. A layer is made on a worker thread, CRC and all: numpy's copy releases the GIL
-(google_crc32c does not, but holds it ~0.1 ms per 512 KiB), so the loop's step timers do not wait behind it.
+(and so does the CRC, crc32c), so the loop's step timers do not wait behind it.
 
 On an idle link the sender reaches a hand-off as soon as its step stages it, so its bytes still go out
 while the step's timer runs (the middlebox holds them until the first token): the overlap of host work and
