@@ -1,11 +1,22 @@
-"""Band-keep throughput: forward (encode) and inverse (decode) GB/s of *input* bytes, one core.
+"""Kernel throughput, one core, each beside the bare numpy/scipy primitive measured in the same run, as ratios,
+so the figures travel between machines. Median of --repeats runs.
 
-Each configuration is printed beside bare scipy.fft.rfft on the same array (float32, the same
-[..., nblocks, N, D] view, axis -2, workers=1) and np.copyto (memcpy) measured in the same run, as
-ratios, so the figures travel between machines. Median of --repeats runs.
+Band-keep: forward (encode) and inverse (decode) GB/s of *input* bytes, beside bare scipy.fft.rfft on the
+same array (float32, the same [..., nblocks, N, D] view, axis -2, workers=1) and np.copyto (memcpy).
 
-    python benchmarks/kernels.py                 # the table recorded in benchmarks/RESULTS.md
+ML-KEM NTT (kernels/ntt.py): ntt and multiply on a batch of degree-256 polynomials, GB/s of input as FIPS 203
+encodes it (384 B per polynomial, 12 bits per coefficient), beside what numpy has for the same job: an
+rFFT of the same rows (float64) for the transform; for the product, the floating-point FFT product (rFFT of
+both, zero-padded to 512, multiply, irFFT, fold X^256 = -1, round, mod q: exact here, the largest sum is
+256·q² < 2^32), one bare modular-multiply pass (a·b mod q, int64) and the np.convolve schoolbook.
+
+All-reduce sum (kernels/stream_sum.py): N BF16 streams summed, GB/s of input BF16 bytes across all streams,
+beside bare np.add of float32 arrays with the same number of values (N − 1 adds into an accumulator);
+the ratio is on time per value.
+
+    python benchmarks/kernels.py                 # every table (band-keep's is the one in benchmarks/RESULTS.md)
     python benchmarks/kernels.py --quick         # fewer configurations
+    python benchmarks/kernels.py --only ntt,sum  # just these kernels (bandkeep, ntt, sum)
 """
 
 from __future__ import annotations
@@ -19,10 +30,11 @@ import ml_dtypes
 import numpy as np
 import scipy.fft
 
-from kvtransit.kernels import get_codec
+from kvtransit.kernels import get_codec, ntt, stream_sum
 from kvtransit.kernels.fft_backends import available_backends
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+KERNELS = ("bandkeep", "ntt", "sum")
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -35,14 +47,31 @@ def _median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _kernel_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in KERNELS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--only takes a comma-separated list of: {', '.join(KERNELS)}")
+    return names
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--keep", type=float, default=0.5)
+    ap.add_argument("--only", type=_kernel_list, default=KERNELS, help=f"comma-separated, of: {', '.join(KERNELS)}")
     args = ap.parse_args()
+    if "bandkeep" in args.only:
+        bench_bandkeep(args)
+    if "ntt" in args.only:
+        bench_ntt(args)
+    if "sum" in args.only:
+        bench_stream_sum(args)
 
+
+def bench_bandkeep(args: argparse.Namespace) -> None:
     # One request's KV for 4 layers of a Llama-3-8B-like model: [layers, 2, kv_heads, tokens, head_dim].
     layers, kv_heads, head_dim, body_tokens = 4, 8, 128, 1024
     shape = (layers, 2, kv_heads, args.sinks + body_tokens, head_dim)
@@ -82,6 +111,93 @@ def main() -> None:
                     fwd_vs_memcpy = memcpy_s / fwd_s * (base.size / kv.size)
                     print(f"| {n} | {dname} | {variant} | {backend} | {fwd:.2f} | {inv:.2f} | {rfft_gbs:.2f} | "
                           f"{fwd_vs_rfft:.2f} | {fwd_vs_memcpy:.3f} |", flush=True)
+
+
+def _fft_negacyclic_multiply(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a·b mod (X^256 + 1, q) with numpy's floating-point FFT: the bare-numpy way to the same product."""
+    n = ntt.N
+    full = np.fft.irfft(np.fft.rfft(a, 2 * n) * np.fft.rfft(b, 2 * n), 2 * n)
+    folded = np.rint(full[..., :n] - full[..., n:]).astype(np.int64)
+    return folded % ntt.Q
+
+
+def _convolve_schoolbook(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    n = ntt.N
+    out = np.empty_like(a)
+    for i in range(a.shape[0]):
+        full = np.convolve(a[i], b[i])  # length 2n − 1
+        out[i, : n - 1] = full[: n - 1] - full[n:]
+        out[i, n - 1] = full[n - 1]
+    return out % ntt.Q
+
+
+def bench_ntt(args: argparse.Namespace) -> None:
+    # A batch of polynomials: ML-KEM-768 works on vectors of 3 and a 3×3 matrix of them, so a batch stands for
+    # many ciphertexts' worth of products at once.
+    batch = 256 if args.quick else 1024
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, ntt.Q, (batch, ntt.N))
+    b = rng.integers(0, ntt.Q, (batch, ntt.N))
+    assert (ntt.multiply(a, b) == _fft_negacyclic_multiply(a, b)).all()
+    school_batch = 64  # np.convolve is one call per polynomial: time a slice, scale per polynomial
+    assert (_convolve_schoolbook(a[:school_batch], b[:school_batch]) == ntt.multiply(a[:school_batch],
+                                                                                  b[:school_batch])).all()
+    poly_bytes = ntt.ENCODED_POLY_BYTES
+    af = a.astype(np.float64)
+    ntt_s = _median_seconds(lambda: ntt.ntt(a), args.repeats)
+    rfft_s = _median_seconds(lambda: np.fft.rfft(af, axis=-1), args.repeats)
+    mul_s = _median_seconds(lambda: ntt.multiply(a, b), args.repeats)
+    fftmul_s = _median_seconds(lambda: _fft_negacyclic_multiply(a, b), args.repeats)
+    modmul_s = _median_seconds(lambda: (a * b) % ntt.Q, args.repeats)
+    school_s = _median_seconds(lambda: _convolve_schoolbook(a[:school_batch], b[:school_batch]),
+                               max(1, args.repeats // 2)) * batch / school_batch
+    print(f"\n# ML-KEM NTT (FIPS 203): {batch} polynomials of degree 256 mod {ntt.Q}, int64, one core, "
+          f"median of {args.repeats}; GB/s of FIPS 203-encoded input ({poly_bytes} B per polynomial); "
+          f"x bare = bare time / kernel time")
+    header = ("op", "kernel GB/s", "bare primitive", "bare GB/s", "x bare")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    rows = (
+        ("ntt (Alg. 9)", batch * poly_bytes, ntt_s, "np.fft.rfft float64, same rows", rfft_s),
+        ("multiply (Alg. 9-12)", 2 * batch * poly_bytes, mul_s, "float FFT product (3 FFTs)", fftmul_s),
+        ("multiply (Alg. 9-12)", 2 * batch * poly_bytes, mul_s, "(a*b) % q, one int64 pass", modmul_s),
+        ("multiply (Alg. 9-12)", 2 * batch * poly_bytes, mul_s, "np.convolve schoolbook", school_s),
+    )
+    for op, nbytes, kernel_s, bare_name, bare_s in rows:
+        print(f"| {op} | {nbytes / kernel_s / 1e9:.3f} | {bare_name} | {nbytes / bare_s / 1e9:.3f} | "
+              f"{bare_s / kernel_s:.3f} |", flush=True)
+    print(f"({ntt.MULTIPLY_OP_COUNTS.total} modular ops per multiply = "
+          f"{ntt.MULTIPLY_OP_COUNTS.ops_per_input_byte():.1f} op/B: "
+          f"{ntt.MULTIPLY_OP_COUNTS.total * batch / mul_s / 1e9:.2f} G modular ops/s here)")
+
+
+def bench_stream_sum(args: argparse.Namespace) -> None:
+    # Activations of one all-reduce: tokens × d_model (Llama-3-8B's d_model 4096) in BF16 per rank (REFERENCE §7).
+    tokens, d_model = (256, 4096) if args.quick else (1024, 4096)
+    counts = (2,) if args.quick else (2, 4, 8)
+    rng = np.random.default_rng(0)
+    print(f"\n# all-reduce sum: [{tokens}, {d_model}] BF16 per stream, one core, median of {args.repeats}; "
+          f"GB/s of input bytes across all streams; ratio = bare time / kernel time, per value")
+    header = ("streams", "sum GB/s", "bare np.add f32 GB/s", "sum/bare")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for n in counts:
+        streams = [rng.standard_normal((tokens, d_model), dtype=np.float32).astype(stream_sum.BF16)
+                   for _ in range(n)]
+        wide = [s.astype(np.float32) for s in streams]
+        acc = np.empty_like(wide[0])
+
+        def bare(wide: list[np.ndarray] = wide, acc: np.ndarray = acc) -> None:
+            np.add(wide[0], wide[1], out=acc)
+            for w in wide[2:]:
+                np.add(acc, w, out=acc)
+
+        sum_s = _median_seconds(lambda s=streams: stream_sum.sum_streams(s), args.repeats)
+        bare_s = _median_seconds(bare, args.repeats)
+        in_bytes = sum(s.nbytes for s in streams)
+        bare_bytes = sum(w.nbytes for w in wide)
+        print(f"| {n} | {in_bytes / sum_s / 1e9:.2f} | {bare_bytes / bare_s / 1e9:.2f} | {bare_s / sum_s:.2f} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,18 @@ import pytest
 from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 from kvtransit.model.catalog import model_by_name
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.handoff import handoff
 from kvtransit.model.link_catalog import link_by_name
-from kvtransit.model.scenario import HOST_BUDGET_BPS, Scenario, auto_channels_and_dilation, scaled_layout
+from kvtransit.model.module import Module, Policy
+from kvtransit.model.prefill_plan import BatchEntry, plan_prefill_step
+from kvtransit.model.scenario import (
+    HOST_BUDGET_BPS,
+    Scenario,
+    auto_channels_and_dilation,
+    field_from_text,
+    scaled_layout,
+)
+from kvtransit.model.sweep_plan import Grid, parse_value
 from kvtransit.model.workload import generate
 
 
@@ -146,3 +156,175 @@ def test_real_size_dilation_brings_the_full_link_within_the_host_budget():
     assert s.real_size_dilation == pytest.approx(62.5)
     at_real_size = Scenario(link="eth-25g", scale=1.0, dilation=s.real_size_dilation)
     assert at_real_size.scaled_link.bandwidth_Bps <= HOST_BUDGET_BPS * (1 + 1e-9)
+
+
+# --- the module's unknowns as scenario fields (REFERENCE §5) ---------------------------------------------------
+
+def test_the_module_defaults_are_the_simulators_stage_with_passive_optics():
+    s = Scenario()
+    assert (s.module_budget, s.module_pj_per_bit, s.module_latency_us, s.transform_charged, s.precision_bits,
+            s.placement) == ("sim", 1.0, 1.0, False, None, "pluggable")
+    assert s.module == Module()  # 1.6 ops per line byte, 1 pJ per input bit, 1 µs (REFERENCE §5)
+    assert s.codec_declaration.charged_ops_per_byte == 0.0  # the FFT is free
+
+
+def test_the_module_is_built_from_every_module_field():
+    s = Scenario(module_budget="low", module_pj_per_bit=2.5, module_latency_us=3.0)
+    assert (s.module.ops_per_byte, s.module.pj_per_input_bit, s.module.added_latency_s) == (
+        0.40, 2.5, pytest.approx(3e-6))
+
+
+@pytest.mark.parametrize("given,ops_per_byte", [("low", 0.40), ("sim", 1.6), ("high", 3.96), (0.8, 0.8), (2, 2.0),
+                                                ("0.8", 0.8), ("1e1", 10.0)])
+def test_module_budget_is_a_name_or_a_number_of_ops_per_byte(given, ops_per_byte):
+    s = Scenario(module_budget=given)
+    assert s.module.ops_per_byte == ops_per_byte
+    assert s.module_budget == (given if given in ("low", "sim", "high") else ops_per_byte)
+
+
+def test_the_scenario_declaration_carries_transform_precision_and_placement():
+    decl = Scenario(codec="freq-keep-k", block=64, transform_charged=True, precision_bits=8,
+                    placement="switch").codec_declaration
+    # FFT length 64 on BF16: 1.25 · log2 64 = 7.50 ops per byte (REFERENCE §5 kernel table).
+    assert decl.charged_ops_per_byte == pytest.approx(7.50)
+    assert (decl.precision_bits, decl.placement) == (8, "switch")
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("module_budget", "medium", ("module_budget: unknown value 'medium' (choose from: low, sim, high or a number of "
+                                "ops per byte > 0)")),
+    ("module_budget", 0.0, "module_budget: expected low, sim, high or a number of ops per byte > 0, got 0.0"),
+    ("module_budget", "-1", "module_budget: expected low, sim, high or a number of ops per byte > 0, got -1.0"),
+    ("module_budget", True, "module_budget: expected low, sim, high"),
+    ("module_pj_per_bit", -1.0, "module_pj_per_bit: must be >= 0"),
+    ("module_latency_us", float("nan"), "module_latency_us: expected a number"),
+    ("transform_charged", "yes", "transform_charged: expected yes or no (a bool), got 'yes'"),
+    ("precision_bits", 0, "precision_bits: must be >= 1 and <= 32"),
+    ("precision_bits", 33, "precision_bits: must be >= 1 and <= 32"),
+    ("precision_bits", 8.5, "precision_bits: expected a whole number"),
+    ("placement", "rack", "placement: unknown value 'rack' (choose from: pluggable, switch)"),
+])
+def test_bad_module_values_name_the_field_and_what_is_allowed(field, value, expected):
+    with pytest.raises(ConfigError) as err:
+        Scenario(**{field: value})
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
+def test_the_module_block_says_a_charged_transform_over_the_low_budget_is_transit_bound():
+    terms = Scenario(codec="freq-keep-k", block=64, keep=0.5, transform_charged=True, module_budget="low").describe()[
+        "module"]
+    assert (terms["budget"], terms["budget_ops_per_byte"], terms["runs"], terms["transit_bound"]) == (
+        "low", 0.40, "in-transit", True)
+    assert terms["charged_ops_per_byte"] == pytest.approx(7.50)
+    # ops / (budget × bw) over wire / bw = charged × ratio / budget = 7.5 × 2 / 0.4
+    assert terms["compute_over_wire"] == pytest.approx(37.5)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(),  # the transform free: nothing charged
+    # FFT length 8: 3.75 ops/B, all coefficients kept (ratio 1): 3.75 × 1 < 3.96, the wire wins
+    dict(transform_charged=True, module_budget="high", block=8, keep=1.0),
+    dict(codec="none", transform_charged=True, module_budget="low"),  # no kernel in the module
+    dict(compress_at="gpu", transform_charged=True, module_budget="low"),  # the kernel ran on the GPU
+])
+def test_the_module_block_is_not_transit_bound_when_the_wire_wins_or_the_module_runs_nothing(fields):
+    assert Scenario(**fields).describe()["module"]["transit_bound"] is False
+
+
+def test_module_fields_round_trip_through_the_shared_flags():
+    original = Scenario(module_budget=0.8, module_pj_per_bit=2.5, module_latency_us=3.0, transform_charged=True,
+                        precision_bits=8, placement="switch")
+    assert scenario_from_args(_parser().parse_args(original.to_argv())) == original
+    named = Scenario(module_budget="high", precision_bits=None, transform_charged=False)
+    assert scenario_from_args(_parser().parse_args(named.to_argv())) == named
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--transform-charged"], True),
+    (["--transform-charged", "yes"], True),
+    (["--transform-charged", "no"], False),
+    (["--transform-charged", "False"], False),
+    ([], False),
+])
+def test_transform_charged_flag_says_yes_alone_and_takes_yes_or_no(argv, expected):
+    assert scenario_from_args(_parser().parse_args(argv)).transform_charged is expected
+
+
+def test_module_flags_set_the_module():
+    s = scenario_from_args(_parser().parse_args(
+        ["--module-budget", "low", "--module-pj-per-bit", "0.5", "--module-latency-us", "2", "--precision-bits", "8",
+         "--placement", "switch"]))
+    assert (s.module.ops_per_byte, s.module.pj_per_input_bit, s.module.added_latency_s) == (
+        0.40, 0.5, pytest.approx(2e-6))
+    assert (s.precision_bits, s.placement) == (8, "switch")
+    assert scenario_from_args(_parser().parse_args(["--module-budget", "0.7"])).module.ops_per_byte == 0.7
+    assert scenario_from_args(_parser().parse_args(["--precision-bits", "none"])).precision_bits is None
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--transform-charged", "maybe"], ("kvtransit up: error: argument --transform-charged: expected yes or no, "
+                                       "got 'maybe'")),
+    (["--precision-bits", "eight"], ("kvtransit up: error: argument --precision-bits: expected a whole number of "
+                                    "bits in 1..32 or 'none', got 'eight'")),
+    (["--module-pj-per-bit", "lots"], ("kvtransit up: error: argument --module-pj-per-bit: expected a number, "
+                                      "got 'lots'")),
+    (["--module-latency-us", "1ms"], ("kvtransit up: error: argument --module-latency-us: expected a number, "
+                                     "got '1ms'")),
+])
+def test_a_module_flag_of_the_wrong_type_is_one_line_naming_the_flag(argv, expected, capsys):
+    from kvtransit.cli import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["up", *argv])
+    assert done.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [expected]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--module-budget", "medium"], ("module_budget: unknown value 'medium' (choose from: low, sim, high or a number "
+                                    "of ops per byte > 0)")),
+    (["--precision-bits", "40"], "precision_bits: must be >= 1 and <= 32, got 40"),
+    (["--placement", "rack"], "placement: unknown value 'rack' (choose from: pluggable, switch)"),
+])
+def test_a_module_flag_out_of_range_is_refused_by_the_scenario_in_one_line(argv, expected):
+    with pytest.raises(ConfigError) as err:
+        scenario_from_args(_parser().parse_args(argv))
+    assert str(err.value) == expected
+
+
+def test_every_process_takes_the_module_flags():
+    from kvtransit.cli import build_parser
+
+    argv = Scenario(transform_charged=True, module_budget="low", precision_bits=8).to_argv()
+    for role, required in (("up", []), ("middlebox", ["--decode", "x:1"]), ("prefill", ["--kv-to", "x:1"]),
+                           ("decode", []), ("loadgen", ["--prefill", "x:1", "--decode-clients", "x:1"])):
+        args = build_parser().parse_args([role, *argv, *required])
+        assert (args.scenario_transform_charged, args.scenario_module_budget, args.scenario_precision_bits) == (
+            True, "low", 8), role
+
+
+@pytest.mark.parametrize("name,text,value", [
+    ("transform_charged", "true", True), ("transform_charged", "NO", False), ("precision_bits", "None", None),
+    ("precision_bits", "8", 8), ("module_budget", "0.8", "0.8"), ("module_pj_per_bit", "2", 2.0),
+    ("scale", "auto", "auto"), ("rate", "7.5", 7.5), ("requests", "12", 12), ("link", "eth-100g", "eth-100g"),
+])
+def test_field_text_is_read_as_the_field_is_typed(name, text, value):
+    assert field_from_text(name, text) == value
+
+
+def test_sweeping_module_pj_per_bit_changes_the_module_energy_only():
+    """A grid over module_pj_per_bit (as `kvtransit sweep --grid module_pj_per_bit=...` builds it): the module's
+    energy (input bits × pJ) scales with it; the link's (wire bits × link pJ) and the GPU's do not."""
+    grid = Grid({"codec": "freq-keep-k"}, {"module_pj_per_bit": [parse_value("module_pj_per_bit", v)
+                                                                 for v in ("0.5", "1", "4")]})
+    energies = []
+    for point in grid.points():
+        s = grid.scenario(point)
+        est = handoff(s.model_spec, 2048, s.link_spec, s.codec_declaration, s.module, Policy(s.policy))
+        gpu_j = plan_prefill_step(s, [BatchEntry("r", 2048, 32)]).energy_j
+        energies.append((s.module_pj_per_bit, est.module_energy_j, est.link_energy_j, gpu_j))
+    kv_bits = 8 * model_by_name("llama3-8b").kv_bytes(2048)
+    for pj, module_j, _link_j, _gpu_j in energies:
+        assert module_j == pytest.approx(kv_bits * pj * 1e-12)  # REFERENCE §5: input bits × pJ per input bit
+    assert len({link_j for _, _, link_j, _ in energies}) == 1
+    assert len({gpu_j for _, _, _, gpu_j in energies}) == 1

@@ -32,7 +32,7 @@ def test_axis_values_are_typed_as_the_scenario_field():
 
 
 @pytest.mark.parametrize("spec,message", [("rate", "FIELD=V1,V2"), ("speed=1", "unknown scenario field 'speed'"),
-                                          ("rate=fast", "rate expects float")])
+                                          ("rate=fast", "rate: expected a number")])
 def test_bad_axes_are_named(spec, message):
     with pytest.raises(ConfigError, match=message):
         parse_axis(spec)

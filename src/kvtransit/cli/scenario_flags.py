@@ -12,7 +12,7 @@ import argparse
 from dataclasses import MISSING, fields
 
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.scenario import AUTO, Scenario, flag_for
+from kvtransit.model.scenario import FieldTextError, Scenario, field_from_text, flag_for
 
 _HELP = {
     "model": "model served (catalogue key)",
@@ -28,8 +28,14 @@ _HELP = {
     "block": "freq-keep-k: tokens per transform block; fp4-block: values per scale",
     "variant": "freq-keep-k transform",
     "compress_at": "where the codec runs: in transit (the module) or on the prefill GPU",
-    "module_budget": "the module's ops-per-byte budget (REFERENCE §5)",
     "policy": "a kernel needing unpublished ops: reject it or run it on the host",
+    "module_budget": "ops per line byte the module affords: low (0.40), sim (1.6), high (3.96) or a number > 0",
+    "module_pj_per_bit": "the module's energy, pJ per input bit (REFERENCE §5: 1)",
+    "module_latency_us": "the module's added latency, µs (REFERENCE §5: 1)",
+    "transform_charged": "yes: the transform costs 1.25·log2 N ops/B of the budget; no: passive optics, free "
+                         "(the flag alone means yes)",
+    "precision_bits": "bits the analogue path delivers (1..32), or none (exact)",
+    "placement": "where the module sits: pluggable (one stream) or switch (many streams)",
     "rate": "requests per second",
     "arrival": "arrival process",
     "burstiness": "gamma arrivals: shape (1 = Poisson-like, lower = burstier)",
@@ -60,23 +66,18 @@ _HELP = {
 }
 
 
-def _scale(text: str) -> float | str:
-    if text == AUTO:
-        return AUTO
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] or {AUTO!r}, got {text!r}") from None
+def _reader(field_name: str):
+    """The flag's argparse type: the field's text read as `Scenario` reads it (model.scenario.field_from_text); a
+    value of the wrong type is one line naming the flag (OneLineErrorParser: `argument --flag: ...`)."""
 
+    def read(text: str):
+        try:
+            return field_from_text(field_name, text)
+        except FieldTextError as exc:
+            raise argparse.ArgumentTypeError(exc.reason) from None
 
-def _type_for(default):
-    if isinstance(default, bool):
-        raise TypeError("no boolean scenario fields expected")
-    if isinstance(default, int):
-        return int
-    if isinstance(default, float):
-        return float
-    return str
+    read.__name__ = field_name
+    return read
 
 
 def add_scenario_args(parser: argparse.ArgumentParser) -> None:
@@ -84,11 +85,13 @@ def add_scenario_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("scenario (the same flags for every process of a run)")
     for f in fields(Scenario):
         default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
-        kind = _scale if f.name == "scale" else _type_for(default)
-        group.add_argument(
-            flag_for(f.name), dest=f"scenario_{f.name}", type=kind, default=default, metavar=f.name.upper(),
-            help=f"{_HELP.get(f.name, f.name)} (default: {default})",
-        )
+        flag, read, help_text = flag_for(f.name), _reader(f.name), f"{_HELP.get(f.name, f.name)} (default: {default})"
+        if isinstance(default, bool):  # given alone (`--transform-charged`: yes) or with its value (yes|no)
+            group.add_argument(flag, dest=f"scenario_{f.name}", type=read, default=default, nargs="?", const=True,
+                               metavar="yes|no", help=help_text)
+        else:
+            group.add_argument(flag, dest=f"scenario_{f.name}", type=read, default=default,
+                               metavar=f.name.upper(), help=help_text)
     group.add_argument("--goodput", dest="goodput_slo", nargs="+", default=None, metavar="KEY:MS",
                        help="vllm-bench-serve style SLO: ttft:MS and/or tpot:MS (sets --ttft-slo-ms/--tpot-slo-ms)")
 

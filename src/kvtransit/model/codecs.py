@@ -39,6 +39,9 @@ FP4_BITS = 4
 DEFAULT_FP4_BLOCK = 64  # 64 values per scale → ratio 64/17 ≈ 3.765
 DEFAULT_KEEP = 0.5  # freq-keep-k keeps half, counted in real values (REFERENCE §5, §6)
 DEFAULT_TRANSFORM_LENGTH = 64  # tokens per FFT block along the token axis (the simulator's stage)
+# The band-keep codec's default variant is the DCT-II (FreqKV, REFERENCE §6; `kernels/registry.py`), which
+# takes any block length >= 2; it runs on the module's FFT and is charged as one.
+DEFAULT_BAND_KEEP_TRANSFORM = "dct"
 # The band-keep kernels in the kernel table keep half the band (a fixed band; the ratio does not enter the
 # table's columns, only the wire bytes).
 TABLE_BAND_KEEP = 0.5
@@ -56,9 +59,13 @@ def fp4_block_ratio(block: int) -> float:
 
 def codec_declaration(
     name: str, keep: float = DEFAULT_KEEP, block: int = DEFAULT_FP4_BLOCK,
-    transform_length: int = DEFAULT_TRANSFORM_LENGTH,
+    transform_length: int = DEFAULT_TRANSFORM_LENGTH, transform: str = DEFAULT_BAND_KEEP_TRANSFORM,
 ) -> KernelDeclaration:
-    """The declaration of the codec preset `name`. `keep` is for freq-keep-k, `block` for fp4-block."""
+    """The declaration of the codec preset `name`. `keep` is for freq-keep-k, `block` for fp4-block.
+
+    freq-keep-k's `transform` is "dct" (its codec's default variant, any block >= 2) or "fft" (a power of
+    two); both cost the same (`model/module.py`).
+    """
     if name == "none":
         return KernelDeclaration("none", ratio=1.0)
     if name == "fp8":
@@ -82,6 +89,7 @@ def codec_declaration(
             op_types=frozenset({"fft"}),
             transform_charged=False,
             transform_length=transform_length,
+            transform=transform,
         )
     raise unknown_name("codec", name, CODEC_NAMES)
 
@@ -96,6 +104,7 @@ def _band_keep_row(n: int) -> KernelDeclaration:
         op_types=frozenset({"fft"}),
         transform_charged=False,
         transform_length=n,
+        transform="fft",
     )
 
 
@@ -141,30 +150,33 @@ def kernel_table_row(decl: KernelDeclaration) -> KernelTableRow:
 
 
 _DECLARATION_KEYS = frozenset(
-    {"name", "ratio", "ops_per_byte", "op_types", "transform_charged", "transform_length", "precision_bits",
-     "placement"}
+    {"name", "ratio", "ops_per_byte", "op_types", "transform_charged", "transform", "transform_length",
+     "precision_bits", "placement", "lossless", "streams"}
 )
 
 
 def parse_kernel_declaration(text: str) -> KernelDeclaration:
-    """`name=k,ratio=2,ops_per_byte=0.5,op_types=fft+mac,transform_charged=no,transform_length=64,...`"""
+    """`name=k,ratio=2,ops_per_byte=0.5,op_types=fft+gather,transform=fft,transform_length=64,...`
+
+    Every field of `KernelDeclaration` by its name; op_types joined by `+`; booleans yes/no.
+    """
     kind = "kernel declaration"
     pairs = parse_key_values(text, kind, _DECLARATION_KEYS)
     if "name" not in pairs:
         raise ConfigError(f"{kind} {text!r}: missing name")
     kwargs: dict[str, object] = {"name": pairs["name"]}
-    if "ratio" in pairs:
-        kwargs["ratio"] = as_float(kind, "ratio", pairs["ratio"])
-    if "ops_per_byte" in pairs:
-        kwargs["ops_per_byte"] = as_float(kind, "ops_per_byte", pairs["ops_per_byte"])
+    for key in ("ratio", "ops_per_byte"):
+        if key in pairs:
+            kwargs[key] = as_float(kind, key, pairs[key])
+    for key in ("transform_length", "precision_bits", "streams"):
+        if key in pairs:
+            kwargs[key] = as_int(kind, key, pairs[key])
+    for key in ("transform_charged", "lossless"):
+        if key in pairs:
+            kwargs[key] = as_bool(kind, key, pairs[key])
+    for key in ("transform", "placement"):
+        if key in pairs:
+            kwargs[key] = pairs[key]
     if "op_types" in pairs:
         kwargs["op_types"] = frozenset(op.strip() for op in pairs["op_types"].split("+") if op.strip())
-    if "transform_charged" in pairs:
-        kwargs["transform_charged"] = as_bool(kind, "transform_charged", pairs["transform_charged"])
-    if "transform_length" in pairs:
-        kwargs["transform_length"] = as_int(kind, "transform_length", pairs["transform_length"])
-    if "precision_bits" in pairs:
-        kwargs["precision_bits"] = as_int(kind, "precision_bits", pairs["precision_bits"])
-    if "placement" in pairs:
-        kwargs["placement"] = pairs["placement"]
     return KernelDeclaration(**kwargs)  # type: ignore[arg-type]

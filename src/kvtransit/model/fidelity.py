@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
-from .module import Action, Policy, budget_check
+from .module import Action
 from .scenario import Scenario
 
 # The issue's fidelity targets: TPOT within 3 % of the roofline step, hand-off within 2 % (or 1 ms).
@@ -159,16 +159,31 @@ def on_idle_link(intervals: Sequence[tuple[float, float]], channels: int = 1) ->
 def prescribed_handoff_s(scenario: Scenario, kv_bytes: float, wire_bytes: float) -> float:
     """What the model prescribes for one hand-off of `kv_bytes` that crossed the link as `wire_bytes` (model
     units): latency + wire / bandwidth; in transit, plus the module's added latency and the wait for its compute
-    when that is slower than the wire, `max(wire / bw, ops / (budget × bw))` (REFERENCE §2, §5)."""
+    when that is slower than the wire, `max(wire / bw, ops / (budget × bw))`, ops over the KV (input) bytes
+    (REFERENCE §2, §5). The module's terms are the scenario's (budget, added latency, transform charged or
+    not: `Scenario.module`, `Scenario.codec_declaration`), the very ones the middlebox holds a hand-off by."""
     link = scenario.link_spec
     wire_s = wire_bytes / link.bandwidth_Bps
-    if scenario.compress_at != "transit" or scenario.codec == "none":
-        return link.latency_s + wire_s
+    verdict = scenario.module_verdict  # None: no codec, or the codec ran on the GPU
+    if verdict is None or verdict.action is not Action.IN_TRANSIT:
+        return link.latency_s + wire_s  # nothing in the module (a kernel on the host runs before the link)
     decl, module = scenario.codec_declaration, scenario.module
-    if budget_check(decl, module, Policy(scenario.policy)).action is not Action.IN_TRANSIT:
-        return link.latency_s + wire_s  # the kernel ran on the host, before the link: no module terms
     compute_s = kv_bytes * decl.charged_ops_per_byte / (module.ops_per_byte * link.bandwidth_Bps)
     return link.latency_s + module.added_latency_s + max(wire_s, compute_s)
+
+
+def link_rate_target_Bps(scenario: Scenario, link_Bps: float, wire_per_kv_byte: float) -> float:
+    """The rate a busy link should reach: `link_Bps`, or less when the module's compute outlasts the wire
+    (transit-bound, REFERENCE §5): a hand-off then occupies the link for ops / (budget × bw) while it carries
+    only its wire bytes, so the busy rate is bw × (wire / KV) × budget / charged. `wire_per_kv_byte`: the
+    codec's real ratio in the run (wire bytes / KV bytes)."""
+    verdict = scenario.module_verdict
+    if verdict is None or verdict.action is not Action.IN_TRANSIT:
+        return link_Bps
+    charged = scenario.codec_declaration.charged_ops_per_byte
+    if charged <= 0:
+        return link_Bps
+    return link_Bps * min(1.0, wire_per_kv_byte * scenario.module.ops_per_byte / charged)
 
 
 def handoff_gap(measured_s: Sequence[float], modelled_s: Sequence[float], dilation: float) -> Gap:

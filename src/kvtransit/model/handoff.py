@@ -16,7 +16,16 @@ from .codecs import CODECS
 from .energy import link_energy_j, module_energy_j
 from .errors import ConfigError
 from .link_catalog import LINKS, Link
-from .module import Action, BudgetResult, KernelDeclaration, Module, Policy, budget_check, transit_time
+from .module import (
+    Action,
+    BudgetResult,
+    KernelDeclaration,
+    Module,
+    Policy,
+    Verdict,
+    budget_check,
+    transit_time,
+)
 
 # REFERENCE §2 hand-off oracle table: its rows (model × prompt) and its link columns, in order.
 HANDOFF_TABLE_MODELS = ("llama3-8b", "llama3-70b")
@@ -80,6 +89,8 @@ def handoff(
     verdict = budget_check(decl, module, policy)
     wire_bytes = kv_bytes / decl.ratio
     if verdict.action is Action.REJECTED:
+        if verdict.verdict is Verdict.MISPLACED:  # no policy helps: the host at one end sees one stream too
+            raise ConfigError(f"codec {decl.name!r} on module {module.name!r}: {verdict.describe()}")
         ops = ", ".join(sorted(verdict.unpublished_ops))
         raise ConfigError(
             f"codec {decl.name!r} needs {ops}, which module {module.name!r} does not publish "

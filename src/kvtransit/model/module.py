@@ -1,8 +1,9 @@
 """The compute-in-transit module: kernel declarations and the budget check (REFERENCE §5).
 
 A *declaration* says what a kernel costs; a *module* says what the optics can afford. `budget_check`
-judges one against the other: fits, transit-bound (and by how much it slows the link), or not allowed
-(the kernel needs an operation the module does not publish), and says what happens then, by policy.
+judges one against the other: fits, transit-bound (and by how much it slows the link), not allowed (the
+kernel needs an operation the module does not publish) or misplaced (it combines more streams than its
+placement sees), and says what happens then, by policy.
 Pure: no I/O, no clock.
 """
 
@@ -18,7 +19,13 @@ from .errors import ConfigError, require_positive
 PUBLISHED_OPS = frozenset({"fft", "ntt", "mac", "modular", "float"})
 # Operations kernels may ask for that the module does not publish (REFERENCE §5).
 UNPUBLISHED_OPS = frozenset({"comparison", "rounding", "topk"})
-KNOWN_OPS = PUBLISHED_OPS | UNPUBLISHED_OPS
+# Wiring, not arithmetic: `gather` is the fixed selection of the kept band (REFERENCE §5, under the deck's
+# sketch). It costs no operations and needs nothing published, so the budget check ignores it.
+WIRING_OPS = frozenset({"gather"})
+KNOWN_OPS = PUBLISHED_OPS | UNPUBLISHED_OPS | WIRING_OPS
+# Ops whose output depends on the data's values (a branch, a data-chosen selection). Without one, a kernel
+# is a fixed map: n input bytes always become n / ratio output bytes (see `lossless` below).
+DATA_DEPENDENT_OPS = frozenset({"comparison", "topk"})
 
 # Arithmetic budget at line rate, operations per byte (REFERENCE §5).
 BUDGET_LOW_OPS_PER_BYTE = 0.40
@@ -36,7 +43,25 @@ QSFP56_LINE_RATE_BPS = 25e9
 FFT_OPS_PER_VALUE_PER_LOG2N = 2.5
 BF16_BYTES = 2
 
-PLACEMENTS = ("pluggable", "switch")
+# The transforms a kernel may declare, and the published op each one runs on. Their cost, when charged, is
+# the FFT's 1.25·log2 N per BF16 byte for all three:
+# - dct: a DCT-II of length N is computed through one real FFT of length N (Makhoul 1980, and the codec's
+#   own `kernels/bandkeep.py`), so it is counted as that FFT; any N >= 2 (the codec takes any block).
+# - ntt: REFERENCE §5 gives the NTT no count of its own ("ML-KEM polynomial multiplication = NTT (in set)"),
+#   so it is charged as the FFT: the same N/2·log2 N butterflies, in modular instead of complex arithmetic.
+# fft and ntt need N a power of two (the radix-2 butterflies; ML-KEM's NTT is of length 256).
+TRANSFORM_NONE = "none"
+TRANSFORM_OPS = {"fft": "fft", "dct": "fft", "ntt": "ntt"}
+TRANSFORMS = (TRANSFORM_NONE, *TRANSFORM_OPS)
+POWER_OF_TWO_TRANSFORMS = frozenset({"fft", "ntt"})
+
+# What each placement sees (REFERENCE §5, the deck's sketch: "pluggable": one stream; "switch": many
+# streams, can sum them). None: as many as the switch has ports, i.e. no limit the model knows.
+PLACEMENT_STREAMS: dict[str, int | None] = {"pluggable": 1, "switch": None}
+PLACEMENTS = tuple(PLACEMENT_STREAMS)
+# The analogue path's precision: at least one bit; 32 bits is FP32, beyond any analogue path (and the
+# codec's own limit, `kernels/registry.py`).
+PRECISION_BITS_RANGE = (1, 32)
 
 
 def fft_ops_per_byte(n: int, bytes_per_value: int = BF16_BYTES) -> float:
@@ -46,13 +71,21 @@ def fft_ops_per_byte(n: int, bytes_per_value: int = BF16_BYTES) -> float:
     return FFT_OPS_PER_VALUE_PER_LOG2N * math.log2(n) / bytes_per_value
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class KernelDeclaration:
-    """What a kernel costs on the module (the deck's sketch, REFERENCE §5).
+    """What a kernel costs on the module (the deck's sketch, REFERENCE §5; `LinkKernel` is the deck's name).
 
     `ops_per_byte` counts operations per *input* byte besides the transform; the transform's own cost
-    comes from `transform_length` (None: no transform) and counts against the budget only when
-    `transform_charged` (passive optics make it free).
+    comes from `transform` and `transform_length` N and counts against the budget only when
+    `transform_charged` (passive optics make it free). `transform` left unsaid (None) means an FFT when a
+    length is given (what REFERENCE §5's table and earlier declarations mean by a bare length), else none.
+    `streams` is how many streams the kernel combines (2 for a sum of two): more than one needs a switch.
+    `lossless` says the output gives back the input exactly; `precision_bits` is what the analogue path
+    delivers (None: not declared).
     """
 
     name: str
@@ -63,45 +96,137 @@ class KernelDeclaration:
     transform_length: int | None = None
     precision_bits: int | None = None
     placement: str = "pluggable"
+    transform: str | None = None  # "none" | "fft" | "dct" | "ntt"; always set after construction
+    lossless: bool = False
+    streams: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op_types", frozenset(self.op_types))
         if not self.name:
             raise ConfigError("kernel declaration needs a name")
-        require_positive(f"kernel {self.name!r}: ratio", self.ratio)
+        where = f"kernel {self.name!r}"
+        require_positive(f"{where}: ratio", self.ratio)
+        if not math.isfinite(self.ratio):
+            raise ConfigError(f"{where}: ratio must be finite, got {self.ratio!r}")
         if not (self.ops_per_byte >= 0 and math.isfinite(self.ops_per_byte)):
-            raise ConfigError(f"kernel {self.name!r}: ops_per_byte must be >= 0, got {self.ops_per_byte!r}")
+            raise ConfigError(f"{where}: ops_per_byte must be >= 0, got {self.ops_per_byte!r}")
         unknown = self.op_types - KNOWN_OPS
         if unknown:
             raise ConfigError(
-                f"kernel {self.name!r}: unknown op type {sorted(unknown)[0]!r} "
+                f"{where}: op_types: unknown op type {sorted(unknown)[0]!r} "
                 f"(choose from: {', '.join(sorted(KNOWN_OPS))})"
             )
-        if self.transform_length is not None and self.transform_length < 2:
-            raise ConfigError(f"kernel {self.name!r}: transform_length must be >= 2, got {self.transform_length}")
-        if self.precision_bits is not None and not 1 <= self.precision_bits <= 64:
-            raise ConfigError(f"kernel {self.name!r}: precision_bits must be in 1..64, got {self.precision_bits}")
+        self._check_transform(where)
+        lo, hi = PRECISION_BITS_RANGE
+        if self.precision_bits is not None and not (_is_int(self.precision_bits) and lo <= self.precision_bits <= hi):
+            raise ConfigError(f"{where}: precision_bits must be in {lo}..{hi}, got {self.precision_bits!r}")
         if self.placement not in PLACEMENTS:
             raise ConfigError(
-                f"kernel {self.name!r}: unknown placement {self.placement!r} (choose from: {', '.join(PLACEMENTS)})"
+                f"{where}: unknown placement {self.placement!r} (choose from: {', '.join(PLACEMENTS)})"
+            )
+        if not (_is_int(self.streams) and self.streams >= 1):
+            raise ConfigError(f"{where}: streams must be an integer >= 1 (2 or more: a kernel that combines "
+                              f"streams), got {self.streams!r}")
+        self._check_lossless(where)
+
+    def _check_transform(self, where: str) -> None:
+        n = self.transform_length
+        transform = self.transform
+        if transform is None:
+            transform = TRANSFORM_NONE if n is None else "fft"
+            object.__setattr__(self, "transform", transform)
+        if transform not in TRANSFORMS:
+            raise ConfigError(f"{where}: unknown transform {transform!r} (choose from: {', '.join(TRANSFORMS)})")
+        if transform == TRANSFORM_NONE:
+            if n is not None:
+                raise ConfigError(f"{where}: transform_length {n} given with transform 'none' "
+                                  f"(choose a transform: {', '.join(TRANSFORM_OPS)})")
+            return
+        if n is None:
+            raise ConfigError(f"{where}: transform {transform!r} needs transform_length N")
+        if not (_is_int(n) and n >= 2):
+            raise ConfigError(f"{where}: transform_length must be an integer >= 2, got {n!r}")
+        if transform in POWER_OF_TWO_TRANSFORMS and n & (n - 1):
+            raise ConfigError(f"{where}: transform_length must be a power of two for {transform}, got {n}")
+        op = TRANSFORM_OPS[transform]
+        if op not in self.op_types:
+            raise ConfigError(f"{where}: op_types must list {op!r}: transform {transform!r} runs on it")
+
+    def _check_lossless(self, where: str) -> None:
+        """Refuse the one contradiction: lossless, ratio > 1, and no op that depends on the data.
+
+        Without a data-dependent op the kernel is a fixed map from n input bytes to n / ratio output bytes;
+        with ratio > 1 there are fewer possible outputs than inputs, so two inputs share an output and the
+        map cannot be inverted (pigeonhole). A lossless ratio above 1 is an average over real data (an
+        entropy coder), which needs variable-length output, i.e. an op that branches on the data.
+        A lossless kernel with ratio <= 1 (a transform that keeps every coefficient, or widens them) is fine.
+        """
+        if self.lossless and self.ratio > 1 and not self.op_types & DATA_DEPENDENT_OPS:
+            raise ConfigError(
+                f"{where}: lossless with ratio {self.ratio:g} > 1 is impossible: its ops are a fixed map onto "
+                f"fewer bytes than it reads, so two inputs share an output (a lossless ratio > 1 needs a "
+                f"data-dependent op: {', '.join(sorted(DATA_DEPENDENT_OPS))})"
             )
 
     @property
+    def has_transform(self) -> bool:
+        return self.transform != TRANSFORM_NONE
+
+    @property
     def transform_ops_per_byte(self) -> float:
-        return 0.0 if self.transform_length is None else fft_ops_per_byte(self.transform_length)
+        """The transform's cost per input byte, charged or not (0 without a transform)."""
+        return fft_ops_per_byte(self.transform_length) if self.transform_length is not None else 0.0
+
+    @property
+    def charged_transform_ops_per_byte(self) -> float:
+        return self.transform_ops_per_byte if self.transform_charged else 0.0
 
     @property
     def charged_ops_per_byte(self) -> float:
         """Operations per input byte that count against the module's budget."""
-        return self.ops_per_byte + (self.transform_ops_per_byte if self.transform_charged else 0.0)
+        return self.ops_per_byte + self.charged_transform_ops_per_byte
 
     @property
     def unpublished_ops(self) -> frozenset[str]:
-        return self.op_types - PUBLISHED_OPS
+        return self.op_types - PUBLISHED_OPS - WIRING_OPS
+
+    @property
+    def wiring_ops(self) -> frozenset[str]:
+        return self.op_types & WIRING_OPS
 
     @property
     def in_published_set(self) -> bool:
         return not self.unpublished_ops
+
+
+# The deck's name for a declaration (REFERENCE §5: "illustrative, not an existing API"). The class keeps the
+# name the code base uses everywhere (type hints, the middlebox's kernel stage, the hand-off model).
+LinkKernel = KernelDeclaration
+
+
+@dataclass(frozen=True)
+class PlacementCheck:
+    """Whether the placement sees every stream the kernel combines (REFERENCE §5: a sum needs a switch)."""
+
+    placement: str
+    streams_needed: int
+    streams_seen: int | None  # None: many (a switch)
+
+    @property
+    def ok(self) -> bool:
+        return self.streams_seen is None or self.streams_needed <= self.streams_seen
+
+    def describe(self) -> str:
+        seen = "many streams" if self.streams_seen is None else (
+            "1 stream" if self.streams_seen == 1 else f"{self.streams_seen} streams")
+        needed = f"{self.streams_needed} stream" + ("" if self.streams_needed == 1 else "s")
+        if self.ok:
+            return f"ok: needs {needed}, a {self.placement} sees {seen}"
+        return f"needs {needed} but a {self.placement} sees {seen} (place it on a switch)"
+
+
+def placement_check(decl: KernelDeclaration) -> PlacementCheck:
+    return PlacementCheck(decl.placement, decl.streams, PLACEMENT_STREAMS[decl.placement])
 
 
 @dataclass(frozen=True)
@@ -136,6 +261,7 @@ class Verdict(enum.Enum):
     FITS = "fits"
     TRANSIT_BOUND = "transit-bound"
     NOT_ALLOWED = "not-allowed"
+    MISPLACED = "misplaced"  # combines more streams than its placement sees (a sum on a pluggable)
 
 
 class Policy(enum.Enum):
@@ -159,12 +285,15 @@ class BudgetResult:
     budget_ops_per_byte: float
     slowdown: float  # ≥ 1: how much slower than line rate the module runs this kernel
     unpublished_ops: frozenset[str]
+    reason: str = ""  # why a misplaced kernel is refused
 
     @property
     def fits(self) -> bool:
         return self.verdict is Verdict.FITS
 
     def describe(self) -> str:
+        if self.verdict is Verdict.MISPLACED:
+            return f"misplaced: {self.reason} -> {self.action.value}"
         if self.verdict is Verdict.NOT_ALLOWED:
             ops = ", ".join(sorted(self.unpublished_ops))
             return f"not allowed (needs {ops}, not published) -> {self.action.value}"
@@ -177,13 +306,19 @@ class BudgetResult:
 
 
 def budget_check(decl: KernelDeclaration, module: Module = Module(), policy: Policy = Policy.REJECT) -> BudgetResult:
-    """Judge `decl` against `module`'s published op set and per-byte budget.
+    """Judge `decl` against its placement, `module`'s published op set and per-byte budget, in that order.
 
-    Slowdown: the module must do `charged` ops per byte but affords `budget` per byte at line rate, so it
-    runs at line_rate × budget / charged, i.e. time = max(bytes/rate, ops/(budget × rate)) (REFERENCE §5).
+    A kernel that combines more streams than its placement sees is refused whatever the policy: the host
+    at one end of the link sees one stream too. Slowdown: the module must do `charged` ops per byte but
+    affords `budget` per byte at line rate, so it runs at line_rate × budget / charged, i.e.
+    time = max(bytes/rate, ops/(budget × rate)) (REFERENCE §5).
     """
     charged = decl.charged_ops_per_byte
     budget = module.ops_per_byte
+    placed = placement_check(decl)
+    if not placed.ok:
+        return BudgetResult(Verdict.MISPLACED, Action.REJECTED, charged, budget, 1.0, decl.unpublished_ops,
+                            reason=placed.describe())
     if decl.unpublished_ops:
         action = Action.REJECTED if policy is Policy.REJECT else Action.ON_HOST
         return BudgetResult(Verdict.NOT_ALLOWED, action, charged, budget, 1.0, decl.unpublished_ops)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from .catalog import MODELS, ModelSpec, model_by_name
@@ -29,7 +29,20 @@ from .cost import StepWork, kv_capacity_tokens, step_time
 from .devices import DEVICES, Device, device_by_name
 from .errors import ConfigError, unknown_name
 from .link_catalog import LINKS, Link, link_by_name
-from .module import MODULE_BUDGETS, KernelDeclaration, Module, Policy
+from .module import (
+    MODULE_BUDGETS,
+    PLACEMENTS,
+    PRECISION_BITS_RANGE,
+    SIM_ADDED_LATENCY_S,
+    SIM_PJ_PER_INPUT_BIT,
+    Action,
+    BudgetResult,
+    KernelDeclaration,
+    Module,
+    Policy,
+    budget_check,
+    transit_time,
+)
 from .prefix_workloads import PREFIX_WORKLOADS
 from .slo import TPOT_SLO_S, TTFT_SLO_S
 from .traces import TRACE_FORMATS, TRACE_SAMPLING
@@ -49,6 +62,10 @@ KV_POOL_MODES = ("off", "local", "pool")
 # Band-keep transforms along tokens (DESIGN §4: FFT or DCT-II); the kernels layer implements both.
 BAND_KEEP_VARIANTS = ("dct", "fft")
 POLICIES = tuple(p.value for p in Policy)
+# Text forms of a yes/no field on a command line or in a sweep grid (to_argv writes True/False).
+_TRUE_TEXT = frozenset({"yes", "true", "on", "1"})
+_FALSE_TEXT = frozenset({"no", "false", "off", "0"})
+NONE_TEXT = "none"
 AUTO = "auto"
 SYNTHETIC_KV = "synthetic"
 
@@ -136,6 +153,21 @@ def _choice(field_name: str, value: str, choices: Sequence[str]) -> str:
     return value
 
 
+def _module_budget(value: object) -> str | float:
+    """A named budget as given, or a number of ops per byte > 0 (a numeric string becomes that number)."""
+    allowed = f"{', '.join(MODULE_BUDGETS)} or a number of ops per byte > 0"
+    if isinstance(value, str):
+        if value in MODULE_BUDGETS:
+            return value
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(f"module_budget: unknown value {value!r} (choose from: {allowed})") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"module_budget: expected {allowed}, got {value!r}")
+    return float(value)
+
+
 def _number(field_name: str, value: object, *, lo: float | None = None, hi: float | None = None,
             lo_open: bool = False, integer: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -168,8 +200,18 @@ class Scenario:
     block: int = 64  # tokens per transform block (freq-keep-k) or values per scale (fp4-block)
     variant: str = "dct"
     compress_at: str = "transit"
-    module_budget: str = "sim"
-    policy: str = "reject"
+    # The module and its unknowns (REFERENCE §5), so a live run honours them from its start (no `PUT /kernel`).
+    # module_budget: ops per line byte the module affords at line rate: "low" (0.40), "sim" (1.6, the
+    # simulator's stage), "high" (3.96), or a number > 0 (a string that parses as one is taken as that number).
+    module_budget: str | float = "sim"
+    policy: str = "reject"  # a kernel needing an unpublished op: rejected, or run on the host
+    module_pj_per_bit: float = SIM_PJ_PER_INPUT_BIT  # pJ per input bit (the simulator's 1 pJ)
+    module_latency_us: float = SIM_ADDED_LATENCY_S * 1e6  # added latency, µs (the simulator's 1 µs)
+    # Does the transform count against the budget? False: passive optics, the FFT is free (the simulator's
+    # stage); True: 1.25·log2 N ops per byte (the kernel table's "transform charged").
+    transform_charged: bool = False
+    precision_bits: int | None = None  # what the analogue path delivers (None: exact); 1..32
+    placement: str = "pluggable"  # "pluggable" (sees one stream) or "switch" (sees many, can sum them)
     # The workload (REFERENCE §4 definitions; a shorter, lighter default than the simulator's 800 requests so
     # that `kvtransit up` ends in about a minute).
     rate: float = 2.0
@@ -222,8 +264,17 @@ class Scenario:
         _choice("codec", self.codec, CODEC_NAMES)
         _choice("variant", self.variant, BAND_KEEP_VARIANTS)
         _choice("compress_at", self.compress_at, COMPRESS_AT)
-        _choice("module_budget", self.module_budget, tuple(MODULE_BUDGETS))
+        object.__setattr__(self, "module_budget", _module_budget(self.module_budget))
         _choice("policy", self.policy, POLICIES)
+        _number("module_pj_per_bit", self.module_pj_per_bit, lo=0)
+        _number("module_latency_us", self.module_latency_us, lo=0)
+        if not isinstance(self.transform_charged, bool):
+            raise ConfigError(f"transform_charged: expected yes or no (a bool), got {self.transform_charged!r}")
+        if self.precision_bits is not None:
+            lo, hi = PRECISION_BITS_RANGE
+            object.__setattr__(self, "precision_bits",
+                               _number("precision_bits", self.precision_bits, lo=lo, hi=hi, integer=True))
+        _choice("placement", self.placement, PLACEMENTS)
         _choice("arrival", self.arrival, ARRIVALS)
         for name in ("gpus", "prefill", "decode", "channels", "requests"):
             object.__setattr__(self, name, _number(name, getattr(self, name), lo=1, integer=True))
@@ -280,12 +331,55 @@ class Scenario:
         return link_by_name(self.link)
 
     @property
+    def module_budget_ops_per_byte(self) -> float:
+        budget = self.module_budget
+        return MODULE_BUDGETS[budget] if isinstance(budget, str) else budget
+
+    @property
     def module(self) -> Module:
-        return Module(ops_per_byte=MODULE_BUDGETS[self.module_budget])
+        """The module the run's middlebox charges: budget, energy per input bit, added latency (REFERENCE §5)."""
+        return Module(ops_per_byte=self.module_budget_ops_per_byte, pj_per_input_bit=self.module_pj_per_bit,
+                      added_latency_s=self.module_latency_us * 1e-6)
 
     @property
     def codec_declaration(self) -> KernelDeclaration:
-        return codec_declaration(self.codec, keep=self.keep, block=self.block, transform_length=self.block)
+        """The codec as the module is charged for it: the preset with this scenario's transform_charged,
+        precision_bits and placement (the same declaration the middlebox's kernel stage judges)."""
+        decl = codec_declaration(self.codec, keep=self.keep, block=self.block, transform_length=self.block)
+        return replace(decl, transform_charged=self.transform_charged, precision_bits=self.precision_bits,
+                       placement=self.placement)
+
+    @property
+    def module_verdict(self) -> BudgetResult | None:
+        """The module's verdict on the codec, or None when the module runs nothing (codec none, or at the GPU)."""
+        if self.codec == "none" or self.compress_at != "transit":
+            return None
+        return budget_check(self.codec_declaration, self.module, Policy(self.policy))
+
+    def module_terms(self) -> dict[str, Any]:
+        """The report's `config.module` block: what the module affords, what the codec is charged, the verdict,
+        and whether the module's compute outlasts the wire (`transit_bound`, REFERENCE §5: "when the second
+        term wins", i.e. ops / (budget × bw) > wire / bw; `compute_over_wire` is that ratio, independent of the
+        bytes: charged × ratio / budget)."""
+        verdict = self.module_verdict
+        in_transit = verdict is not None and verdict.action is Action.IN_TRANSIT
+        decl = self.codec_declaration
+        timing = transit_time(1, decl, self.link_spec.bandwidth_Bps, self.link_spec.latency_s, self.module)
+        compute_over_wire = timing.compute_s / timing.wire_s if in_transit else 0.0
+        return {
+            "budget": self.module_budget,
+            "budget_ops_per_byte": self.module_budget_ops_per_byte,
+            "charged_ops_per_byte": decl.charged_ops_per_byte if in_transit else 0.0,
+            "transform_charged": self.transform_charged,
+            "precision_bits": self.precision_bits,
+            "placement": self.placement,
+            "pj_per_input_bit": self.module_pj_per_bit,
+            "added_latency_s": self.module_latency_us * 1e-6,
+            "runs": "none" if verdict is None else verdict.action.value,
+            "verdict": None if verdict is None else verdict.verdict.value,
+            "compute_over_wire": compute_over_wire,
+            "transit_bound": in_transit and timing.transit_bound,
+        }
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -405,6 +499,7 @@ class Scenario:
             "codec_ratio": self.codec_declaration.ratio,
             "host_budget_Bps": HOST_BUDGET_BPS,
             "real_size_dilation": self.real_size_dilation,
+            "module": self.module_terms(),
         }
 
 
@@ -424,3 +519,56 @@ def _format_value(value: object) -> str:
 
 
 SCENARIO_FIELDS = tuple(f.name for f in fields(Scenario))
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Scenario)}
+
+
+class FieldTextError(ConfigError):
+    """A scenario field's text that cannot be read as the field's type; `reason` is the message without the
+    field's name (a flag's parser names the flag instead)."""
+
+    def __init__(self, field_name: str, reason: str):
+        super().__init__(f"{field_name}: {reason}")
+        self.reason = reason
+
+
+def yes_no(field_name: str, text: str) -> bool:
+    """`yes`/`no` (also true/false, on/off, 1/0, any case: to_argv writes True/False)."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE_TEXT:
+        return True
+    if lowered in _FALSE_TEXT:
+        return False
+    raise FieldTextError(field_name, f"expected yes or no, got {text!r}")
+
+
+def field_from_text(field_name: str, text: str) -> Any:
+    """One scenario field's value from its text (a flag's or a sweep grid's), typed as the field is: what
+    `to_argv` writes reads back the same. Range and choice checks are `Scenario`'s; a value that cannot even be
+    read as the field's type is a ConfigError naming the field."""
+    if field_name not in _DEFAULTS:
+        raise ConfigError(f"unknown scenario field {field_name!r} (choose from: {', '.join(SCENARIO_FIELDS)})")
+    text = text.strip()
+    if field_name == "scale":
+        if text == AUTO:
+            return AUTO
+        return _parsed(field_name, text, float, f"a number in (0, 1] or {AUTO!r}")
+    if field_name == "precision_bits":
+        if text.lower() == NONE_TEXT:
+            return None
+        lo, hi = PRECISION_BITS_RANGE
+        return _parsed(field_name, text, int, f"a whole number of bits in {lo}..{hi} or {NONE_TEXT!r}")
+    default = _DEFAULTS[field_name]
+    if isinstance(default, bool):
+        return yes_no(field_name, text)
+    if isinstance(default, int):
+        return _parsed(field_name, text, int, "a whole number")
+    if isinstance(default, float):
+        return _parsed(field_name, text, float, "a number")
+    return text  # names, paths, and module_budget (a name or a number: Scenario reads it)
+
+
+def _parsed(field_name: str, text: str, kind: type, expected: str) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        raise FieldTextError(field_name, f"expected {expected}, got {text!r}") from None

@@ -24,7 +24,7 @@ from typing import Any
 from .catalog import model_by_name
 from .errors import ConfigError
 from .link_catalog import link_by_name
-from .scenario import Scenario, auto_channels_and_dilation
+from .scenario import FieldTextError, Scenario, auto_channels_and_dilation, field_from_text
 
 DEFAULT_GOODPUT_TARGET = 0.9  # DistServe's attainment target (Zhong et al., OSDI '24, §2.2: "90% SLO attainment")
 
@@ -41,19 +41,14 @@ SCENARIO_TYPES = _field_types()
 
 
 def parse_value(name: str, text: str) -> Any:
-    """One grid value of scenario field `name`, typed as the field is (ConfigError naming the field)."""
+    """One grid value of scenario field `name`, typed as the field is (ConfigError naming the field): the same
+    reader as the flags (`field_from_text`), so booleans, `none` and `auto` read as they do there."""
     if name not in SCENARIO_TYPES:
         raise ConfigError(f"grid: unknown scenario field {name!r} (choose from: {', '.join(SCENARIO_TYPES)})")
-    kind = SCENARIO_TYPES[name]
-    text = text.strip()
-    if name == "scale":
-        if text == "auto":
-            return text
-        kind = float
     try:
-        return kind(text) if kind is not str else text
-    except ValueError:
-        raise ConfigError(f"grid: {name} expects {kind.__name__} values, got {text!r}") from None
+        return field_from_text(name, text)
+    except FieldTextError as exc:
+        raise ConfigError(f"grid: {name}: {exc.reason}") from None
 
 
 def parse_axis(spec: str) -> tuple[str, list[Any]]:

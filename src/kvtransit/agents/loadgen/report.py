@@ -5,6 +5,10 @@ Keys (binding, from the issue): `config`; `ttft_s`, `tpot_s`, `itl_s`, `e2e_s`, 
 failed_reasons}`; `link` `{busy, configured_Bps, achieved_Bps, kv_bytes, wire_bytes}`; `energy_j` `{link,
 module, gpu}` and `j_per_token`; `accuracy`; `faithful` and `fidelity`.
 
+`config.module` is the module's terms (REFERENCE §5): its budget, the ops per byte the codec is charged, pJ per
+input bit, added latency, and whether the run is transit-bound (the module's compute, not the wire, sets each
+hand-off), beside `transit_bound_frames`, the frames the middlebox found so.
+
 All timings and rates are in model terms: seconds ÷ dilation, bytes ÷ the payload scale (what the modelled,
 full-size system would have moved). A figure nobody could measure is null, never invented.
 """
@@ -110,8 +114,13 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
                                              middleboxes=middleboxes, scaled_achieved_Bps=link["scaled_achieved_Bps"],
                                              missing_stats=missing_stats)
 
+    config = scenario.describe()
+    # The module's terms as the model judges them (config.module: budget, charged ops/B, transit-bound), beside
+    # what the middlebox measured: the frames its module stage found slower than the wire.
+    config["module"]["transit_bound_frames"] = (int(stat_sum(middleboxes, "transit_bound_frames"))
+                                                if middleboxes else None)
     report = {
-        "config": scenario.describe(),
+        "config": config,
         # For a trace: sampling, time scale, context cap applied; for any workload: its offered load against
         # the modelled capacity (model/offered_load.py), the figure `kvtransit up` warned with before the run.
         "workload": {**workload_description(scenario),
@@ -153,6 +162,20 @@ def annotate_report(report: dict, *, links: dict | None = None, prometheus_url: 
     return report
 
 
+def module_line(config: dict) -> str | None:
+    """What the module ran and whether it bound the hand-off (None when it ran nothing: codec none, GPU, host)."""
+    module = config.get("module")
+    if not module or module.get("runs") != "in-transit":
+        return None
+    terms = (f"module: {module['charged_ops_per_byte']:.2f} ops/B charged (transform "
+             f"{'charged' if module['transform_charged'] else 'free'}) against a budget of "
+             f"{module['budget_ops_per_byte']:.2f} ({module['budget']})")
+    if module["transit_bound"]:
+        return (f"{terms}: transit-bound, the module's compute takes {module['compute_over_wire']:.2f}x the wire "
+                "time and sets the hand-off")
+    return f"{terms}: the wire sets the hand-off"
+
+
 def _ms(value) -> str:
     return "-" if value is None else f"{value * 1e3:.2f}"
 
@@ -181,7 +204,8 @@ def headline(report: dict) -> list[str]:
          f"wire {num(link['wire_bytes'])} B"
          + (f"; rate by {link['backends']['rate']}, delay by {link['backends']['delay']}"
             if link.get("backends") else "")),
-        *[line for line in (scale_note(report["config"]), offered_load_line(report.get("workload") or {})) if line],
+        *[line for line in (scale_note(report["config"]), module_line(report["config"]),
+                            offered_load_line(report.get("workload") or {})) if line],
         (f"energy J: link {num(energy['link'])}, module {num(energy['module'])}, gpu {num(energy['gpu'])}"
          + (f", pool {num(energy['pool'])}" if energy.get("pool") is not None else "")
          + f"; {num(report['j_per_token'])} J/token"),

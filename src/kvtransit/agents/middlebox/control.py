@@ -3,7 +3,8 @@
     GET  /chain    the stage chain, in order, with each stage's settings
     GET  /stats    totals (bytes, hand-offs by outcome, energy, link rate and busy)
     PUT  /kernel   {"codec": "fp8", "keep": 0.5, "block": 64, "sinks": 4, "variant": "dct",
-                    "precision_bits": null, "transform_charged": false}   (any subset; the rest keeps its value)
+                    "precision_bits": null, "transform_charged": false, "placement": "pluggable"}
+                   (any subset; the rest keeps its value; a run starts with its scenario's values)
     PUT  /link     {"rate_Bps": 1e8, "latency_s": 0.001, "jitter_s": 0}   (shaped figures, any subset)
     GET  /faults            the active faults on the link to decode (faults/)
     PUT  /faults/NAME       {"type": "corrupt", "probability": 0.2}   add or replace a fault
@@ -29,7 +30,7 @@ FAULTS_PREFIX = "/faults/"
 
 KERNEL_FIELDS: dict[str, type | tuple[type, ...]] = {
     "codec": str, "keep": (int, float), "block": int, "sinks": int, "variant": str,
-    "precision_bits": (int, type(None)), "transform_charged": bool}
+    "precision_bits": (int, type(None)), "transform_charged": bool, "placement": str}
 # Integer kernel fields beyond the longest prompt (REFERENCE §4: lengths are capped at 32,768 tokens) mean
 # nothing, and a huge transform block would make the kernel allocate without bound: refused at the API.
 MAX_KERNEL_TOKENS = 32_768

@@ -63,11 +63,15 @@ class ChainSettings:
         dilation = scenario.effective_dilation
         # --compress-at gpu: the prefill already ran the codec; the module passes its bytes through.
         codec = "none" if scenario.compress_at == "gpu" else scenario.codec
+        # The module's unknowns come from the scenario (REFERENCE §5), so a run honours them from its start;
+        # `PUT /kernel` can still change the kernel's live.
         kernel = KernelConfig(codec=codec, keep=scenario.keep, block=scenario.block, sinks=scenario.sinks,
-                              variant=scenario.variant)
-        return cls(kernel=kernel, module=scenario.module, policy=Policy(scenario.policy),
+                              variant=scenario.variant, precision_bits=scenario.precision_bits,
+                              transform_charged=scenario.transform_charged, placement=scenario.placement)
+        module = scenario.module  # ops per line byte, pJ per input bit, added latency
+        return cls(kernel=kernel, module=module, policy=Policy(scenario.policy),
                    kernel_threads=kernel_threads, shaped_link=scenario.scaled_link, model_link=scenario.link_spec,
-                   module_latency_s=scenario.module.added_latency_s * dilation, dilation=dilation,
+                   module_latency_s=module.added_latency_s * dilation, dilation=dilation,
                    model_bytes_per_byte=1.0 / scenario.effective_scale, channels=scenario.channels,
                    link_backend=link_backend, clock=clock, on_transfer_done=on_transfer_done)
 

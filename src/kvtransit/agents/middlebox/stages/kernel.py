@@ -52,11 +52,12 @@ class KernelConfig:
     # Does the transform count against the module's budget? False models passive optics (the simulator's
     # stage, REFERENCE §5); True charges 1.25·log2 N ops per byte (the kernel table's "transform charged").
     transform_charged: bool = False
+    placement: str = "pluggable"  # the declaration's placement (REFERENCE §5): "pluggable" or "switch"
 
     def as_dict(self) -> dict:
         return {"codec": self.codec, "keep": self.keep, "block": self.block, "sinks": self.sinks,
                 "variant": self.variant, "precision_bits": self.precision_bits,
-                "transform_charged": self.transform_charged}
+                "transform_charged": self.transform_charged, "placement": self.placement}
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,10 @@ def activate(config: KernelConfig, module: Module, policy: Policy) -> ActiveKern
         return ActiveKernel(config, None, None, None, PLACEMENT_NONE)
     codec = get_codec(config.codec, keep=config.keep, block=config.block, sinks=config.sinks,
                       variant=config.variant, precision_bits=config.precision_bits)
-    declaration = replace(codec.declaration, transform_charged=config.transform_charged)
+    # The run's (or the live API's) unknowns override the preset's: the same declaration Scenario.codec_declaration
+    # builds, so the middlebox and the model (model/fidelity.py) judge the kernel alike.
+    declaration = replace(codec.declaration, transform_charged=config.transform_charged,
+                          precision_bits=config.precision_bits, placement=config.placement)
     verdict = budget_check(declaration, module, policy)
     if verdict.action is Action.REJECTED:
         raise ConfigError(f"kernel {config.codec!r} refused by the module: {verdict.describe()} "
@@ -107,8 +111,13 @@ class KernelStage(Stage):
         return cls(kernel, module=settings.module, policy=settings.policy, threads=settings.kernel_threads)
 
     def describe(self) -> dict:
-        k = self.kernel
-        return {"stage": self.name, **k.config.as_dict(), "placement": k.placement,
+        k, decl = self.kernel, self.kernel.declaration
+        # Transit-bound (REFERENCE §5): ops / (budget × bw) > wire / bw, i.e. charged × ratio > budget.
+        bound = (k.placement == PLACEMENT_MODULE and decl is not None
+                 and decl.charged_ops_per_byte * decl.ratio > self.module.ops_per_byte)
+        return {"stage": self.name, **k.config.as_dict(), "runs": k.placement,
+                "charged_ops_per_byte": None if decl is None else decl.charged_ops_per_byte,
+                "budget_ops_per_byte": self.module.ops_per_byte, "transit_bound": bound,
                 "budget": None if k.budget is None else k.budget.describe()}
 
     def reconfigure(self, update: dict) -> None:
