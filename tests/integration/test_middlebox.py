@@ -267,7 +267,7 @@ async def test_a_kernel_the_module_cannot_run_is_refused_by_policy(testbed):
     with pytest.raises(ConfigError, match="rounding"):
         await testbed(codec="fp8", policy="reject")
     _stub, mb, _server, _ = await testbed(codec="fp8", policy="host")
-    assert mb.kernel.placement == "host"
+    assert mb.kernel.runs_on == "host"
 
 
 async def test_the_module_spends_no_energy_when_the_kernel_runs_on_the_host(testbed):

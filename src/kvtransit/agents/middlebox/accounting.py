@@ -16,7 +16,7 @@ from kvtransit.runtime.metrics import MiddleboxMetrics, PoolRelayMetrics
 
 from .chunk_in_flight import ChunkInFlight
 from .stages import LinkStage
-from .stages.kernel import PLACEMENT_HOST, PLACEMENT_MODULE
+from .stages.kernel import RUNS_ON_HOST, RUNS_ON_MODULE
 
 OUTCOME_OK = "ok"
 OUTCOME_FAILED = "failed"
@@ -114,9 +114,9 @@ class HandoffAccounting:
         m.frames.labels(link=link, stage="egress").inc()
         m.module_energy_joules.labels(link=link, stage="link").inc(link_j)
         m.module_energy_joules.labels(link=link, stage="module").inc(module_j)
-        if item.placement in (PLACEMENT_MODULE, PLACEMENT_HOST):
+        if item.runs_on in (RUNS_ON_MODULE, RUNS_ON_HOST):
             m.kernel_compute_seconds.labels(link=link, codec=codec).observe(item.kernel_compute_s)
-        if item.placement == PLACEMENT_MODULE:
+        if item.runs_on == RUNS_ON_MODULE:
             m.module_ops.labels(link=link, codec=codec).inc(item.module_ops)
             m.modelled_compute_seconds.labels(link=link, codec=codec).inc(item.modelled_compute_s / self.dilation)
             if item.transit_bound:

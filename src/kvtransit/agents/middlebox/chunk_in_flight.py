@@ -18,7 +18,7 @@ class ChunkInFlight:
     chunk: KvChunk
     raw_bytes: int
     codec: str = "none"  # the codec that produced the payload now in `chunk` ("none": raw)
-    placement: str = "none"  # where that codec ran: "module" (in transit), "host", "gpu" (prefill), "none"
+    runs_on: str = "none"  # where that codec ran: "module" (in transit), "host", "gpu" (prefill), "none"
     kernel_compute_s: float = 0.0  # real host time the kernel took (measured)
     modelled_compute_s: float = 0.0  # what the module model prescribes for the same bytes
     module_ops: float = 0.0

@@ -36,10 +36,10 @@ from kvtransit.wire.events import Error, KvBegin, KvChunk, KvEnd
 
 from .chunk_in_flight import ChunkInFlight
 from .stages import StageChain
-from .stages.kernel import PLACEMENT_NONE, ActiveKernel
+from .stages.kernel import RUNS_ON_NONE, ActiveKernel
 
 # Where an already-encoded chunk was encoded: the prefill compressed at the GPU (--compress-at gpu).
-PLACEMENT_GPU = "gpu"
+RUNS_ON_GPU = "gpu"
 
 
 class ByteBudget:
@@ -146,7 +146,7 @@ class KvStream:
             event.payload.release()
         encoded = bool(event.codec_id)
         item = ChunkInFlight(chunk=chunk, raw_bytes=event.raw_bytes, codec=source_codec if encoded else "none",
-                             placement=PLACEMENT_GPU if encoded else PLACEMENT_NONE)
+                             runs_on=RUNS_ON_GPU if encoded else RUNS_ON_NONE)
         result = asyncio.ensure_future(self._stages.run(item, self.kernel))
         self._queue.put_nowait(Staged(result, nbytes))
 

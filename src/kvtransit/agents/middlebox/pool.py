@@ -67,7 +67,7 @@ from .accounting import PoolAccounting
 from .app import Middlebox
 from .chunk_in_flight import ChunkInFlight
 from .pipeline import Abandoned, ByteBudget, Delivered, KvStream, Refused
-from .stages.kernel import PLACEMENT_MODULE
+from .stages.kernel import RUNS_ON_MODULE, RUNS_ON_NONE
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class PoolRelay:
                         case KvChunk() as chunk:
                             item = ChunkInFlight(chunk=chunk, raw_bytes=chunk.raw_bytes,
                                                  codec=kernel.name if chunk.codec_id else "none",
-                                                 placement=PLACEMENT_MODULE if chunk.codec_id else "none")
+                                                 runs_on=RUNS_ON_MODULE if chunk.codec_id else RUNS_ON_NONE)
                             # Decompressing on the way in costs the module what compressing did (the inverse
                             # transform, REFERENCE §5 pricing); a module slower than the wire holds the link.
                             item = module.price(item, kernel)

@@ -34,9 +34,11 @@ if TYPE_CHECKING:
 NUMPY_DTYPES = {DType.BF16: np.dtype(ml_dtypes.bfloat16), DType.F16: np.dtype(np.float16),
                 DType.F32: np.dtype(np.float32)}
 
-PLACEMENT_MODULE = "module"
-PLACEMENT_HOST = "host"
-PLACEMENT_NONE = "none"
+# Where a chunk's codec ran (a chunk's `runs_on`, the kernel's too). Not the declaration's `placement`
+# (pluggable | switch: which streams the module sees), nor the emulator's (netns | loopback: where links run).
+RUNS_ON_MODULE = "module"  # in transit, charged to the module
+RUNS_ON_HOST = "host"  # on the middlebox's host (policy host): the module is not charged
+RUNS_ON_NONE = "none"  # no kernel: raw bytes pass through
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class ActiveKernel:
     codec: Codec | None  # None: no kernel (raw bytes pass through)
     declaration: KernelDeclaration | None  # what the module is charged for it (transform charged or not)
     budget: BudgetResult | None
-    placement: str
+    runs_on: str  # RUNS_ON_MODULE (in transit) or RUNS_ON_HOST (policy host), or RUNS_ON_NONE (no kernel)
 
     @property
     def name(self) -> str:
@@ -78,7 +80,7 @@ class ActiveKernel:
 def activate(config: KernelConfig, module: Module, policy: Policy) -> ActiveKernel:
     """Build and judge a kernel. A kernel the module may not run is refused here (ConfigError), by policy."""
     if config.codec == "none":
-        return ActiveKernel(config, None, None, None, PLACEMENT_NONE)
+        return ActiveKernel(config, None, None, None, RUNS_ON_NONE)
     codec = get_codec(config.codec, keep=config.keep, block=config.block, sinks=config.sinks,
                       variant=config.variant, precision_bits=config.precision_bits)
     # The run's (or the live API's) unknowns override the preset's: the same declaration Scenario.codec_declaration
@@ -89,8 +91,8 @@ def activate(config: KernelConfig, module: Module, policy: Policy) -> ActiveKern
     if verdict.action is Action.REJECTED:
         raise ConfigError(f"kernel {config.codec!r} refused by the module: {verdict.describe()} "
                           f"(policy {policy.value}; use policy 'host' to run it on the host instead)")
-    placement = PLACEMENT_HOST if verdict.action is Action.ON_HOST else PLACEMENT_MODULE
-    return ActiveKernel(config, codec, declaration, verdict, placement)
+    runs_on = RUNS_ON_HOST if verdict.action is Action.ON_HOST else RUNS_ON_MODULE
+    return ActiveKernel(config, codec, declaration, verdict, runs_on)
 
 
 class KernelStage(Stage):
@@ -113,9 +115,9 @@ class KernelStage(Stage):
     def describe(self) -> dict:
         k, decl = self.kernel, self.kernel.declaration
         # Transit-bound (REFERENCE §5): ops / (budget × bw) > wire / bw, i.e. charged × ratio > budget.
-        bound = (k.placement == PLACEMENT_MODULE and decl is not None
+        bound = (k.runs_on == RUNS_ON_MODULE and decl is not None
                  and decl.charged_ops_per_byte * decl.ratio > self.module.ops_per_byte)
-        return {"stage": self.name, **k.config.as_dict(), "runs": k.placement,
+        return {"stage": self.name, **k.config.as_dict(), "runs": k.runs_on,
                 "charged_ops_per_byte": None if decl is None else decl.charged_ops_per_byte,
                 "budget_ops_per_byte": self.module.ops_per_byte, "transit_bound": bound,
                 "budget": None if k.budget is None else k.budget.describe()}
@@ -139,7 +141,7 @@ class KernelStage(Stage):
             self._executor, _timed_encode, kernel.codec, raw)
         item.chunk = replace(chunk, codec_id=codec_id(kernel.name), codec_header=encoded.header,
                              payload=payload, payload_crc=crc)
-        item.codec, item.placement, item.kernel_compute_s = kernel.name, kernel.placement, seconds
+        item.codec, item.runs_on, item.kernel_compute_s = kernel.name, kernel.runs_on, seconds
         return item
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
 from kvtransit.model.module import Module
 
 from .base import Stage
-from .kernel import PLACEMENT_MODULE, ActiveKernel
+from .kernel import RUNS_ON_MODULE, ActiveKernel
 
 if TYPE_CHECKING:
     from .chain import ChainSettings
@@ -47,7 +47,7 @@ class ModuleStage(Stage):
     def price(self, item: ChunkInFlight, kernel: ActiveKernel) -> ChunkInFlight:
         """Charge `item` to the module: ops, modelled compute time, transit-bound or not. Pure arithmetic, so
         the pool path also uses it for the inverse transform on a fetch."""
-        if item.placement != PLACEMENT_MODULE or kernel.declaration is None:
+        if item.runs_on != RUNS_ON_MODULE or kernel.declaration is None:
             return item
         ops = item.raw_bytes * kernel.declaration.charged_ops_per_byte
         item.module_ops = ops * self.model_bytes_per_byte
@@ -57,6 +57,6 @@ class ModuleStage(Stage):
 
     def energy_j(self, item: ChunkInFlight) -> float:
         """Stage energy = input bits × pJ per input bit, for the modelled bytes (REFERENCE §5)."""
-        if item.placement != PLACEMENT_MODULE:
+        if item.runs_on != RUNS_ON_MODULE:
             return 0.0
         return self.module.energy_j(item.raw_bytes * self.model_bytes_per_byte)
