@@ -109,4 +109,8 @@ def test_report_without_agent_stats_has_nulls_not_inventions():
     assert report["energy_j"] == {"link": None, "module": None, "gpu": None, "pool": None}
     assert report["faithful"] is False  # nothing was measured: never a silent pass
     assert report["j_per_token"] is None and report["accuracy"]["k_relative_error"] is None
+    # The five tests fail closed too: nothing sampled, no frames counted.
+    tests = {t["test"]: t for t in report["verdict"]["tests"]}
+    assert report["verdict"]["candidate"] is False
+    assert tests["precision"]["passed"] is None and tests["budget"]["passed"] is None
     assert "TTFT" in to_markdown(report)

@@ -20,6 +20,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "accuracy",
     "links",
     "up",
+    "verdict",
     "chaos",
     "sweep",
     "plot",

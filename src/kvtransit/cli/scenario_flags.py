@@ -4,15 +4,33 @@ One argparse group built from `Scenario`'s own fields, so a flag cannot exist fo
 another, and `Scenario.to_argv()` is always accepted by every one of them. Values are checked by `Scenario`
 itself (one-line `ConfigError` naming the field and the valid choices), not by argparse, so the rules live
 in one place.
+
+`--kernel FILE` runs a declared kernel (issue 15): the file's declaration (`model/kernel_file.py`) is mapped onto
+the fields of the one implementation that runs it (`model/kernel_runs.py`), and those fields are set as if given
+as flags; a flag given on the command line that says otherwise is an error naming both. The scenario then
+records the file (`kernel_file`) and is canonical: the processes get `Scenario.to_argv()`, never the file.
 """
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import MISSING, fields
+from typing import Any
 
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import FieldTextError, Scenario, field_from_text, flag_for
+
+# Where the parsed namespace lists the scenario fields whose flag was on the command line, so `--kernel` can tell
+# a flag given (which it must not silently override) from one left at the field's default.
+GIVEN = "given_scenario_fields"
+
+
+class _StoreGiven(argparse.Action):
+    """argparse's store, which also adds the field to the namespace's `GIVEN` set."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, GIVEN, getattr(namespace, GIVEN, frozenset()) | {self.dest.removeprefix("scenario_")})
 
 _HELP = {
     "model": "model served (catalogue key)",
@@ -36,6 +54,8 @@ _HELP = {
                          "(the flag alone means yes)",
     "precision_bits": "bits the analogue path delivers (1..32), or none (exact)",
     "placement": "where the module sits: pluggable (one stream) or switch (many streams)",
+    "kernel_file": "the kernel file the codec fields were mapped from (set by --kernel; a record for the report, "
+                   "not read)",
     "rate": "requests per second",
     "arrival": "arrival process",
     "burstiness": "gamma arrivals: shape (1 = Poisson-like, lower = burstier)",
@@ -88,10 +108,15 @@ def add_scenario_args(parser: argparse.ArgumentParser) -> None:
         flag, read, help_text = flag_for(f.name), _reader(f.name), f"{_HELP.get(f.name, f.name)} (default: {default})"
         if isinstance(default, bool):  # given alone (`--transform-charged`: yes) or with its value (yes|no)
             group.add_argument(flag, dest=f"scenario_{f.name}", type=read, default=default, nargs="?", const=True,
-                               metavar="yes|no", help=help_text)
+                               action=_StoreGiven, metavar="yes|no", help=help_text)
         else:
-            group.add_argument(flag, dest=f"scenario_{f.name}", type=read, default=default,
+            group.add_argument(flag, dest=f"scenario_{f.name}", type=read, default=default, action=_StoreGiven,
                                metavar=f.name.upper(), help=help_text)
+    parser.set_defaults(**{GIVEN: frozenset()})
+    group.add_argument("--kernel", dest="kernel_declaration_file", default=None, metavar="FILE",
+                       help="run the kernel declared in FILE (.toml or .json, as `kvtransit kernels --declare` "
+                            "checks it): sets --codec and its fields, --compress-at transit, --transform-charged, "
+                            "--precision-bits and --placement (a flag given that says otherwise is an error)")
     group.add_argument("--goodput", dest="goodput_slo", nargs="+", default=None, metavar="KEY:MS",
                        help="vllm-bench-serve style SLO: ttft:MS and/or tpot:MS (sets --ttft-slo-ms/--tpot-slo-ms)")
 
@@ -114,9 +139,39 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
     return out
 
 
+def kernel_file_fields(path: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The scenario fields `--kernel path` sets (the mapped implementation's, plus `kernel_file`), checked against
+    the flags `given` on the command line: one that says otherwise is a ConfigError naming both."""
+    from kvtransit.model.kernel_file import load_kernel_declaration
+    from kvtransit.model.kernel_runs import scenario_fields_for
+
+    declaration = load_kernel_declaration(path)  # its errors already start with the path
+    try:
+        mapped = scenario_fields_for(declaration)
+    except ConfigError as exc:
+        raise ConfigError(f"--kernel {path}: {exc}") from None
+    mapped["kernel_file"] = path
+    for name, value in mapped.items():
+        if name in given and given[name] != value:
+            flag = flag_for(name)
+            raise ConfigError(f"--kernel {path} sets {flag} {_shown(value)}, but {flag} {_shown(given[name])} was "
+                              f"given too: drop one")
+    return mapped
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
-    """The `Scenario` the parsed flags describe (raises ConfigError on a bad value)."""
+    """The `Scenario` the parsed flags describe (raises ConfigError on a bad value, or a `--kernel` conflict)."""
     values = {f.name: getattr(args, f"scenario_{f.name}") for f in fields(Scenario)}
     if getattr(args, "goodput_slo", None):
         values.update(parse_goodput(args.goodput_slo))
+    kernel_path = getattr(args, "kernel_declaration_file", None)
+    if kernel_path:
+        given = {name: values[name] for name in getattr(args, GIVEN, frozenset())}
+        values.update(kernel_file_fields(kernel_path, given))
     return Scenario(**values)

@@ -175,6 +175,14 @@ def evaluate_codec(sample: KVSample, codec_name: str, *, dtype: str = "bfloat16"
     return _row(codec_name, setting, sample, out[:, 0], out[:, 1], enc.wire_bytes / kv.nbytes, centre_block)
 
 
+def codec_roundtrip(codec_name: str, x: np.ndarray) -> tuple[np.ndarray, int]:
+    """`x` through the codec `codec_name` (its default parameters) and back: (decoded, in x's shape and dtype; the
+    wire bytes it made). What a baseline quantiser does to the very tensors a kernel was measured on."""
+    codec = get_codec(codec_name)
+    enc = codec.encode(x)
+    return codec.decode(enc.header, enc.payload), enc.wire_bytes
+
+
 def subsample_baseline(sample: KVSample, keep: float, sinks: int, centre_block: int = 64) -> AccuracyRow:
     """Equal memory by dropping tokens: the sinks, then every round(1/keep)-th token."""
     t = sample.k.shape[-2]

@@ -36,7 +36,10 @@ FP8_RATIO = 2.0  # BF16 → FP8: 16 bits → 8 bits
 FP8_OPS_PER_VALUE = 1  # "1 op per value; needs rounding"
 FP4_OPS_PER_VALUE = 2  # "2 ops per value"
 FP4_BITS = 4
-DEFAULT_FP4_BLOCK = 64  # 64 values per scale → ratio 64/17 ≈ 3.765
+# fp4-block is OCP MXFP4 (as `kernels/quant.py` runs it): 32 values share one 1-byte E8M0 scale, so 64 bytes
+# of BF16 become 16 bytes of codes + 1 byte of scale: ratio 64/17 ≈ 3.765, REFERENCE §5's figure.
+DEFAULT_FP4_BLOCK = 32
+FP4_SCALE_BYTES = 1
 DEFAULT_KEEP = 0.5  # freq-keep-k keeps half, counted in real values (REFERENCE §5, §6)
 DEFAULT_TRANSFORM_LENGTH = 64  # tokens per FFT block along the token axis (the simulator's stage)
 # The band-keep codec's default variant is the DCT-II (FreqKV, REFERENCE §6; `kernels/registry.py`), which
@@ -51,17 +54,18 @@ CODEC_NAMES = ("none", "fp8", "fp4-block", "freq-keep-k")
 
 
 def fp4_block_ratio(block: int) -> float:
-    """`block` BF16 values (2·block bytes) become block/2 bytes of 4-bit codes plus one BF16 scale."""
+    """`block` BF16 values (2·block bytes) become block/2 bytes of 4-bit codes plus one 1-byte scale."""
     if isinstance(block, bool) or not isinstance(block, int) or block < 2 or block % 2:
         raise ConfigError(f"fp4 block must be an even integer >= 2 values, got {block!r}")
-    return (BF16_BYTES * block) / (block * FP4_BITS / 8 + BF16_BYTES)
+    return (BF16_BYTES * block) / (block * FP4_BITS / 8 + FP4_SCALE_BYTES)
 
 
 def codec_declaration(
     name: str, keep: float = DEFAULT_KEEP, block: int = DEFAULT_FP4_BLOCK,
     transform_length: int = DEFAULT_TRANSFORM_LENGTH, transform: str = DEFAULT_BAND_KEEP_TRANSFORM,
 ) -> KernelDeclaration:
-    """The declaration of the codec preset `name`. `keep` is for freq-keep-k, `block` for fp4-block.
+    """The declaration of the codec preset `name`. `keep` is for freq-keep-k, `block` for fp4-block (the live
+    codec's format fixes it at DEFAULT_FP4_BLOCK; other blocks are arithmetic for `kvtransit calc`).
 
     freq-keep-k's `transform` is "dct" (its codec's default variant, any block >= 2) or "fft" (a power of
     two); both cost the same (`model/module.py`).

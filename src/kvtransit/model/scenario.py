@@ -212,6 +212,9 @@ class Scenario:
     transform_charged: bool = False
     precision_bits: int | None = None  # what the analogue path delivers (None: exact); 1..32
     placement: str = "pluggable"  # "pluggable" (sees one stream) or "switch" (sees many, can sum them)
+    # The kernel file whose declaration set the codec fields above ("" = none): a record for the report, never
+    # read by the processes (`--kernel FILE` maps it, model/kernel_runs.py; the children get the mapped fields).
+    kernel_file: str = ""
     # The workload (REFERENCE §4 definitions; a shorter, lighter default than the simulator's 800 requests so
     # that `kvtransit up` ends in about a minute).
     rate: float = 2.0
@@ -345,7 +348,9 @@ class Scenario:
     def codec_declaration(self) -> KernelDeclaration:
         """The codec as the module is charged for it: the preset with this scenario's transform_charged,
         precision_bits and placement (the same declaration the middlebox's kernel stage judges)."""
-        decl = codec_declaration(self.codec, keep=self.keep, block=self.block, transform_length=self.block)
+        # `block` is band-keep's transform length; fp4-block's own block is fixed by its format (MXFP4).
+        decl = codec_declaration(self.codec, keep=self.keep, transform_length=self.block,
+                                 transform=self.variant)
         return replace(decl, transform_charged=self.transform_charged, precision_bits=self.precision_bits,
                        placement=self.placement)
 

@@ -15,7 +15,9 @@ What to do with each arriving hand-off (take it, re-ack a duplicate, drop it, re
 tests).
 
 For the first `accuracy_sample` requests it also inverts the codec and compares with the same synthetic KV
-regenerated here, so the report carries the codec's real error.
+regenerated here, so the report carries the codec's real error; beside it, the error of the equal-bytes baseline
+quantiser (`model.five_tests.equal_bytes_baseline`: fp8 for ratio 2, fp4-block for about 3.76) on those very
+tensors, which the five tests' precision test judges the codec against (REFERENCE §6, §8).
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ from kvtransit.agents.common.process import (
 )
 from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, QueueWaits, queue_waits_body
 from kvtransit.agents.common.request_ids import wire_id
+from kvtransit.kernels.accuracy import codec_roundtrip
 from kvtransit.kernels.registry import decode as codec_decode
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.cost import decode_step_s, decode_work, step_energy_j
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
+from kvtransit.model.five_tests import equal_bytes_baseline
 from kvtransit.model.kv_arrival import NO_CLIENT_MESSAGE, KvArrivals, KvEndDecision, Verdict
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import DecodeBatcher, ServingRequest
@@ -162,6 +166,11 @@ class DecodeAgent:
             runtime_metrics.link_achieved_rate_gauge(self.registry).labels(link=scenario.link).set_function(
                 lambda: self.link.achieved_Bps * model_per_wall)
         self.accuracy = AccuracyMeter()
+        # The equal-bytes baseline on the same sampled tensors (none without a codec: nothing to compare).
+        self.baseline_codec = None if scenario.codec == "none" else equal_bytes_baseline(
+            scenario.codec_declaration.ratio)
+        self.baseline_accuracy = AccuracyMeter()
+        self.baseline_bytes = {"raw": 0, "wire": 0}
         self.codecs_seen: set[str] = set()
         self.steps = 0
         self.tokens = 0
@@ -336,6 +345,12 @@ class DecodeAgent:
                 log.error("request %d layer %d: raw KV differs from what the prefill made", item.begin.request_id,
                           layer)
             self.accuracy.add(reference, decoded, layout.kv_heads)
+            if self.baseline_codec is not None:
+                rows = np.ascontiguousarray(reference)
+                baseline, wire_bytes = codec_roundtrip(self.baseline_codec, rows)
+                self.baseline_accuracy.add(reference, baseline, layout.kv_heads)
+                self.baseline_bytes["raw"] += rows.nbytes
+                self.baseline_bytes["wire"] += wire_bytes
         self.accuracy.requests += 1
         for part in ("k", "v"):
             self.metrics.codec_relative_error.labels(codec=item.begin.codec, stage=part).set(
@@ -408,13 +423,22 @@ class DecodeAgent:
                      "transfers": link.transfers, "achieved_Bps": link.achieved_Bps},
             "accuracy": {"codecs": sorted(self.codecs_seen), "sampled_requests": self.accuracy.requests,
                          "k_relative_error": self.accuracy.relative("k"),
-                         "v_relative_error": self.accuracy.relative("v")},
+                         "v_relative_error": self.accuracy.relative("v"),
+                         **self._baseline_stats()},
             "timer_lateness_p99_s": lateness_p99(self.lateness),
             "timer_lateness_mean_s": lateness_mean(self.lateness),
             "timer_wakeups": len(self.lateness),
             "handoff_phases_s": dict(self.phase_s),
             "shortest_step_wall_s": self.shortest_step_wall_s if self.steps else None,
         }
+
+    def _baseline_stats(self) -> dict:
+        """The equal-bytes baseline's error on the same sampled tensors, and its measured ratio (raw / wire bytes)."""
+        measured = self.baseline_codec is not None and self.baseline_bytes["wire"] > 0
+        return {"baseline_codec": self.baseline_codec,
+                "baseline_k_relative_error": self.baseline_accuracy.relative("k") if measured else None,
+                "baseline_v_relative_error": self.baseline_accuracy.relative("v") if measured else None,
+                "baseline_ratio": self.baseline_bytes["raw"] / self.baseline_bytes["wire"] if measured else None}
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 

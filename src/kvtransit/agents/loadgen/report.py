@@ -9,6 +9,11 @@ module, gpu}` and `j_per_token`; `accuracy`; `faithful` and `fidelity`.
 input bit, added latency, and whether the run is transit-bound (the module's compute, not the wire, sets each
 hand-off), beside `transit_bound_frames`, the frames the middlebox found so.
 
+`accuracy` also holds the equal-bytes baseline decode measured on the same sampled tensors (`baseline_codec`,
+`baseline_k_relative_error`, `baseline_v_relative_error`, `baseline_ratio`), and `verdict` is the KV hand-off's
+five tests (REFERENCE §8, `model/five_tests.py`), computed from the report's own fields (`handoff_verdict`), so
+`kvtransit verdict` gives the same answer for a report written before the block existed.
+
 All timings and rates are in model terms: seconds ÷ dilation, bytes ÷ the payload scale (what the modelled,
 full-size system would have moved). A figure nobody could measure is null, never invented.
 """
@@ -23,8 +28,9 @@ from typing import Any
 
 from kvtransit.agents.common.process import finite_json
 from kvtransit.model.energy import link_energy_j
+from kvtransit.model.five_tests import HandoffMeasured, PrecisionMeasured, judge_handoff
 from kvtransit.model.offered_load import offered_vs_capacity
-from kvtransit.model.scenario import SYNTHETIC_KV, Scenario
+from kvtransit.model.scenario import SCENARIO_FIELDS, SYNTHETIC_KV, Scenario
 from kvtransit.model.slo import RequestRecord, kv_wait_share, summarise
 from kvtransit.model.workload import RequestSpec
 
@@ -109,6 +115,7 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
             values = [s["accuracy"][f"{part}_relative_error"] for s in decodes
                       if s["accuracy"]["sampled_requests"] and s["accuracy"][f"{part}_relative_error"] is not None]
             accuracy[f"{part}_relative_error"] = max(values) if values else None
+    accuracy.update(_baseline_accuracy(decodes))
 
     faithful, fidelity_dict = fidelity_block(scenario, records, prefills=prefills, decodes=decodes,
                                              middleboxes=middleboxes, scaled_achieved_Bps=link["scaled_achieved_Bps"],
@@ -138,6 +145,7 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         "faithful": faithful,
         "fidelity": fidelity_dict,
         "errors": list(missing_stats),
+        "verdict": None,  # filled in below, from the fields above
         "per_request": [
             {"id": r.request_id, "arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens,
              "output_tokens": r.output_tokens, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s,
@@ -147,7 +155,90 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         "run": {"wall_s": run_wall_s, "model_s": run_wall_s / dilation, "tokens_delivered": tokens_delivered,
                 "agents": peer_stats},
     }
-    return finite_json(report)
+    report = finite_json(report)
+    report["verdict"] = handoff_verdict(report, scenario, middleboxes=middleboxes)
+    return report
+
+
+def _baseline_accuracy(decodes: list[dict]) -> dict[str, Any]:
+    """The equal-bytes baseline decode measured beside the codec (the worst error over several decodes, as the
+    codec's own); nulls when no decode measured one (codec none, or a decode that predates it)."""
+    measured = [s["accuracy"] for s in decodes if isinstance(s.get("accuracy"), dict)
+                and s["accuracy"].get("sampled_requests") and s["accuracy"].get("baseline_codec")
+                and s["accuracy"].get("baseline_k_relative_error") is not None]
+    block: dict[str, Any] = {"baseline_codec": measured[0]["baseline_codec"] if measured else None}
+    for part in ("k", "v"):
+        values = [a[f"baseline_{part}_relative_error"] for a in measured
+                  if a.get(f"baseline_{part}_relative_error") is not None]
+        block[f"baseline_{part}_relative_error"] = max(values) if values else None
+    ratios = [a["baseline_ratio"] for a in measured if a.get("baseline_ratio")]
+    block["baseline_ratio"] = sum(ratios) / len(ratios) if ratios else None
+    return block
+
+
+class MissingReportField(ValueError):
+    """A report lacks a field the verdict needs (an old or foreign JSON file): the message names the field."""
+
+
+# The config fields the KV hand-off's declaration and module are built from (model/scenario.py).
+VERDICT_CONFIG_FIELDS = ("codec", "keep", "block", "compress_at", "transform_charged", "precision_bits", "placement",
+                         "module_budget")
+
+
+def _field(report: dict, *path: str) -> Any:
+    value: Any = report
+    for i, key in enumerate(path):
+        if not isinstance(value, dict) or key not in value:
+            raise MissingReportField(f"no {'.'.join(path[:i + 1])!r} in the report")
+        value = value[key]
+    return value
+
+
+def scenario_from_config(config: dict) -> Scenario:
+    """The run's scenario again, from a report's `config` block (its fields; the derived figures are ignored)."""
+    for name in VERDICT_CONFIG_FIELDS:
+        if name not in config:
+            raise MissingReportField(f"no 'config.{name}' in the report")
+    return Scenario(**{name: config[name] for name in SCENARIO_FIELDS if name in config})
+
+
+def handoff_verdict(report: dict, scenario: Scenario | None = None, *,
+                    middleboxes: list[dict] | None = None) -> dict[str, Any]:
+    """The report's `verdict` block: the KV hand-off's five tests (model/five_tests.py) from the report's own
+    fields: `kv_wait_share`, `link.busy`, `accuracy` (the codec's and the baseline's error) and the middlebox's
+    frame counters (its /stats, under `run.agents` unless given), judged against the declaration the run's
+    module was charged for. `scenario`: the run's (default: rebuilt from `config`)."""
+    if scenario is None:
+        scenario = scenario_from_config(_field(report, "config"))
+    if middleboxes is None:
+        middleboxes = [a for a in _field(report, "run", "agents")
+                       if isinstance(a, dict) and a.get("role") == "middlebox"]
+    accuracy = _field(report, "accuracy")
+    precision = PrecisionMeasured(
+        sampled_requests=int(_field(report, "accuracy", "sampled_requests") or 0),
+        k_relative_error=_field(report, "accuracy", "k_relative_error"),
+        v_relative_error=_field(report, "accuracy", "v_relative_error"),
+        baseline_codec=accuracy.get("baseline_codec"),
+        baseline_k_relative_error=accuracy.get("baseline_k_relative_error"),
+        baseline_v_relative_error=accuracy.get("baseline_v_relative_error"),
+        baseline_ratio=accuracy.get("baseline_ratio"))
+
+    def counted(key: str) -> int | None:
+        return int(stat_sum(middleboxes, key)) if middleboxes else None
+
+    measured = HandoffMeasured(
+        kv_wait_share=_field(report, "kv_wait_share"), link_busy=_field(report, "link", "busy"),
+        transit_bound_frames=counted("transit_bound_frames"), frames_in=counted("frames_in"),
+        frames_out=counted("frames_out"), precision=precision)
+    if scenario.codec == "none":
+        decl, why = None, "no kernel on this link (codec none)"
+    elif scenario.compress_at != "transit":
+        decl, why = None, f"no kernel on this link (codec {scenario.codec} runs at the {scenario.compress_at})"
+    else:
+        decl, why = scenario.codec_declaration, ""
+    tests = judge_handoff(decl, scenario.module_budget_ops_per_byte, measured, no_kernel_reason=why or "-")
+    return finite_json({**tests.as_dict(), "measured_at": {"scale": scenario.effective_scale,
+                                                           "dilation": scenario.effective_dilation}})
 
 
 def annotate_report(report: dict, *, links: dict | None = None, prometheus_url: str | None = None) -> dict:
@@ -210,7 +301,12 @@ def headline(report: dict) -> list[str]:
          + (f", pool {num(energy['pool'])}" if energy.get("pool") is not None else "")
          + f"; {num(report['j_per_token'])} J/token"),
         (f"accuracy ({report['accuracy']['codec']}, {report['accuracy']['sampled_requests']} sampled): "
-         f"K {num(report['accuracy']['k_relative_error'])}, V {num(report['accuracy']['v_relative_error'])}"),
+         f"K {num(report['accuracy']['k_relative_error'])}, V {num(report['accuracy']['v_relative_error'])}"
+         + (f"; equal-bytes baseline {report['accuracy']['baseline_codec']}: "
+            f"K {num(report['accuracy'].get('baseline_k_relative_error'))}, "
+            f"V {num(report['accuracy'].get('baseline_v_relative_error'))}"
+            if report["accuracy"].get("baseline_codec") else "")),
+        *verdict_lines(report.get("verdict")),
         "faithful: " + ("yes" if report["faithful"] else "NO: " + "; ".join(
             f"{k}: {v['hint']}" for k, v in report["fidelity"].items() if not v["ok"])),
     ]
@@ -219,6 +315,33 @@ def headline(report: dict) -> list[str]:
         lines.append(f"Prometheus: {report['prometheus']['url']} (stopped with the run)")
     if line := kv_pool_headline(report):
         lines.append(line)
+    return lines
+
+
+PASSED_TEXT = {True: "pass", False: "FAIL", None: "not measured"}
+
+
+def passed_text(test: dict) -> str:
+    """A test's outcome in a word; a test of a flow with no kernel on its link is not judged ("-")."""
+    if test["passed"] is None and test["reason"].startswith("no kernel"):
+        return "-"
+    return PASSED_TEXT[test["passed"]]
+
+
+def verdict_lines(verdict: dict | None) -> list[str]:
+    """The five tests in a few lines: the verdict with each test's outcome, then the reason of each that did not
+    pass (a candidate: none; no kernel: the flow's share). [] for a report without a verdict."""
+    if not verdict:
+        return []
+    at = verdict.get("measured_at") or {}
+    where = f"scale {at['scale']:.4g}, dilation {at['dilation']:g}" if at else "scale unknown"
+    kernel = verdict["kernel"] or "no kernel"
+    outcomes = ", ".join(f"{t['test']} {passed_text(t)}" for t in verdict["tests"])
+    lines = [f"five tests ({verdict['flow']}, {kernel}, measured at {where}): {verdict['verdict']} [{outcomes}]"]
+    # Without a kernel only the flow's share says anything (would a kernel here matter?).
+    shown = [t for t in verdict["tests"] if (t["test"] == "bottleneck" if verdict["kernel"] is None
+                                             else t["passed"] is not True)]
+    lines += [f"  {t['test']}: {t['reason']}" for t in shown]
     return lines
 
 
