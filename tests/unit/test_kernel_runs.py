@@ -252,3 +252,13 @@ def test_a_json_kernel_file_runs_like_toml(tmp_path):
     scenario = _parse(["--kernel", str(path), "--policy", "host"])
     assert (scenario.codec, scenario.block) == ("fp4-block", 32)
     assert CODECS["fp4-block"].ratio == pytest.approx(3.765, abs=5e-4)
+
+
+def test_a_sweep_grid_over_a_field_the_kernel_file_sets_is_refused_naming_both(tmp_path, capsys):
+    from kvtransit.cli import main
+
+    code = main(["sweep", "--out", str(tmp_path / "s"), "--kernel", str(SKETCH_FILE), "--grid", "codec=none,fp8"])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "--grid codec=... varies a field --kernel" in err and "freq-keep-half.toml" in err
+    assert not (tmp_path / "s").exists() or not any((tmp_path / "s").iterdir())  # nothing ran

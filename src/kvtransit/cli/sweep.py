@@ -26,7 +26,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from ._common import CliError, LiveProgress, add_json_flag, print_json, print_table
-from .scenario_flags import add_scenario_args, scenario_from_args
+from .scenario_flags import add_scenario_args, kernel_file_fields, scenario_from_args
 
 
 def register(subparsers) -> None:
@@ -75,6 +75,12 @@ def _grids(args):
     from kvtransit.model.sweep_plan import Grid, parse_axis, preset
 
     axes = dict(parse_axis(spec) for spec in args.grid)
+    kernel_path = getattr(args, "kernel_declaration_file", None)
+    if kernel_path:  # a grid axis over a field the kernel file sets would silently run another kernel
+        clash = sorted(set(kernel_file_fields(kernel_path, {})) & set(axes))
+        if clash:
+            raise CliError(f"--grid {clash[0]}=... varies a field --kernel {kernel_path} sets ({', '.join(clash)}): "
+                           f"drop one")
     if args.preset:
         overrides = _explicit_overrides(args)
         grids = [Grid({**grid.base, **overrides}, {**grid.axes, **axes}) for grid in preset(args.preset)]
