@@ -63,7 +63,7 @@ def test_calc_with_a_codec_reports_wire_bytes_fill_rate_energy_and_weight_load(c
     assert row["placement"] == "module"
     assert row["transfer_s"] == pytest.approx(21e-6 + 67_108_864 / 3.125e9)
     assert row["handoffs_per_s_to_fill"] == pytest.approx(3.125e9 / 67_108_864)
-    assert row["module_energy_j"] == pytest.approx(268_435_456 * 8e-12)
+    assert row["module_energy_j"] == pytest.approx((268_435_456 + 67_108_864) * 8e-12)  # encode + far-end decode
     assert f"{data['weight_load_s']:.2f}" == "0.25"
 
 

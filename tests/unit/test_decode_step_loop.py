@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from kvtransit.agents.common.process import Address
 from kvtransit.agents.decode.agent import DecodeAgent
-from kvtransit.model.cost import decode_step_s
+from kvtransit.model.cost import decode_step_s, decode_work, step_energy_j
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import DecodeBatcher, ServingRequest
 from kvtransit.runtime.clock import ManualClock
@@ -35,8 +37,8 @@ def step_holds_s(*requests: ServingRequest, steps: int) -> list[float]:
     return holds
 
 
-async def start(clock):
-    agent = DecodeAgent(SCENARIO, name="decode-test", listen=ANY, client_listen=ANY, metrics_listen=ANY,
+async def start(clock, scenario: Scenario = SCENARIO):
+    agent = DecodeAgent(scenario, name="decode-test", listen=ANY, client_listen=ANY, metrics_listen=ANY,
                         accuracy_sample=0, clock=clock)
     client, serving_client = await greeted_pair(Role.LOADGEN, Role.DECODE, agent.serve_client)
     link, serving_kv = await greeted_pair(Role.MIDDLEBOX, Role.DECODE, agent.serve_kv)
@@ -115,5 +117,29 @@ async def test_a_kv_that_arrives_mid_step_waits_in_decodes_queue_until_the_next_
         # Model seconds (÷ dilation): 6 waited the rest of the step, 5 not at all.
         assert agent.queue_waits.waits_s == {5: 0.0, 6: SCENARIO.model_s((first_deadline - arrived) / 1e9)}
         assert agent.registry.get_sample_value("kvtransit_decode_queue_wait_seconds_count") == 2
+    finally:
+        await cancel(*tasks)
+
+
+async def test_the_step_that_admits_a_gpu_encoded_kv_is_held_longer_by_its_inverse_and_pays_its_energy():
+    gpu = Scenario(codec="freq-keep-k", compress_at="gpu", dilation=3.0)
+    clock = ManualClock(T0)
+    agent, link, tokens, tasks = await start(clock, gpu)
+    try:
+        await hand_off(link, 5)  # prompt 8, output 4: three decode steps, the first admits it
+        await clock.advance_ns(0)
+        holds = step_holds_s(ServingRequest(5, 8, 4), steps=3)
+        inverse_s = gpu.gpu_codec_inverse_s(8)
+        assert inverse_s > 0
+        holds[0] += gpu.wall_s(inverse_s)  # only the admitting step inverts; the others hold as before
+        deadlines = [T0 + round(sum(holds[:k + 1]) * 1e9) for k in range(3)]
+        await clock.advance_ns(deadlines[0] - 1 - T0)
+        assert 1 not in token_times(tokens)  # still held by the inverse
+        await clock.advance_ns(deadlines[2] - clock.now_ns())
+        assert token_times(tokens) == {0: T0, 1: deadlines[0], 2: deadlines[1], 3: deadlines[2]}
+        model, device = gpu.model_spec, gpu.device_spec
+        decode_j = sum(step_energy_j(device, decode_work(model, 1, 8 + k)) for k in (1, 2, 3))
+        inverse_j = step_energy_j(device, gpu.gpu_codec_inverse_work(8))
+        assert agent.gpu_energy_j == pytest.approx(decode_j + inverse_j)
     finally:
         await cancel(*tasks)

@@ -324,7 +324,9 @@ def test_sweeping_module_pj_per_bit_changes_the_module_energy_only():
         gpu_j = plan_prefill_step(s, [BatchEntry("r", 2048, 32)]).energy_j
         energies.append((s.module_pj_per_bit, est.module_energy_j, est.link_energy_j, gpu_j))
     kv_bits = 8 * model_by_name("llama3-8b").kv_bytes(2048)
+    wire_bits = kv_bits / grid.scenario(next(iter(grid.points()))).codec_declaration.ratio
     for pj, module_j, _link_j, _gpu_j in energies:
-        assert module_j == pytest.approx(kv_bits * pj * 1e-12)  # REFERENCE §5: input bits × pJ per input bit
+        # REFERENCE §5: input bits × pJ per input bit, at the encoding module and the far end's decoding one
+        assert module_j == pytest.approx((kv_bits + wire_bits) * pj * 1e-12)
     assert len({link_j for _, _, link_j, _ in energies}) == 1
     assert len({gpu_j for _, _, _, gpu_j in energies}) == 1

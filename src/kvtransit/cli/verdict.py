@@ -8,6 +8,15 @@ verdict needs is a one-line error naming the file and the field.
 
     kvtransit up --requests 20 --rate 2 --no-progress --report /tmp/vt/r.json
     kvtransit verdict /tmp/vt/r.json
+
+`--baselines` (issue 15, baselines at equal power; `model/baselines.py`): three reports, the kernel in transit,
+the same codec at the GPU and codec none on the next faster link (`kvtransit sweep --preset baselines` runs
+them; its reports are in OUT/points/), recognised by their config (codec, compress_at, link) in any order, side
+by side: J/request (link + module + GPU [+ pool] joules over the requests that finished), E2E mean/p99, TTFT
+p99, hand-off p99, SLO attainment, faithful, and the scale/dilation each was measured at; then the answer (does
+the kernel beat both?), which is "not settled" when it rests on a run that was not faithful.
+
+    kvtransit verdict --baselines OUT/points/*.json
 """
 
 from __future__ import annotations
@@ -23,6 +32,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("verdict", help="the five tests (bottleneck, operations, budget, precision, placement) "
                               "of run reports", description=__doc__)
     p.add_argument("reports", nargs="+", type=Path, metavar="REPORT.json", help="a run report (kvtransit up --report)")
+    p.add_argument("--baselines", action="store_true",
+                   help="compare three reports (kernel in transit, at the GPU, none on the next faster link) at equal "
+                        "power instead of judging each")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -72,8 +84,60 @@ def _scale_text(entry: dict[str, Any]) -> str:
             f"dilation {'unknown' if dilation is None else f'{dilation:g}'}")
 
 
+def baselines_comparison(paths: list[Path]) -> dict[str, Any]:
+    """The three reports at `paths` compared at equal power (model/baselines.py), each row naming its file."""
+    from kvtransit.model.baselines import compare_at_equal_power, identify_baselines
+    from kvtransit.model.errors import ConfigError
+
+    reports = {str(path): _read_report(path) for path in paths}  # every file checked before anything is printed
+    try:
+        named = identify_baselines(reports)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    files = {name: next(label for label, report in reports.items() if report is named[name]) for name in named}
+    comparison = compare_at_equal_power(named)
+    for row in comparison["baselines"]:
+        row["report"] = files[row["baseline"]]
+    return comparison
+
+
+def _num(value: Any, spec: str, factor: float = 1.0) -> str:
+    return "-" if value is None else format(value * factor, spec)
+
+
+def _baseline_cells(row: dict[str, Any]) -> tuple[str, ...]:
+    return (row["baseline"], str(row["link"]), row["codec"], _num(row["j_per_request"], ".3f"),
+            f"{_num(row['e2e_mean_s'], '.1f', 1e3)} / {_num(row['e2e_p99_s'], '.1f', 1e3)}",
+            _num(row["ttft_p99_s"], ".1f", 1e3), _num(row["handoff_p99_s"], ".1f", 1e3),
+            _num(row["slo_attainment"], ".1%"), "yes" if row["faithful"] else "NO",
+            f"{_num(row['scale'], '.4g')} / {_num(row['dilation'], 'g')}")
+
+
+def run_baselines(args) -> int:
+    if len(args.reports) != 3:
+        raise CliError(f"--baselines takes three reports (kernel in transit, kernel at the GPU, next faster link), "
+                       f"got {len(args.reports)}")
+    comparison = baselines_comparison(args.reports)
+    if args.json:
+        print_json(comparison)
+        return 0
+    rows = comparison["baselines"]
+    print_table("baselines at equal power (model terms)",
+                ("baseline", "link", "codec", "J/request", "E2E mean/p99 ms", "TTFT p99 ms", "hand-off p99 ms",
+                 "SLO att.", "faithful", "scale/dilation"),
+                [_baseline_cells(row) for row in rows],
+                caption=f"J/request: link + module + GPU (+ pool) J over the requests that finished (ok or outside "
+                        f"the SLO: {', '.join(str(r['requests_counted']) for r in rows)}); "
+                        f"reports: {', '.join(r['report'] for r in rows)}")
+    print(f"is the kernel worth its module at equal power? {comparison['answer']}")
+    return 0
+
+
 def run(args) -> int:
     from kvtransit.agents.loadgen.report import passed_text
+
+    if args.baselines:
+        return run_baselines(args)
 
     entries = [report_verdict(path) for path in args.reports]  # every file checked before anything is printed
     if args.json:

@@ -6,9 +6,12 @@ Plots need matplotlib (the `plots` extra); the tables do not. Plots are drawn of
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from pathlib import Path
 
+from kvtransit.model.baselines import energy_per_request
 from kvtransit.model.slo import TPOT_SLO_S
 
 # (row key, table heading, how a value prints)
@@ -20,11 +23,25 @@ TABLE_METRICS = (
     ("link_busy", "link busy", lambda v: f"{v:.1%}"),
     ("goodput_rps", "goodput (req/s)", lambda v: f"{v:.2f}"),
     ("j_per_token", "J/token", lambda v: f"{v:.3f}"),
+    ("j_per_request", "J/request", lambda v: f"{v:.3f}"),
     ("wire_bytes", "wire bytes (GB)", lambda v: f"{v / 1e9:.2f}"),
     ("kv_wait_share", "KV wait + transfer share of E2E", lambda v: f"{v:.1%}"),
     ("placement", "placement (--links)", str),
 )
 PLOT_FILES = ("slo_attainment.png", "handoff_p99.png", "link_busy.png", "tpot_p99.png")
+
+
+def with_j_per_request(row: dict) -> dict:
+    """The row with `j_per_request` (link + module + GPU [+ pool] J over the requests that finished,
+    model/baselines.py): the row's own, else worked out from its point's report file (results rows do not carry
+    it); None when neither is there or the report cannot be read."""
+    if "j_per_request" in row or row.get("status") != "ok":
+        return row
+    value = None
+    # A moved or broken report: the cell prints "-", the other metrics still print.
+    with contextlib.suppress(OSError, ValueError):
+        value = energy_per_request(json.loads(Path(row["report"]).read_text()))[0] if row.get("report") else None
+    return {**row, "j_per_request": value}
 
 
 def _ok(rows: list[dict]) -> list[dict]:
@@ -41,6 +58,7 @@ def markdown_tables(rows: list[dict]) -> str:
     lines = ["# kvtransit sweep", "",
              ("Model terms. `*`: the run was not faithful (its report says which gap and the scale or dilation "
               "that would fix it)."), ""]
+    rows = [with_j_per_request(r) for r in rows]
     for link in _ordered(r["link"] for r in rows):
         at_link = [r for r in rows if r["link"] == link]
         codecs = sorted({r["codec_label"] for r in at_link}, key=lambda c: (c != "none", c))  # baseline first

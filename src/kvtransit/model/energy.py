@@ -26,6 +26,18 @@ def module_energy_j(module: Module, input_bytes: float) -> float:
     return module.energy_j(_non_negative("module input bytes", input_bytes))
 
 
+def handoff_module_energy_j(module: Module, input_bytes: float, wire_bytes: float) -> float:
+    """Both module stages of an in-transit hand-off: the encoding module's input bits plus the decoding
+    module's at the far end, whose input is the wire bytes, each × the module's pJ per input bit.
+
+    REFERENCE §5's stage formula counts one stage on the link; physically the bytes are decoded at the
+    receiving end by a second module (a pluggable at decode's end: an inverse there costs the same per input
+    bit). A documented model (issue 14). Its time is pipelined with the first stage (same bytes, same budget),
+    so the hand-off time formula (module.transit_time) is unchanged.
+    """
+    return module_energy_j(module, input_bytes) + module_energy_j(module, wire_bytes)
+
+
 def gpu_energy_j(device: Device, flops: float, hbm_bytes: float) -> float:
     """FLOPs × pJ/FLOP + HBM bytes × pJ/byte (REFERENCE §3 device table)."""
     _non_negative("FLOPs", flops)

@@ -2,8 +2,10 @@
 
 Without a codec the KV crosses the bare link: `latency + bytes / bandwidth`. With a codec that runs in
 transit, it crosses the module too: `latency + module latency + max(wire / bw, ops / (budget × bw))`
-(module.transit_time). A codec that needs an operation the module does not publish is rejected, or runs
-on the host before the link (fewer bytes on the wire, no module time or energy), by policy.
+(module.transit_time), and its module energy counts both stages, the encoding module's and the decoding
+one's at the far end (energy.handoff_module_energy_j; REFERENCE §5's formula counts the first). A codec that
+needs an operation the module does not publish is rejected, or runs on the host before the link (fewer bytes
+on the wire, no module time or energy), by policy.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from .catalog import ModelSpec
 from .codecs import CODECS
-from .energy import link_energy_j, module_energy_j
+from .energy import handoff_module_energy_j, link_energy_j
 from .errors import ConfigError
 from .link_catalog import LINKS, Link
 from .module import (
@@ -52,7 +54,7 @@ class HandoffEstimate:
     transfer_s: float  # one hand-off, first byte sent to last byte received
     occupancy_s: float  # how long one hand-off keeps the link (or the module, if slower) busy
     link_energy_j: float
-    module_energy_j: float
+    module_energy_j: float  # both module stages, encode and the far end's decode (0 unless in the module)
     transit_bound: bool
     budget: BudgetResult | None  # the module's verdict on the codec; None without a codec
 
@@ -106,7 +108,8 @@ def handoff(
     return HandoffEstimate(
         **common, placement=IN_MODULE, wire_bytes=wire_bytes, transfer_s=timing.total_s,
         occupancy_s=max(timing.wire_s, timing.compute_s), link_energy_j=link_energy_j(link, wire_bytes),
-        module_energy_j=module_energy_j(module, kv_bytes), transit_bound=timing.transit_bound, budget=verdict,
+        module_energy_j=handoff_module_energy_j(module, kv_bytes, wire_bytes), transit_bound=timing.transit_bound,
+        budget=verdict,
     )
 
 

@@ -58,6 +58,9 @@ HOST_BUDGET_BPS = 50e6
 DILATION_QUANTUM = 0.1
 
 COMPRESS_AT = ("transit", "gpu")
+# A requantiser's decode is one multiply by its block's scale per value (documented model, issue 14; see
+# Scenario.gpu_codec_inverse_work): the most per-value work an inverse is charged besides its transform.
+INVERSE_OPS_PER_VALUE = 1
 KV_POOL_MODES = ("off", "local", "pool")
 # Band-keep transforms along tokens (DESIGN §4: FFT or DCT-II); the kernels layer implements both.
 BAND_KEEP_VARIANTS = ("dct", "fft")
@@ -410,6 +413,32 @@ class Scenario:
         if self.compress_at != "gpu" or self.codec == "none":
             return 0.0
         t = step_time(self.gpu_codec_work(prompt_tokens), self.device_spec, self.gpus)
+        return max(t.compute_s, t.memory_s)
+
+    # --- the codec's inverse on the decode GPU (compress_at="gpu") ----------------------------------------
+    def gpu_codec_inverse_work(self, prompt_tokens: int) -> StepWork:
+        """Decode's GPU undoing the all-GPU baseline's codec on one request's KV, when it admits it.
+
+        A documented model, not from REFERENCE (issue 14): the inverse transform costs what the forward does,
+        1.25·log2 N per input byte when there is one (REFERENCE §5 kernel table; an inverse FFT/DCT is the
+        same butterfly count). The declaration's other per-value work reverses in at most one op per value:
+        a requantiser's decode (fp8, fp4-block) is one multiply by its block's scale per value, so fp8 (1 op
+        per value forward) costs the same back and fp4-block (2 forward) costs 1; band-keep declares none (its
+        gather/scatter is wiring). A value is the model's KV value (BF16, 2 bytes, REFERENCE §1). HBM: the GPU
+        reads the compressed KV and writes the full-size KV once.
+        """
+        decl = self.codec_declaration
+        full_bytes = self.model_spec.kv_bytes(prompt_tokens)
+        per_value_ops_per_byte = min(decl.ops_per_byte, INVERSE_OPS_PER_VALUE / self.model_spec.bytes_per_value)
+        flops = full_bytes * (decl.transform_ops_per_byte + per_value_ops_per_byte)
+        return StepWork(float(flops), float(full_bytes / decl.ratio + full_bytes))
+
+    def gpu_codec_inverse_s(self, prompt_tokens: int) -> float:
+        """The inverse's roofline time with no step overhead of its own: it is fused into the decode step that
+        admits the request (model/decode_plan.py). 0 unless the codec ran on the prefill GPU."""
+        if self.compress_at != "gpu" or self.codec == "none":
+            return 0.0
+        t = step_time(self.gpu_codec_inverse_work(prompt_tokens), self.device_spec, self.gpus)
         return max(t.compute_s, t.memory_s)
 
     @property

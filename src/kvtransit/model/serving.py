@@ -163,8 +163,9 @@ class StepResult:
 class DecodeBatcher:
     """One decode instance's continuous batch (REFERENCE §4; the simulator's `admit_decode` + `decode_once`).
 
-    Call `admit()` at each step boundary, then, if anything runs, hold the step for
-    `decode_step_s(batch_size, context_tokens)` and call `step()`.
+    Call `admit()` at each step boundary, then, if anything runs, hold the step for the time
+    `model.decode_plan.plan_decode_step` gives (the roofline `decode_step_s(batch_size, context_tokens)`, plus,
+    with the codec on the prefill GPU, the inverse of the KV just admitted) and call `step()`.
     """
 
     def __init__(self, kv_capacity_tokens: int, max_running: int = MAX_DECODE_BATCH) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .baselines import faster_link_or_error
 from .catalog import model_by_name
 from .errors import ConfigError
 from .link_catalog import link_by_name
@@ -84,6 +85,24 @@ def codec_label(codec: str, compress_at: str) -> str:
 
 
 @dataclass(frozen=True)
+class Derived:
+    """A grid value worked out from the point's other fields when the points are made, not when the grid is:
+    a preset's base may be overridden by the user's flags (`kvtransit sweep --preset baselines --link
+    eth-100g`), and a value that depends on the link (the next faster one, its emulation) must follow it. In an
+    axis it reads the grid's base; in the base it reads the base with the point applied."""
+
+    name: str  # how it prints (a key never shows it: points are resolved)
+    rule: Callable[[Overrides], Any]
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+def _resolved(values: Overrides, against: Overrides) -> Overrides:
+    return {n: (v.rule(against) if isinstance(v, Derived) else v) for n, v in values.items()}
+
+
+@dataclass(frozen=True)
 class Grid:
     base: Overrides = field(default_factory=dict)  # scenario fields every point shares
     axes: dict[str, list[Any]] = field(default_factory=dict)  # field → values, in the order they vary (last fastest)
@@ -102,7 +121,7 @@ class Grid:
         out: list[Overrides] = []
         names = list(self.axes)
         for combo in itertools.product(*(self.axes[n] for n in names)):
-            point = dict(zip(names, combo, strict=True))
+            point = _resolved(dict(zip(names, combo, strict=True)), self.base)
             codec = point.get("codec", self.base.get("codec"))
             if codec == "none" and "compress_at" in point:
                 point["compress_at"] = "transit"  # nothing to compress: where is moot
@@ -113,7 +132,8 @@ class Grid:
         return out
 
     def scenario(self, point: Overrides) -> Scenario:
-        return Scenario(**{**self.base, **point})
+        merged = {**self.base, **point}
+        return Scenario(**_resolved(merged, merged))
 
 
 # --- presets (the deck's hand-off study) -----------------------------------------------------------------
@@ -162,6 +182,35 @@ PRESETS: dict[str, tuple[str, list[Grid]]] = {
 }
 PRESETS["deck"] = ("both deck studies: handoff-25g then links-8rps",
                    PRESETS["handoff-25g"][1] + PRESETS["links-8rps"][1])
+
+# Baselines at equal power (issue 15; model/baselines.py): the kernel in transit, the same codec at the GPU, and
+# no codec on the next faster link, for the deck's workload on eth-25g with freq-keep-k at 8 req/s. The user's
+# flags override the base (`--link eth-100g --codec fp8`): the faster link and every point's emulation are
+# Derived, so they follow the link given (each at preset_emulation(its link); an explicit --scale wins).
+NEXT_FASTER_LINK = Derived("next faster link", lambda base: faster_link_or_error(base["link"]))
+PRESET_SCALE = Derived("preset scale", lambda f: preset_emulation(f["link"], f.get("model", "llama3-8b"))["scale"])
+PRESET_DILATION_OF_LINK = Derived("preset dilation",
+                                  lambda f: preset_emulation(f["link"], f.get("model", "llama3-8b"))["dilation"])
+
+
+def _kernel_at(where: str) -> Derived:
+    """compress_at `where`, refusing a base with codec none (`--codec none`): it has no kernel to compare."""
+    def rule(base: Overrides) -> str:
+        if base.get("codec") == "none":
+            raise ConfigError("preset baselines: codec 'none' has no kernel to compare; give the codec the module "
+                              "would run (e.g. --codec freq-keep-k)")
+        return where
+    return Derived(where, rule)
+
+
+BASELINES_BASE = {**DECK_WORKLOAD, **DECK_POLICY, "link": "eth-25g", "codec": "freq-keep-k", "rate": 8.0,
+                  "scale": PRESET_SCALE, "dilation": PRESET_DILATION_OF_LINK}
+PRESETS["baselines"] = (
+    ("baselines at equal power: freq-keep-k in transit, at the GPU, and codec none on the next faster link, "
+     "eth-25g, 8 req/s (--link/--codec/--rate move all three)"),
+    [Grid(dict(BASELINES_BASE), {"compress_at": [_kernel_at("transit"), _kernel_at("gpu")]}),
+     Grid(dict(BASELINES_BASE),
+          {"codec": ["none"], "compress_at": [_kernel_at("transit")], "link": [NEXT_FASTER_LINK]})])
 
 # The KV tier (issue 10): 4 shared 2,048-token system prompts (+ ~256-token user parts), light load, over the
 # slow eth-25g; no cache, a local cache (no fetch cost), and the pool behind the middlebox without and with

@@ -123,7 +123,8 @@ def middlebox_metrics(registry: CollectorRegistry) -> MiddleboxMetrics:
         module_energy_joules=_counter(
             registry, "module_energy_joules",
             "Modelled energy: stage=link (wire bits x link pJ/bit) or stage=module (input bits x module "
-            "pJ/bit).", ("link", "stage")),
+            "pJ/bit, at both ends of a hand-off: the encoding module and the decoding one at decode's end).",
+            ("link", "stage")),
         module_ops=_counter(
             registry, "module_ops",
             "Modelled module operations charged against the arithmetic budget.", ("link", "codec")),

@@ -4,7 +4,8 @@ It reassembles each request's KV from the link (the wire checks every chunk's CR
 checksum; a request whose stream breaks is a failed request with the reason, never used), acks it back to
 the sender, tells the load generator when the KV was ready, admits requests into the continuous batch
 (`DecodeBatcher`, KV reserved up front from `kv_capacity_tokens`), holds each step for the roofline decode
-time × dilation on absolute deadlines, and streams the step's tokens to every connected load generator.
+time (with the codec on the prefill GPU, plus the inverse of the KV it admitted: model/decode_plan.py) ×
+dilation on absolute deadlines, and streams the step's tokens to every connected load generator.
 
 "KV ready" reaches the load generator as a Tokens entry with token_index 0 stamped at the KvEnd's arrival:
 token 0 is the prefill's first token, and this entry says when decode came to hold it (with the KV behind
@@ -43,7 +44,7 @@ from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.kernels.accuracy import codec_roundtrip
 from kvtransit.kernels.registry import decode as codec_decode
 from kvtransit.kernels.synthetic_kv import SyntheticKv
-from kvtransit.model.cost import decode_step_s, decode_work, step_energy_j
+from kvtransit.model.decode_plan import plan_decode_step
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
 from kvtransit.model.five_tests import equal_bytes_baseline
 from kvtransit.model.kv_arrival import NO_CLIENT_MESSAGE, KvArrivals, KvEndDecision, Verdict
@@ -360,10 +361,15 @@ class DecodeAgent:
 
     async def step_loop(self) -> None:
         """Admit, hold each step of the batch for its planned time on the clock, send its tokens; idle when empty."""
-        scenario, model, device = self.scenario, self.scenario.model_spec, self.scenario.device_spec
+        scenario = self.scenario
         schedule: DeadlineSchedule | None = None  # None: idle, the next step starts now
+        # Prompt lengths admitted since the last step ran: the next step also inverts their KV when the codec
+        # ran on the prefill GPU (model/decode_plan.py).
+        admitted_prompts: list[int] = []
         while True:
-            self._admitted(self.batcher.admit())
+            admitted = self.batcher.admit()
+            admitted_prompts.extend(r.prompt_tokens for r in admitted)
+            self._admitted(admitted)
             self.metrics.waiting.set(self.batcher.waiting)
             self.metrics.running.set(self.batcher.running)
             self.metrics.kv_reserved_tokens.set(self.batcher.reserved_tokens)
@@ -372,22 +378,21 @@ class DecodeAgent:
                 self._work.clear()
                 await self._work.wait()
                 continue
-            batch, context = self.batcher.running, self.batcher.context_tokens
-            model_s = decode_step_s(model, device, scenario.gpus, batch, context)
+            plan = plan_decode_step(scenario, self.batcher.running, self.batcher.context_tokens, admitted_prompts)
+            admitted_prompts.clear()
             # Back-to-back steps start at the previous deadline, not at the (late) wake-up: step k is due at
             # t0 + Σ durations, so timer lateness never accumulates into TPOT (DESIGN §2).
             schedule = schedule or DeadlineSchedule(self.clock)
-            await schedule.hold(scenario.wall_s(model_s))
+            await schedule.hold(plan.wall_s)
             result = self.batcher.step()
             t_ns = self.clock.now_ns()
             self.steps += 1
             self.tokens += len(result.tokens)
-            self.shortest_step_wall_s = min(self.shortest_step_wall_s, scenario.wall_s(model_s))
-            self.metrics.step_seconds.observe(model_s)
+            self.shortest_step_wall_s = min(self.shortest_step_wall_s, plan.wall_s)
+            self.metrics.step_seconds.observe(plan.model_s)
             self.metrics.tokens.inc(len(result.tokens))
-            energy = step_energy_j(device, decode_work(model, batch, context))
-            self.gpu_energy_j += energy
-            self.metrics.gpu_energy_joules.inc(energy)
+            self.gpu_energy_j += plan.energy_j
+            self.metrics.gpu_energy_joules.inc(plan.energy_j)
             for _ in result.finished:
                 self.outcomes["ok"] += 1
                 self.metrics.requests.labels(outcome="ok").inc()

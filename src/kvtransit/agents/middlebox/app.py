@@ -217,7 +217,7 @@ class Middlebox:
 
     def _on_chunk_sent(self, item: ChunkInFlight) -> None:
         self.accounting.chunk_out(item, link_j=self.chain.link.energy_j(item.wire_bytes, self.model_bytes_per_byte),
-                                  module_j=self.chain.module.energy_j(item))
+                                  module_j=self.chain.module.handoff_energy_j(item))
 
     def _on_transfer_done(self, record: TransferRecord) -> None:
         self.accounting.transfer_done(record)

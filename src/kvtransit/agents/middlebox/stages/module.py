@@ -2,7 +2,8 @@
 
 No host work happens here; the stage prices the chunk: operations against the module's budget, the
 modelled compute time `ops / (ops_per_line_byte × link_bw)` (which the link stage turns into a minimum
-occupancy, so a hand-off takes `max(wire / bw, ops / (budget × bw))`), and the energy of the input bits.
+occupancy, so a hand-off takes `max(wire / bw, ops / (budget × bw))`), and the energy of the input bits: on a
+hand-off, of both module stages, this one's and the decoding module's at decode's end (`handoff_energy_j`).
 Only chunks the kernel ran on *in the module* are charged; a host or GPU placement costs the module nothing.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
+from kvtransit.model.energy import handoff_module_energy_j
 from kvtransit.model.module import Module
 
 from .base import Stage
@@ -56,7 +58,17 @@ class ModuleStage(Stage):
         return item
 
     def energy_j(self, item: ChunkInFlight) -> float:
-        """Stage energy = input bits × pJ per input bit, for the modelled bytes (REFERENCE §5)."""
+        """This module's stage energy = input bits × pJ per input bit, for the modelled bytes (REFERENCE §5).
+        One stage: the pool path charges its encode (put) and its decode (fetch) each as a stage of its own."""
         if item.runs_on != RUNS_ON_MODULE:
             return 0.0
         return self.module.energy_j(item.raw_bytes * self.model_bytes_per_byte)
+
+    def handoff_energy_j(self, item: ChunkInFlight) -> float:
+        """A hand-off chunk's module energy at both ends of the link: this module's input bits plus the wire
+        bits the decoding module at decode's end takes in (model.energy.handoff_module_energy_j, the formula
+        the model's hand-off estimate uses; its time is pipelined with this stage's, so it adds none)."""
+        if item.runs_on != RUNS_ON_MODULE:
+            return 0.0
+        scale = self.model_bytes_per_byte
+        return handoff_module_energy_j(self.module, item.raw_bytes * scale, item.wire_bytes * scale)
