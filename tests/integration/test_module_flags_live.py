@@ -101,9 +101,10 @@ def test_the_transit_bound_hand_off_is_the_module_formula_at_light_load(charged_
               for r in _handoffs(charged_run)]
     assert len(ratios) >= LIGHT["requests"] - 2, ratios  # single-token outputs have no hand-off
     assert statistics.median(ratios) == pytest.approx(1.0, abs=0.10), sorted(ratios)
+    # The 2 % is the check's own rule (2 %, or 1 ms for short hand-offs; these are ~170 ms): asserting
+    # the check, not a second copy of its arithmetic, keeps the test and the product on one rule.
     check = charged_run["fidelity"]["handoff_model"]
     assert check["ok"], check
-    assert check["distribution"]["ratio"]["p50"] == pytest.approx(1.0, abs=0.02), check
 
 
 def test_the_report_says_the_run_was_transit_bound(charged_run):
