@@ -102,8 +102,10 @@ def test_handoffs_on_an_idle_loopback_link_match_the_model_at_light_load(light_r
     check = light_run["fidelity"]["handoff_model"]
     dist = check["distribution"]
     assert dist["handoffs"] == LIGHT["requests"] and dist["idle_handoffs"] >= LIGHT["requests"] // 2, dist
+    # The check's own rule (2 %, or 1 ms for short hand-offs): a second copy without the 1 ms arm failed on a
+    # CI box at 1.020x (tests/system/test_up_netns.py); the median is held to the light-load band besides.
     assert check["ok"], check
-    assert dist["ratio"]["p50"] == pytest.approx(1.0, abs=0.02), dist
+    assert 0.90 <= dist["ratio"]["p50"] <= 1.10, dist
     assert not light_run["errors"]
 
 
