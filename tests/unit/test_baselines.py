@@ -19,6 +19,7 @@ from kvtransit.model.baselines import (
     AT_GPU,
     BASELINES,
     FASTER_LINK,
+    HANDOFF_LINKS,
     IN_TRANSIT,
     baseline_scenarios,
     compare_at_equal_power,
@@ -37,19 +38,18 @@ KERNEL = Scenario(codec="freq-keep-k", compress_at="transit", link="eth-25g", sc
 
 # --- the next faster link ----------------------------------------------------------------------------------
 
-def test_the_next_faster_link_is_the_slowest_priced_link_above_this_ones_bandwidth():
+def test_the_next_faster_link_is_the_next_link_a_hand_off_can_cross():
     assert next_faster_link("eth-25g") == "eth-100g"
-    assert next_faster_link("eth-100g") == "pcie4"
-    assert next_faster_link("ib-ndr") == "pcie5"
-    assert next_faster_link("pcie5") == "nvlink4"
-    priced = [link for link in LINKS.values() if link.pj_per_bit > 0]
-    for link in priced:
-        faster = next_faster_link(link.name)
+    assert next_faster_link("eth-100g") == "ib-ndr"  # not pcie4: PCIe carries KV inside a host (the KV tier)
+    assert next_faster_link("ib-ndr") == "nvlink4"
+    assert next_faster_link("nvlink4") is None
+    for name in HANDOFF_LINKS:
+        faster = next_faster_link(name)
         if faster is None:
             continue
         bandwidth = LINKS[faster].bandwidth_Bps
-        assert bandwidth > link.bandwidth_Bps
-        assert not [o for o in priced if link.bandwidth_Bps < o.bandwidth_Bps < bandwidth]
+        assert bandwidth > LINKS[name].bandwidth_Bps
+        assert not [o for o in HANDOFF_LINKS if LINKS[name].bandwidth_Bps < LINKS[o].bandwidth_Bps < bandwidth]
 
 
 def test_the_fastest_link_has_none_faster_and_the_modules_line_rate_is_never_the_answer():
@@ -189,9 +189,9 @@ def test_the_users_link_and_codec_move_all_three_points():
     points = _preset_points("--link", "eth-100g", "--codec", "fp8", "--rate", "6", "--requests", "20")
     assert [key for key, _ in points] == ["link=eth-100g,codec=fp8,compress_at=transit,rate=6.0",
                                           "link=eth-100g,codec=fp8,compress_at=gpu,rate=6.0",
-                                          "link=pcie4,codec=none,compress_at=transit,rate=6.0"]
+                                          "link=ib-ndr,codec=none,compress_at=transit,rate=6.0"]
     assert {s.requests for _, s in points} == {20}
-    assert points[2][1].effective_scale == pytest.approx(preset_emulation("pcie4")["scale"])
+    assert points[2][1].effective_scale == pytest.approx(preset_emulation("ib-ndr")["scale"])
     # The three are exactly what baseline_scenarios makes of the first.
     assert [s for _, s in points] == list(baseline_scenarios(points[0][1]).values())
 

@@ -40,17 +40,18 @@ RESOLUTION = E2E_RESOLUTION
 TIE = "tie: "
 
 
-def _priced(name: str) -> bool:
-    # qsfp56 is the module's line rate only (REFERENCE §2: no latency, no energy per bit; link_catalog.py), not a
-    # link a hand-off crosses on its own: as "the faster link" it would win on energy by costing nothing.
-    return LINKS[name].pj_per_bit > 0
+# The links a hand-off from one instance to another can cross (REFERENCE §2, the deck's link study: Ethernet,
+# InfiniBand, NVLink). pcie4/pcie5 carry KV between a GPU and its own host (the KV tier), and qsfp56 is only the
+# module's line rate (no latency, no energy per bit: as "the faster link" it would win on energy by costing
+# nothing): neither is an alternative to a kernel on the hand-off's link.
+HANDOFF_LINKS = ("eth-25g", "eth-100g", "ib-ndr", "nvlink4")
 
 
 def next_faster_link(name: str) -> str | None:
-    """The catalogue link with the smallest bandwidth above `name`'s (links with no energy per bit, i.e. the
-    module's own qsfp56 line rate, excluded). None for the fastest link (nvlink4): there is nothing faster."""
+    """The hand-off link (HANDOFF_LINKS) with the smallest bandwidth above `name`'s. None for the fastest
+    (nvlink4): there is nothing faster."""
     bandwidth = link_by_name(name).bandwidth_Bps
-    faster = [link for link in LINKS.values() if _priced(link.name) and link.bandwidth_Bps > bandwidth]
+    faster = [LINKS[n] for n in HANDOFF_LINKS if LINKS[n].bandwidth_Bps > bandwidth]
     return min(faster, key=lambda link: link.bandwidth_Bps).name if faster else None
 
 
