@@ -14,9 +14,15 @@ All-reduce sum (kernels/stream_sum.py): N BF16 streams summed, GB/s of input BF1
 beside bare np.add of float32 arrays with the same number of values (N − 1 adds into an accumulator);
 the ratio is on time per value.
 
+KIVI-style requantisers (kernels/kivi.py): kivi-2 and kivi-3 encode and decode, GB/s of input BF16 bytes, on one
+layer's chunk [2·kv_heads, tokens, head_dim], beside the bare numpy pass a group quantiser cannot do without: the
+BF16 → float32 widening, min and max over groups of 32 tokens per channel, and rint((x − min)·(1/step)) (float32,
+no float16 parameters, no packing);
+the ratio is on time per value.
+
     python benchmarks/kernels.py                 # every table (band-keep's is the one in benchmarks/RESULTS.md)
     python benchmarks/kernels.py --quick         # fewer configurations
-    python benchmarks/kernels.py --only ntt,sum  # just these kernels (bandkeep, ntt, sum)
+    python benchmarks/kernels.py --only ntt,sum  # just these kernels (bandkeep, ntt, sum, kivi)
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from kvtransit.kernels import get_codec, ntt, stream_sum
 from kvtransit.kernels.fft_backends import available_backends
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-KERNELS = ("bandkeep", "ntt", "sum")
+KERNELS = ("bandkeep", "ntt", "sum", "kivi")
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -69,6 +75,8 @@ def main() -> None:
         bench_ntt(args)
     if "sum" in args.only:
         bench_stream_sum(args)
+    if "kivi" in args.only:
+        bench_kivi(args)
 
 
 def bench_bandkeep(args: argparse.Namespace) -> None:
@@ -198,6 +206,33 @@ def bench_stream_sum(args: argparse.Namespace) -> None:
         bare_bytes = sum(w.nbytes for w in wide)
         print(f"| {n} | {in_bytes / sum_s / 1e9:.2f} | {bare_bytes / bare_s / 1e9:.2f} | {bare_s / sum_s:.2f} |",
               flush=True)
+
+
+def bench_kivi(args: argparse.Namespace) -> None:
+    # One layer of a Llama-3-8B-like model (8 KV heads, head_dim 128) as the codec sees it: [2·heads, tokens, hd].
+    rows, tokens, head_dim = 16, (256 if args.quick else 2048), 128
+    kv = np.random.default_rng(0).standard_normal((rows, tokens, head_dim), dtype=np.float32).astype(DTYPES["bfloat16"])
+    print(f"\n# KIVI-style requantisers: [{rows}, {tokens}, {head_dim}] BF16, group 32, one core, median of "
+          f"{args.repeats}; GB/s of input BF16 bytes; ratio = bare time / kernel time")
+
+    def bare(x: np.ndarray = kv) -> None:
+        # Groups of 32 tokens per channel (the keys' grouping), reduced across rows of head_dim: numpy's fast axis.
+        wide = x.astype(np.float32).reshape(-1, 32, x.shape[-1])
+        mn = wide.min(axis=1, keepdims=True)
+        inv = np.float32(3) / np.maximum(wide.max(axis=1, keepdims=True) - mn, np.float32(1e-30))
+        np.rint((wide - mn) * inv)
+
+    bare_s = _median_seconds(bare, args.repeats)
+    header = ("codec", "encode GB/s", "decode GB/s", "bare min/max+rint GB/s", "encode/bare")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for name in ("kivi-2", "kivi-3"):
+        codec = get_codec(name)
+        enc = codec.encode(kv)
+        enc_s = _median_seconds(lambda c=codec: c.encode(kv), args.repeats)
+        dec_s = _median_seconds(lambda c=codec, e=enc: c.decode(e.header, e.payload), args.repeats)
+        print(f"| {name} | {kv.nbytes / enc_s / 1e9:.3f} | {kv.nbytes / dec_s / 1e9:.3f} | "
+              f"{kv.nbytes / bare_s / 1e9:.3f} | {bare_s / enc_s:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,18 @@ def test_rounding_at_ratio_64_over_17_runs_fp4_block_on_the_live_codecs_block(ra
     get_codec("fp4-block", block=fields["block"])  # the block the middlebox passes is one it accepts
 
 
+@pytest.mark.parametrize("ratio,codec", [(4.0, "kivi-3"), (16 / 3, "kivi-2"), (5.33, "kivi-2")])
+def test_rounding_and_comparison_at_the_kivi_ratios_run_kivi(ratio, codec):
+    fields = scenario_fields_for(rounding(ratio, op_types={"rounding", "comparison"}, ops_per_byte=2.5))
+    assert fields["codec"] == codec
+    assert get_codec(codec).declaration.ratio == pytest.approx(ratio, rel=5e-3)
+
+
+def test_a_kivi_ratio_without_comparison_is_refused():
+    with pytest.raises(ConfigError, match="lack comparison, which kivi-3 runs on"):
+        scenario_fields_for(rounding(4.0, ops_per_byte=2.5))
+
+
 def test_a_ratio_outside_the_presets_tolerance_matches_no_requantiser():
     with pytest.raises(ConfigError, match=r"transform none with ratio 3.7 matches no implementation"):
         scenario_fields_for(rounding(3.7, ops_per_byte=1.0))

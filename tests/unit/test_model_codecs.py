@@ -22,7 +22,7 @@ L8B = MODELS["llama3-8b"]
 
 def test_codec_preset_ratios_of_reference_section_5():
     assert {name: decl.ratio for name, decl in CODECS.items()} == pytest.approx(
-        {"none": 1.0, "fp8": 2.0, "fp4-block": 64 / 17, "freq-keep-k": 2.0})
+        {"none": 1.0, "fp8": 2.0, "fp4-block": 64 / 17, "freq-keep-k": 2.0, "kivi-2": 16 / 3, "kivi-3": 4.0})
     assert f"{CODECS['fp4-block'].ratio:.3f}" == "3.765"
 
 
@@ -39,7 +39,8 @@ def test_freq_keep_k_ratio_is_one_over_keep():
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        (dict(name="zstd"), r"unknown codec 'zstd' \(choose from: fp4-block, fp8, freq-keep-k, none\)"),
+        (dict(name="zstd"),
+         r"unknown codec 'zstd' \(choose from: fp4-block, fp8, freq-keep-k, kivi-2, kivi-3, none\)"),
         (dict(name="freq-keep-k", keep=0), r"keep must be in \(0, 1\]"),
         (dict(name="freq-keep-k", keep=1.5), r"keep must be in \(0, 1\]"),
         (dict(name="fp4-block", block=7), "fp4 block must be an even integer"),

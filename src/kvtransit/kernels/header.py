@@ -10,6 +10,8 @@ Little-endian, `struct`-packed, in three parts:
         fp4-block    "<I"        values per scale block (32)
         freq-keep-k  "<IIIIBB"   block n, sinks, kept reals per full block, kept reals in the ragged tail
                                  (0 = no tail), variant (0 dct, 1 fft), precision_bits (0 = none; informative)
+        kivi-2       "<BI"       bits per code (2), values per group (32 live; kernels/kivi.py)
+        kivi-3       "<BI"       bits per code (3), values per group
 
 Largest header: 8 + 8·4 + 18 = 58 bytes (< MAX_HEADER_BYTES).
 """
@@ -35,8 +37,10 @@ _PARAMS = {
     "fp8": struct.Struct("<I"),
     "fp4-block": struct.Struct("<I"),
     "freq-keep-k": struct.Struct("<IIIIBB"),
+    "kivi-2": struct.Struct("<BI"),
+    "kivi-3": struct.Struct("<BI"),
 }
-CODEC_IDS = {"none": 0, "fp8": 1, "fp4-block": 2, "freq-keep-k": 3}
+CODEC_IDS = {"none": 0, "fp8": 1, "fp4-block": 2, "freq-keep-k": 3, "kivi-2": 4, "kivi-3": 5}
 _CODEC_BY_ID = {v: k for k, v in CODEC_IDS.items()}
 
 WIRE_DTYPES: dict[str, np.dtype] = {

@@ -22,12 +22,12 @@ from kvtransit.model.codecs import codec_declaration
 from kvtransit.model.errors import ConfigError, unknown_name
 from kvtransit.model.module import KernelDeclaration
 
-from . import bandkeep, quant
+from . import bandkeep, kivi, quant
 from .errors import KernelInputError
 from .fft_backends import BACKEND_NAMES, get_backend
 from .header import Header, wire_dtype_name
 
-CODEC_NAMES: tuple[str, ...] = ("none", "fp8", "fp4-block", "freq-keep-k")
+CODEC_NAMES: tuple[str, ...] = ("none", "fp8", "fp4-block", "freq-keep-k", "kivi-2", "kivi-3")
 
 
 @dataclass(frozen=True)
@@ -181,6 +181,47 @@ class Fp4BlockCodec(Codec):
         return quant.fp4_decode(buf, size).reshape(h.shape).astype(h.np_dtype)
 
 
+class KiviCodec(Codec):
+    """KIVI-style asymmetric 2- or 3-bit codes: keys per channel, values per token (`kivi.py`)."""
+
+    def __init__(self, bits: int, group: int = kivi.KIVI_GROUP) -> None:
+        if bits not in kivi.KIVI_BITS:
+            raise KernelInputError(f"kivi: bits must be one of {kivi.KIVI_BITS}, got {bits}")
+        if group < 1:
+            raise KernelInputError(f"kivi-{bits}: group must be >= 1 value, got {group}")
+        self.name = f"kivi-{bits}"
+        self.bits, self.group = bits, group
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"bits": self.bits, "group": self.group}
+
+    @property
+    def declaration(self) -> KernelDeclaration:
+        return codec_declaration(self.name)
+
+    def encode(self, kv: np.ndarray) -> Encoded:
+        dtype = _check_input(kv)
+        payload = kivi.encode(kv, self.bits, self.group)
+        steps, zeros = kivi.group_params(payload, kivi.KiviLayout(kv.shape, self.group), self.bits)
+        if not (np.isfinite(steps).all() and np.isfinite(zeros).all()):  # NaN/Inf reach a group's min or max
+            if bandkeep.all_finite(kv):
+                raise KernelInputError(f"{self.name}: a group's range exceeds float16's (max |x| = "
+                                       f"{float(np.abs(kv.astype(np.float32)).max()):.3g}; float16 max 65504)")
+            raise _non_finite_error(kv, self.name)
+        return Encoded(Header(self.name, dtype, kv.shape, (self.bits, self.group)).pack(), payload)
+
+    def _decode(self, h: Header, payload: Payload) -> np.ndarray:
+        bits, group = h.params
+        if bits != self.bits:
+            raise KernelInputError(f"{h.codec} header: bits {bits}, the codec's name says {self.bits}")
+        if group < 1:
+            raise KernelInputError(f"{h.codec} header: group {group} < 1")
+        layout = kivi.KiviLayout(h.shape, group)
+        buf = _payload_bytes(payload, layout.payload_bytes(bits), h.codec)
+        return kivi.decode(buf, h.shape, bits, group).astype(h.np_dtype)
+
+
 class BandKeepCodec(Codec):
     name = "freq-keep-k"
 
@@ -240,8 +281,10 @@ def get_codec(name: str, keep: float = bandkeep.DEFAULT_KEEP, block: int | None 
     """The codec called `name` (one of CODEC_NAMES).
 
     `block` is per codec: tokens per transform for freq-keep-k (default 64), values per scale for fp8
-    (default 64); fp4-block's block is fixed at 32 (MXFP4) and any other value is an error. keep, sinks,
-    variant, precision_bits, backend and seed apply to freq-keep-k only.
+    (default 64); fp4-block's block is fixed at 32 (MXFP4) and any other value is an error. kivi-2/kivi-3
+    ignore it: their group is KIVI's 32 values, the one their declared ratio assumes (the middlebox passes the
+    scenario's block, band-keep's transform length, to every codec). keep, sinks, variant, precision_bits,
+    backend and seed apply to freq-keep-k only.
     """
     if name == "none":
         return NoneCodec()
@@ -251,6 +294,8 @@ def get_codec(name: str, keep: float = bandkeep.DEFAULT_KEEP, block: int | None 
         if block not in (None, quant.FP4_BLOCK):
             raise KernelInputError(f"fp4-block: block is fixed at {quant.FP4_BLOCK} values, got {block}")
         return Fp4BlockCodec()
+    if name in ("kivi-2", "kivi-3"):
+        return KiviCodec(int(name[-1]))
     if name == "freq-keep-k":
         if backend not in BACKEND_NAMES:
             raise KernelInputError(str(unknown_name("FFT backend", backend, BACKEND_NAMES)))
@@ -262,7 +307,15 @@ def get_codec(name: str, keep: float = bandkeep.DEFAULT_KEEP, block: int | None 
 def decode(header: bytes, payload: Payload) -> np.ndarray:
     """Invert any codec from its header and payload bytes alone (FFT backend: auto)."""
     h = Header.unpack(header)
-    codec = get_codec(h.codec) if h.codec != "freq-keep-k" else get_codec(h.codec, block=h.params[0])
+    if h.codec == "freq-keep-k":
+        codec = get_codec(h.codec, block=h.params[0])
+    elif h.codec in ("kivi-2", "kivi-3"):
+        _bits, group = h.params  # bits are checked against the name by _decode
+        if group < 1:
+            raise KernelInputError(f"{h.codec} header: group {group} < 1")
+        codec = KiviCodec(int(h.codec[-1]), group)  # the header's group, whatever the live default
+    else:
+        codec = get_codec(h.codec)
     return codec._decode(h, payload)
 
 

@@ -1,7 +1,8 @@
 """What the built-in codecs and kernels cost on the module, as declarations (REFERENCE §5).
 
 Two lists, both from REFERENCE §5:
-- `CODECS`: the presets a link can run (none, fp8, fp4-block, freq-keep-k), built by `codec_declaration`.
+- `CODECS`: the presets a link can run (none, fp8, fp4-block, freq-keep-k, kivi-2, kivi-3), built by
+  `codec_declaration`.
 - `KERNEL_TABLE_ROWS`: the four rows of the kernel table, which `kernel_table_row` turns back into the
   table's columns.
 
@@ -50,7 +51,28 @@ DEFAULT_BAND_KEEP_TRANSFORM = "dct"
 TABLE_BAND_KEEP = 0.5
 TABLE_REQUANTISE_OPS_PER_BYTE = 1.00  # REFERENCE §5 kernel table, printed as is (see the module docstring)
 
-CODEC_NAMES = ("none", "fp8", "fp4-block", "freq-keep-k")
+# KIVI-style requantisers (REFERENCE §5: KIVI arXiv:2402.02750, 2-bit; KVQuant arXiv:2401.18079, 3-bit), as
+# `kernels/kivi.py` runs them: asymmetric, keys grouped per channel along tokens, values per token along channels,
+# G = 32 values a group (KIVI's group size), each group storing a float16 step and a float16 zero point.
+# The one ratio a preset declares assumes whole groups: tokens and head_dim multiples of 32 (head_dim 128, as the
+# catalogue's models; a chunk of 32·k tokens). Then every 32 values (64 bytes of BF16) are 32·bits/8 bytes of codes
+# plus 4 bytes: kivi-2 64/12 = 16/3 ≈ 5.33, kivi-3 64/16 = 4.0. A ragged last group of tokens costs its 4 bytes for
+# fewer values, so a live payload is at most that much larger (tests/unit/test_kivi.py checks both).
+KIVI_GROUP = 32
+KIVI_GROUP_BYTES = 4  # float16 step + float16 zero point
+KIVI_BITS = {"kivi-2": 2, "kivi-3": 3}
+# Ops per value, forward: a comparison each for the group's min and max, a subtract (the zero point) and a multiply
+# (by 1/step), and the rounding: 5. The per-group step (one subtract, one divide) is amortised over 32 values
+# (0.06 per value, not counted); packing codes into bytes is wiring. Rounding and comparison are unpublished, so
+# the count never changes the verdict (refused, or on the host, by policy), only what the GPU baseline is charged.
+KIVI_OPS_PER_VALUE = 5
+
+CODEC_NAMES = ("none", "fp8", "fp4-block", "freq-keep-k", "kivi-2", "kivi-3")
+
+
+def kivi_ratio(bits: int, group: int = KIVI_GROUP) -> float:
+    """BF16 bytes over wire bytes for whole groups: `group` values → group·bits/8 bytes of codes + 4 bytes."""
+    return (BF16_BYTES * group) / (group * bits / 8 + KIVI_GROUP_BYTES)
 
 
 def fp4_block_ratio(block: int) -> float:
@@ -94,6 +116,13 @@ def codec_declaration(
             transform_charged=False,
             transform_length=transform_length,
             transform=transform,
+        )
+    if name in KIVI_BITS:
+        return KernelDeclaration(
+            name,
+            ratio=kivi_ratio(KIVI_BITS[name]),
+            ops_per_byte=KIVI_OPS_PER_VALUE / BF16_BYTES,
+            op_types=frozenset({"rounding", "comparison"}),
         )
     raise unknown_name("codec", name, CODEC_NAMES)
 

@@ -13,7 +13,9 @@ Runnable on the KV hand-off (the shapes `RUNNABLE_SHAPES` lists in every refusal
   the declaration already holds N to a power of two for fft (`model/module.py`).
   Sinks: a declaration has no sink field, so the scenario's `sinks` stays as given (4 by default, FreqKV's,
   REFERENCE §6); they travel exact ahead of the blocks, outside the declared ratio.
-- transform none, rounding, ratio 2: codec "fp8"; ratio 64/17 ≈ 3.765: codec "fp4-block" (REFERENCE §5 presets).
+- transform none, rounding, ratio 2: codec "fp8"; ratio 64/17 ≈ 3.765: codec "fp4-block" (REFERENCE §5 presets);
+  rounding + comparison, ratio 4: codec "kivi-3", ratio 16/3 ≈ 5.333: codec "kivi-2" (KIVI-style, REFERENCE §5;
+  group 32, `model/codecs.py: kivi_ratio`).
 - transform none, no ops, ratio 1: codec "none".
 Refused: an NTT (ML-KEM polynomial multiplication) or a kernel that combines streams (a sum) belongs to the
 ciphertext and collective flows (REFERENCE §7), which do not run live yet; anything else matches no
@@ -55,13 +57,15 @@ BAND_KEEP_TRANSFORMS = ("dct", "fft")  # the band-keep codec's variants (Scenari
 LIVE_FP4_BLOCK = 32
 # A declared ratio matches a requantiser preset within 0.5 %: REFERENCE §5 prints fp4-block's 64/17 as 3.765, and
 # a file cannot write a fraction (TOML and JSON numbers), so a ratio copied to 3 significant figures (3.76, 3.77:
-# at most 0.14 % off) must match; the presets (2.0 and 3.765) are 88 % apart, so no ratio matches both.
+# at most 0.14 % off) must match; the closest presets (fp4-block 3.765 and kivi-3 4.0) are 6 % apart, so no ratio
+# matches two.
 RATIO_MATCH_REL_TOL = 5e-3
 # Numbers a file states "agree" when equal up to float error in its decimals (0.1 + 0.2 style): not a modelling
 # tolerance (ops_per_byte, ratio 1, a whole kept count).
 _FLOAT_REL_TOL = 1e-9
 _FLOAT_ABS_TOL = 1e-12
-ROUNDING_CODECS = ("fp8", "fp4-block")  # transform none, rounding: matched by ratio (REFERENCE §5 presets)
+# transform none, rounding: matched by ratio (REFERENCE §5 presets; the kivi ones also need comparison)
+ROUNDING_CODECS = ("fp8", "fp4-block", "kivi-2", "kivi-3")
 
 # Where NTT kernels and stream sums belong (REFERENCE §7: ciphertexts; the tensor-parallel all-reduce).
 _OTHER_FLOWS = ("it belongs to the ciphertext and collective flows (REFERENCE §7), which do not run live yet, "
@@ -69,7 +73,8 @@ _OTHER_FLOWS = ("it belongs to the ciphertext and collective flows (REFERENCE §
 RUNNABLE_SHAPES = (
     "band-keep (transform dct|fft, transform_length N, op_types fft[+gather], ratio N/k for a whole k in 1..N-1), "
     "fp8 (transform none, op_types rounding, ratio 2), fp4-block (transform none, op_types rounding, "
-    "ratio 64/17 ≈ 3.765), none (transform none, no ops, ratio 1)"
+    "ratio 64/17 ≈ 3.765), kivi-3 (transform none, op_types rounding+comparison, ratio 4), kivi-2 (transform "
+    "none, op_types rounding+comparison, ratio 16/3 ≈ 5.333), none (transform none, no ops, ratio 1)"
 )
 
 
@@ -111,7 +116,7 @@ def _preset_by_ratio(decl: KernelDeclaration) -> str:
             return name
     raise _not_runnable(decl, f"transform none with ratio {decl.ratio:g} matches no implementation "
                               f"(fp8 is {CODECS['fp8'].ratio:g}, fp4-block {CODECS['fp4-block'].ratio:.4g}, "
-                              "none 1)")
+                              f"kivi-3 {CODECS['kivi-3'].ratio:.4g}, kivi-2 {CODECS['kivi-2'].ratio:.4g}, none 1)")
 
 
 def _transformless_fields(decl: KernelDeclaration) -> dict[str, Any]:
