@@ -257,7 +257,7 @@ def test_an_unknown_value_is_one_line_with_the_choices():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip() == ("kvtransit up: error: codec: unknown value 'zip' (choose from: none, fp8, "
-                                     "fp4-block, freq-keep-k)")
+                                     "fp4-block, freq-keep-k, kivi-2, kivi-3)")
 
 
 def _children_of(pid: int) -> list[int]:
