@@ -41,15 +41,20 @@ def _timer_gaps(records: list[RequestRecord], prefills: list[dict], decodes: lis
     return gaps
 
 
+def _wire_per_kv_byte(decodes: list[dict]) -> float | None:
+    """The codec's real ratio in this run, wire bytes over KV bytes as decode's link meter received them (None
+    when the meter saw no bytes)."""
+    raw = stat_sum(decodes, "link", "raw_bytes")
+    return stat_sum(decodes, "link", "wire_bytes") / raw if raw > 0 else None
+
+
 def _handoffs(scenario: Scenario, records: list[RequestRecord], decodes: list[dict]) -> tuple[fidelity.Gap, dict]:
     """The hand-off check and its distribution (model seconds, model bytes)."""
     measured = [r for r in records if r.handoff_s is not None and r.kv_ready_s is not None]
-    raw = stat_sum(decodes, "link", "raw_bytes")
-    wire = stat_sum(decodes, "link", "wire_bytes")
-    if not raw > 0:
+    wire_per_kv_byte = _wire_per_kv_byte(decodes)
+    if wire_per_kv_byte is None:
         gap = fidelity.not_measured("decode's link meter has no bytes", fidelity.HANDOFF_REL_TOLERANCE)
         return gap, fidelity.handoff_distribution([], [], len(measured))
-    wire_per_kv_byte = wire / raw  # the codec's real ratio in this run, as decode received it
     intervals = []
     for r in measured:
         start = r.first_token_stamp_s if r.first_token_stamp_s is not None else r.first_token_s
@@ -76,9 +81,9 @@ def fidelity_block(scenario: Scenario, records: list[RequestRecord], *, prefills
     if decodes:
         # A transit-bound module (its compute outlasts the wire, REFERENCE §5) paces the link below its rate:
         # the link is held against the rate the module lets it reach.
-        raw = stat_sum(decodes, "link", "raw_bytes")
-        wire_per_kv = stat_sum(decodes, "link", "wire_bytes") / raw if raw > 0 else 1.0
-        target_Bps = fidelity.link_rate_target_Bps(scenario, scenario.scaled_link.bandwidth_Bps, wire_per_kv)
+        wire_per_kv = _wire_per_kv_byte(decodes)
+        target_Bps = fidelity.link_rate_target_Bps(scenario, scenario.scaled_link.bandwidth_Bps,
+                                                   1.0 if wire_per_kv is None else wire_per_kv)
         gaps["link_rate"] = fidelity.link_gap(scaled_achieved_Bps or 0.0, target_Bps, scale, dilation)
     else:
         gaps["link_rate"] = fidelity.not_measured("no decode stats", fidelity.LINK_RATE_TOLERANCE)

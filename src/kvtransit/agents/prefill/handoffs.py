@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -167,14 +168,7 @@ class HandoffLink:
         if first:
             self.begin_lag_s += (self.clock.now_ns() - handoff.begin.first_token_ns) / 1e9
         self._held_bytes[rid] = 0
-        made, handoff.made = handoff.made, None  # made at `hold` on an idle link; a resend makes them again
-        for layer in range(1 if made is not None else handoff.frames.n_layers):
-            if made is not None:
-                chunks = made
-            else:  # made off the loop, a layer at a time: the step timers share this loop (handoff_frames.py)
-                started = time.perf_counter()
-                chunks = await asyncio.to_thread(handoff.frames.layer_chunks, layer)
-                self.make_s += time.perf_counter() - started
+        async for chunks in self._chunk_batches(handoff):
             for chunk in chunks:
                 await link.send(chunk)
                 self._held_bytes[rid] += len(chunk.payload)
@@ -183,6 +177,19 @@ class HandoffLink:
                     self.metrics.kv_sent_bytes.labels(codec=handoff.begin.codec).inc(len(chunk.payload))
             self.metrics.kv_held_bytes.set(sum(self._held_bytes.values()))
         await link.send(link.connection.kv_end(rid))
+
+    async def _chunk_batches(self, handoff: HeldHandoff) -> AsyncIterator[list[KvChunk]]:
+        """The hand-off's chunks: the ones made at `hold` on an idle link (dropped once taken: a resend makes
+        them again), else a layer at a time off the loop, which the step timers share (handoff_frames.py)."""
+        made, handoff.made = handoff.made, None
+        if made is not None:
+            yield made
+            return
+        for layer in range(handoff.frames.n_layers):
+            started = time.perf_counter()
+            chunks = await asyncio.to_thread(handoff.frames.layer_chunks, layer)
+            self.make_s += time.perf_counter() - started
+            yield chunks
 
     async def _acks(self, link: Endpoint) -> None:
         while (event := await link.next_event()) is not None:
