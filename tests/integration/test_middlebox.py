@@ -87,10 +87,13 @@ class DecodeStub:
         return np.concatenate(rows).reshape(LAYERS, 2, HEADS, TOKENS, HEAD_DIM)
 
 
-async def send_kv(endpoint, rid: int, kv: np.ndarray, *, stop_after: int | None = None) -> None:
+async def send_kv(endpoint, rid: int, kv: np.ndarray, *, stop_after: int | None = None,
+                  first_token_ns: int = 0) -> None:
+    """`first_token_ns`: the stamp the middlebox holds the hand-off until (0: none, it goes on arrival)."""
     pieces = row_slices(LAYERS, 2 * HEADS, TOKENS * HEAD_DIM * 2, max_chunk_bytes=TOKENS * HEAD_DIM * 2 * 2)
     await endpoint.send(KvBegin(request_id=rid, prompt_tokens=TOKENS, output_tokens=8, n_layers=LAYERS,
-                                n_chunks=len(pieces), raw_bytes=kv.nbytes, codec="none", first_token_ns=0))
+                                n_chunks=len(pieces), raw_bytes=kv.nbytes, codec="none",
+                                first_token_ns=first_token_ns))
     for index, piece in enumerate(pieces):
         if stop_after is not None and index == stop_after:
             return

@@ -14,6 +14,8 @@ from kvtransit.wire.limits import WIRE_VERSION
 class LateClock:
     """A ManualClock whose sleepers all wake `late_ns` after their deadline: a timer that is always late."""
 
+    timer = "manual"
+
     def __init__(self, manual: ManualClock, late_ns: int):
         self.manual, self.late_ns = manual, late_ns
 

@@ -44,3 +44,20 @@ def test_gpu_encoded_frames_carry_the_codecs_smaller_payload_and_its_crc():
     assert sum(len(c.payload) for c in chunks) < LAYOUT.request_bytes(64)  # the codec cut the bytes
     assert all(c.payload_crc == crc32c(bytes(c.payload)) for c in chunks)
     assert chunks[0].shape == kv_frames.as_rows(KV.layer(3, 0, 64)).shape  # the tensor before the codec
+
+
+def test_chunked_prefill_frames_cut_each_layer_along_tokens_segment_by_segment_with_their_release_times():
+    frames = HandoffFrames(request_id=4, tokens=100, layout=LAYOUT, kv=KV, codec=None, codec_name="none",
+                           stops=(40, 100))
+    assert frames.segments == ((0, 40), (40, 100)) and frames.n_chunks == 2 * LAYOUT.layers
+    made = [(segment, layer, frames.layer_chunks(layer, segment, release_ns=1000 * segment + layer + 1))
+            for segment in range(frames.n_segments) for layer in range(LAYOUT.layers)]
+    chunks = [chunk for *_, layer_chunks in made for chunk in layer_chunks]
+    assert [c.chunk for c in chunks] == list(range(frames.n_chunks))  # the wire's order runs on across segments
+    assert [c.release_ns for c in chunks] == [1000 * s + layer + 1 for s, layer, _ in made]
+    for layer in range(LAYOUT.layers):
+        first, second = (c for c in chunks if c.layer == layer)
+        whole = kv_frames.as_rows(KV.layer(4, layer, 100))
+        assert first.shape[1] == 40 and second.shape[1] == 60
+        assert bytes(first.payload) + bytes(second.payload) != whole.tobytes()  # rows of a segment, not a cut
+        assert bytes(first.payload) == whole[:, :40].tobytes() and bytes(second.payload) == whole[:, 40:].tobytes()

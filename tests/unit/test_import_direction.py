@@ -1,4 +1,6 @@
 """Imports point one way (ARCHITECTURE.md): cli → emulator → agents → runtime → {kernels → model, wire}; shaping alone.
+`realmodel` (the real model in the loop, issue 16: torch and transformers, the `realkv` extra) sits on kernels and
+model, beside runtime; agents, emulator and cli may use it.
 
 The harness (`emulator`: launcher, placement, supervisor, chaos, sweeps) may use the agents; no agent imports the
 harness, so a process never depends on what starts or judges it.
@@ -23,9 +25,10 @@ ALLOWED_INTERNAL = {
     "kernels": {"model"},
     "shaping": set(),
     "runtime": {"wire", "model", "kernels", "shaping"},
-    "agents": {"runtime", "wire", "model", "kernels", "shaping"},
-    "emulator": {"agents", "runtime", "wire", "model", "kernels", "shaping"},
-    "cli": {"emulator", "agents", "runtime", "wire", "model", "kernels", "shaping"},
+    "realmodel": {"model", "kernels"},
+    "agents": {"runtime", "wire", "model", "kernels", "shaping", "realmodel"},
+    "emulator": {"agents", "runtime", "wire", "model", "kernels", "shaping", "realmodel"},
+    "cli": {"emulator", "agents", "runtime", "wire", "model", "kernels", "shaping", "realmodel"},
 }
 # Third-party packages each layer may import; stdlib is always allowed except where banned below.
 ALLOWED_THIRD_PARTY = {
@@ -34,6 +37,9 @@ ALLOWED_THIRD_PARTY = {
     "kernels": {"numpy", "scipy", "pyfftw", "ml_dtypes"},
     "shaping": set(),
     "runtime": None,  # any declared dependency
+    # The realkv extra's torch and transformers, imported only inside realmodel (never on the default install's
+    # paths: tests/unit/test_realmodel_offline.py checks `import kvtransit.cli` loads neither).
+    "realmodel": {"numpy", "ml_dtypes", "torch", "transformers"},
     "agents": None,
     "emulator": None,
     "cli": None,

@@ -94,3 +94,14 @@ def test_with_tc_the_link_refuses_a_rate_change_and_holds_each_hand_off_for_tbfs
 def test_an_unknown_link_backend_is_refused_with_the_choices():
     with pytest.raises(ConfigError, match="userspace, tc"):
         settings("ebpf")
+
+
+@pytest.mark.parametrize("codec", ["fp8", "fp4-block", "kivi-2", "kivi-3", "freq-keep-k"])
+def test_every_live_codec_starts_from_a_scenario_carrying_band_keeps_block(codec):
+    # The scenario's block (64) is band-keep's transform length; fp4-block's block is fixed at 32 by the format.
+    # (Policy host: the requantisers round, which the module's published op set does not have.)
+    chain = StageChain.build(settings(codec=codec, block=64, policy="host"))
+    try:
+        assert chain.kernel.kernel.name == codec
+    finally:
+        chain.close()

@@ -23,11 +23,13 @@ SUBCOMMANDS: tuple[str, ...] = (
     "verdict",
     "chaos",
     "sweep",
+    "k8s",
     "plot",
     "prefill",
     "middlebox",
     "decode",
     "loadgen",
+    "frontend",
     "kvpool",
     "prefix_hits",
 )

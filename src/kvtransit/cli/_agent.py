@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 
 def add_common_agent_flags(parser: argparse.ArgumentParser, role: str) -> None:
@@ -15,6 +16,23 @@ def add_common_agent_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
                         help="event loop (default auto)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="warning")
+
+
+def add_client_flags(parser: argparse.ArgumentParser, *, drain_help: str) -> None:
+    """What every client of the testbed (the load generator, the OpenAI front end) is told: its peers, and where
+    its report and ledger go."""
+    parser.add_argument("--prefill", dest="prefill_at", required=True, metavar="HOST:PORT[,HOST:PORT...]",
+                        help="prefill instances to send requests to")
+    parser.add_argument("--decode-clients", required=True, metavar="HOST:PORT[,HOST:PORT...]",
+                        help="decode instances' client ports (tokens come from there)")
+    parser.add_argument("--stats", default="", metavar="HOST:PORT[,HOST:PORT...]",
+                        help="agents' metrics addresses whose /stats join the report")
+    parser.add_argument("--report", type=Path, default=None, metavar="PATH",
+                        help="write the report here as JSON (and beside it as .md)")
+    parser.add_argument("--ledger", type=Path, default=None, metavar="PATH",
+                        help="the request ledger (JSONL, append-only; default REPORT.run/ledger.jsonl when "
+                             "--report is set)")
+    parser.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS", help=drain_help)
 
 
 def setup_logging(level: str) -> None:

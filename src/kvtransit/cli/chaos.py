@@ -7,6 +7,11 @@ With no scenario named, all of them run. The table: requests, ok, slo-miss, fail
 cross-delivered, and the recovery time (end of the fault → the first hand-off that reached decode after it).
 Exit status 1 when any scenario lost, duplicated, cross-delivered or corrupted a request, failed one without a
 reason, or failed a check of its own.
+
+On a cluster: `--render k8s --out DIR` writes a testbed for the chaos scenario (DIR/testbed/, a kustomize base)
+and one experiment per scenario with the same names (DIR/experiments/NAME.yaml: Chaos Mesh NetworkChaos or
+PodChaos, or a Job for the middlebox's own faults; INDEX.md says which). `--check-ledger LEDGER` judges a run by
+its ledger file as a local scenario is judged (a cluster run's: the load generator's REPORT.run/ledger.jsonl).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from ._common import CliError, add_json_flag, print_json, print_table
+from .k8s import add_placement_flags, cluster_options
 
 JSON_KEYS = ("scenario", "requests", "ok", "slo_miss", "failed", "lost", "duplicated", "cross_delivered", "recovery_s")
 
@@ -31,6 +37,12 @@ def register(subparsers) -> None:
                    help="loopback (default) or network namespaces with tc (link-down then takes the veth down)")
     p.add_argument("--workdir", type=Path, default=None, metavar="DIR",
                    help="where each scenario's report and ledger go (default: a temporary directory, removed)")
+    p.add_argument("--render", choices=("k8s",), default=None,
+                   help="write the scenarios as cluster experiments into --out instead of running them")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="with --render: where the manifests go")
+    p.add_argument("--check-ledger", type=Path, default=None, metavar="LEDGER",
+                   help="judge one run's ledger file (JSONL) as a chaos scenario is judged, and exit")
+    add_placement_flags(p, what="the chaos testbed")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -46,6 +58,10 @@ def run(args) -> int:
         print_table("chaos scenarios", ("scenario", "fault"),
                     [(p.name, p.description) for p in chaos.SCENARIOS.values()])
         return 0
+    if args.check_ledger is not None:
+        return check_ledger(args.check_ledger, as_json=args.json)
+    if args.render:
+        return render(args)
     plans = chaos.select(args.scenarios)
     overrides = {k: v for k, v in (("requests", args.requests), ("rate", args.rate)) if v is not None}
     if overrides.get("requests", 1) < 1 or overrides.get("rate", 1.0) <= 0:
@@ -89,3 +105,45 @@ def _failed(by_reason: dict) -> str:
 
 def _seconds(value) -> str:
     return "-" if value is None else f"{value:.2f} s"
+
+
+def render(args) -> int:
+    from kvtransit.emulator import chaos
+    from kvtransit.emulator.k8s.chaos_mesh import CLUSTER_REQUESTS
+    from kvtransit.emulator.k8s.render import write_chaos
+
+    if args.out is None:
+        raise CliError("--render k8s needs --out DIR")
+    if args.scenarios:
+        raise CliError("--render k8s writes every scenario (each a file of its own name); name none")
+    overrides = {"requests": CLUSTER_REQUESTS if args.requests is None else args.requests}
+    if args.rate is not None:
+        overrides["rate"] = args.rate
+    scenario = chaos.chaos_scenario(**overrides)
+    written = write_chaos(args.out, scenario, cluster_options(args, link_shaper="userspace"), force=args.force)
+    print(f"kvtransit chaos: {len(chaos.SCENARIOS)} experiments and their testbed, {len(written)} files in "
+          f"{args.out} (see {args.out / 'experiments' / 'INDEX.md'})")
+    return 0
+
+
+def check_ledger(path: Path, *, as_json: bool) -> int:
+    """The ledger checks of a chaos scenario (model.ledger_check) on one run's ledger file."""
+    from kvtransit.emulator.chaos import peer_counts
+    from kvtransit.model import ledger_check
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            records = ledger_check.parse(handle, str(path))
+    except OSError as exc:
+        raise CliError(f"--check-ledger {path}: {exc.strerror or exc}") from None
+    verdict = ledger_check.check(records)
+    summary = {**verdict.summary(), **peer_counts(records), "passed": verdict.ok, "problems": verdict.problems()}
+    if as_json:
+        print_json({"ledger": str(path), **summary})
+    else:
+        print_table(f"ledger {path}", ("requests", "ok", "slo-miss", "failed (by reason)", "lost", "duplicated",
+                                       "cross-delivered", "corrupted", "verdict"),
+                    [(summary["requests"], summary["ok"], summary["slo_miss"], _failed(summary["failed"]),
+                      summary["lost"], summary["duplicated"], summary["cross_delivered"], summary["corrupted"],
+                      "pass" if verdict.ok else "FAIL: " + "; ".join(summary["problems"]))])
+    return 0 if verdict.ok else 1

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ._agent import add_common_agent_flags, run_agent
+from ._agent import add_client_flags, add_common_agent_flags, run_agent
 from .scenario_flags import add_scenario_args, scenario_from_args
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("loadgen", help="replay a workload and measure it as a client", description=__doc__)
     add_scenario_args(p)
-    p.add_argument("--prefill", dest="prefill_at", required=True, metavar="HOST:PORT[,HOST:PORT...]",
-                   help="prefill instances to send requests to")
-    p.add_argument("--decode-clients", required=True, metavar="HOST:PORT[,HOST:PORT...]",
-                   help="decode instances' client ports (tokens come from there)")
-    p.add_argument("--stats", default="", metavar="HOST:PORT[,HOST:PORT...]",
-                   help="agents' metrics addresses whose /stats join the report")
-    p.add_argument("--report", type=Path, default=None, metavar="PATH",
-                   help="write the report here as JSON (and beside it as .md)")
-    p.add_argument("--ledger", type=Path, default=None, metavar="PATH",
-                   help="the request ledger (JSONL, append-only; default REPORT.run/ledger.jsonl when --report is set)")
-    p.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
-                   help="model seconds to wait after the last arrival before unfinished requests time out")
+    add_client_flags(p, drain_help="model seconds to wait after the last arrival before unfinished requests time out")
     add_common_agent_flags(p, "loadgen")
     p.set_defaults(func=run)
 

@@ -40,6 +40,10 @@ _HELP = {
     "decode": "decode instances",
     "link": "hand-off link from prefill to decode",
     "channels": "parallel channels of the hand-off link",
+    "handoff": "when the KV goes to the link: whole (after the prefill step, the reference model) or layerwise (each "
+               "layer as its compute ends, overlapping the step)",
+    "prefill_chunk": "chunked prefill: at most this many prompt tokens a step (512..8192: one KV block .. a step's "
+                     "token budget), each chunk's KV released at its chunk's end; 0: off",
     "codec": "codec applied to the KV on the hand-off",
     "keep": "freq-keep-k: share of each block's coefficients kept",
     "sinks": "freq-keep-k: leading tokens kept exact",

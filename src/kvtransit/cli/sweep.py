@@ -11,6 +11,14 @@ Every point is a real run of the testbed (the same Launcher as `kvtransit up`), 
 this host can (root, tc/ip), else on loopback with the user-space shaper, which reaches only part of a fast
 link's rate (its points then report unfaithful); the table's `placement` column says where each point ran.
 
+On a cluster: `--render k8s --out DIR` writes the points as one Indexed Job (one point per pod, each pod on a node of
+its own, the whole testbed inside it); each pod prints its row on its log, and `--collect LOGS_DIR --out RESULTS`
+gathers the pods' logs into RESULTS/results.json and .csv, byte for byte what a local sweep of those rows writes
+(deploy/k8s/README.md). `--run-point` is what each pod runs.
+
+    kvtransit sweep --render k8s --out deploy/sweep1 --grid rate=4,8,12 --nodes 3
+    kvtransit sweep --collect logs/ --out runs/sweep1
+
 Resumable: a point already in OUT/results.json with the same scenario is not run again unless --rerun (a row
 keeps the placement it ran on). With --preset, the preset fixes the scenario; a scenario flag given with a value
 other than its default overrides the preset's (e.g. --requests 80 for a short pass). `--goodput-search`: per
@@ -26,6 +34,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from ._common import CliError, LiveProgress, add_json_flag, print_json, print_table
+from .k8s import add_placement_flags, node_selector
 from .scenario_flags import add_scenario_args, kernel_file_fields, scenario_from_args
 
 
@@ -57,6 +66,14 @@ def register(subparsers) -> None:
     g.add_argument("--target", type=float, default=DEFAULT_GOODPUT_TARGET, metavar="ATTAINMENT",
                    help=f"SLO attainment the goodput must reach (default {DEFAULT_GOODPUT_TARGET})")
     g.add_argument("--iterations", type=int, default=4, metavar="N", help="most bisection midpoints (default 4)")
+    k = p.add_argument_group("on a cluster")
+    k.add_argument("--render", choices=("k8s",), default=None,
+                   help="write the grid as a Kubernetes Indexed Job into --out instead of running it")
+    k.add_argument("--collect", type=Path, default=None, metavar="LOGS_DIR",
+                   help="gather the pod logs in LOGS_DIR into --out's results file (and tables, plots)")
+    k.add_argument("--run-point", type=Path, default=None, metavar="POINTS_JSON",
+                   help="(what each pod of the Job runs) run the point of $JOB_COMPLETION_INDEX and print its row")
+    add_placement_flags(p, what="the sweep's points")
     add_scenario_args(p)
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -97,6 +114,12 @@ def run(args) -> int:
 
     if args.accuracy_sample < 0:
         raise CliError(f"--accuracy-sample must be >= 0, got {args.accuracy_sample}")
+    if args.run_point is not None:
+        return run_point(args)
+    if args.collect is not None:
+        return collect(args)
+    if args.render:
+        return render(args)
     grids = _grids(args)
     store = ResultsStore(args.out)
 
@@ -214,3 +237,64 @@ class _SweepProgress(LiveProgress):
         self._progress.update(self._requests, completed=snapshot["done"],
                               detail=f"TTFT p99 {ms(snapshot.get('ttft_p99_s'))}  "
                                      f"TPOT p99 {ms(snapshot.get('tpot_p99_s'))}")
+
+
+def render(args) -> int:
+    from kvtransit.emulator.k8s.render import write_sweep
+    from kvtransit.emulator.k8s.sweep_job import SweepJobOptions
+    from kvtransit.emulator.sweep_runner import sweep_points
+
+    if args.goodput_search:
+        raise CliError("--render k8s: a goodput search picks each rate from the last run's answer, so its points "
+                       "cannot fan out at once; render a --grid rate=... instead")
+    points = sweep_points(_grids(args))
+    options = SweepJobOptions(name=args.k8s_name, image=args.image, nodes=args.nodes,
+                              preferred_affinity=args.preferred_affinity,
+                              node_selector=node_selector(args.node_selector), links=args.links,
+                              accuracy_sample=args.accuracy_sample, drain_timeout_s=args.drain_timeout)
+    written = write_sweep(args.out, points, options, args.namespace, force=args.force)
+    print(f"kvtransit sweep: {len(points)} points as an Indexed Job, {len(written)} files in {args.out}")
+    print(f"  kubectl apply -k {args.out}; then, when it is done, each pod's log into one directory and "
+          f"kvtransit sweep --collect LOGS_DIR --out RESULTS")
+    return 0
+
+
+def run_point(args) -> int:
+    import sys
+
+    from kvtransit.emulator.k8s.sweep_job import points_from_document, sweep_id
+    from kvtransit.emulator.k8s.sweep_logs import completion_index
+    from kvtransit.emulator.k8s.sweep_logs import run_point as run_one
+    from kvtransit.emulator.sweep_runner import PointRunner
+
+    try:
+        text = args.run_point.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"--run-point {args.run_point}: {exc.strerror or exc}") from None
+    points = points_from_document(text, str(args.run_point))
+    runner = PointRunner(args.out, links=args.links, accuracy_sample=args.accuracy_sample,
+                         drain_timeout_s=args.drain_timeout)
+    run_one(points, completion_index(), args.out, sweep_id(text), runner, sys.stdout)
+    return 0
+
+
+def collect(args) -> int:
+    from kvtransit.emulator.k8s.sweep_logs import collect as gather
+    from kvtransit.emulator.sweep_report import write_plots, write_tables
+
+    collected = gather(args.collect, args.out)
+    assert collected.store is not None
+    rows = list(collected.store.rows.values())
+    tables = write_tables(rows, collected.store.directory / "results.md")
+    plots = [] if args.no_plots else write_plots(rows, collected.store.directory)
+    if args.json:
+        print_json({"results": str(collected.store.json_path), "rows": rows, "missing_indexes": collected.missing})
+    else:
+        print_table("sweep (collected)", ("point", "status", "SLO att.", "TTFT p99 ms", "TPOT p99 ms",
+                                          "hand-off p99 ms", "KV wait share", "link busy", "faithful", "placement",
+                                          "wall s"), [_summary_row(r) for r in collected.rows])
+        print(f"results: {collected.store.json_path}, {collected.store.csv_path}, {tables}"
+              + (f"; plots: {', '.join(p.name for p in plots)}" if plots else ""))
+    if collected.missing:
+        print(f"missing: no log had point(s) {', '.join(map(str, collected.missing))} of {collected.of}")
+    return 1 if collected.missing or any(r["status"] != "ok" for r in collected.rows) else 0

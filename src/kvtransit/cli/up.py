@@ -10,6 +10,12 @@ say which back-end shaped each property. `--prometheus` runs a real Prometheus s
 Before anything starts it says what `--scale` cuts and keeps, how to run at real size, and, when the workload
 offers more than the modelled system serves (model/offered_load.py), that its queues will grow all run.
 
+`--frontend` puts the OpenAI-compatible front end (`kvtransit frontend`) in the load generator's place: the run's
+requests come from outside clients (the openai client, `vllm bench serve`, ...) at the URL it prints, instead of
+the drawn workload (--rate, --requests, ... then do not apply); the run ends after --frontend-requests requests,
+after --frontend-duration seconds, or on Ctrl-C, and the report covers every request served.
+`--result-format vllm` also writes the summary under `vllm bench serve`'s result keys (REPORT.vllm.json).
+
 Defaults: llama3-8b on 1x h100 per instance, 1 prefill + 1 decode, eth-25g, freq-keep-k keep 0.5 in transit,
 100 requests at 2/s (about a minute). Every scenario flag is shared with the agent commands.
 """
@@ -21,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._common import CliError, LiveProgress, add_json_flag, print_json, print_table
+from .frontend import add_frontend_flags, check_frontend_flags
 from .scenario_flags import add_scenario_args, scenario_from_args
 
 if TYPE_CHECKING:  # the handler imports the model when it runs
@@ -49,6 +56,12 @@ def register(subparsers) -> None:
                    help="roles whose crashed process is restarted on the same ports mid-run: middlebox, decode, "
                         "or none (default: middlebox; peers reconnect and unacked hand-offs are sent again)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    p.add_argument("--frontend", action="store_true",
+                   help="serve the OpenAI API (kvtransit frontend) in the load generator's place: outside clients "
+                        "send the run's requests")
+    add_frontend_flags(p, prefix="frontend-")
+    p.add_argument("--result-format", choices=("kvtransit", "vllm"), default="kvtransit",
+                   help="vllm: also write the summary under `vllm bench serve`'s result keys, as REPORT.vllm.json")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -59,14 +72,19 @@ def run(args) -> int:
     import sys
 
     from kvtransit.agents.loadgen.report import headline, table_rows
-    from kvtransit.emulator.launcher import Launcher, RunFailed
+    from kvtransit.emulator.launcher import FrontendOptions, Launcher, RunFailed
     from kvtransit.runtime.signals import run_until_signalled
 
     scenario = scenario_from_args(args)
     if args.accuracy_sample < 0:
         raise CliError(f"--accuracy-sample must be >= 0, got {args.accuracy_sample}")
     restart_roles = _restart_roles(args.restart)
-    progress_bar = None if args.no_progress or args.json else _ProgressBar(scenario.requests)
+    check_frontend_flags(args)
+    frontend = (FrontendOptions(listen=args.openai_listen, max_requests=args.max_requests, duration_s=args.duration,
+                                tokenizer=args.tokenizer, served_model=args.served_model_name)
+                if args.frontend else None)
+    total = (args.max_requests or None) if frontend is not None else scenario.requests
+    progress_bar = None if args.no_progress or args.json else _ProgressBar(total)
 
     def log(line: str) -> None:
         # Announcements (links, Prometheus, failures) go to stdout (stderr under --json, which owns stdout),
@@ -76,13 +94,13 @@ def run(args) -> int:
         else:
             print(line, flush=True, file=sys.stderr if args.json else sys.stdout)
 
-    for line in run_preamble(scenario):  # what is scaled, and an overload, said before anything starts
+    for line in run_preamble(scenario, frontend=frontend is not None):  # what is scaled, an overload: said first
         log(f"kvtransit up: {line}")
     launcher = Launcher(scenario, report_path=args.report, accuracy_sample=args.accuracy_sample,
                         drain_timeout_s=args.drain_timeout,
                         on_progress=progress_bar.update if progress_bar else None, log=log,
                         links=args.links, prometheus=args.prometheus, run_dir=args.run_dir,
-                        restart_roles=restart_roles)
+                        restart_roles=restart_roles, frontend=frontend)
 
     async def run_launcher(stop):  # SIGINT/SIGTERM set `stop`: the launcher stops every process, still reports
         return await launcher.run(stop), stop.is_set()
@@ -101,6 +119,8 @@ def run(args) -> int:
     if path is None:
         raise CliError(failure or "the run ended without a report")
     report = json.loads(Path(path).read_text())
+    if args.result_format == "vllm":
+        write_vllm_result(report, Path(path))
     if args.json:
         print_json(report)
     else:
@@ -108,17 +128,37 @@ def run(args) -> int:
                     table_rows(report))
         for line in headline(report):
             print(line)
-        print(f"report: {path} and {Path(path).with_suffix('.md')}")
+        print(f"report: {path} and {Path(path).with_suffix('.md')}"
+              + (f" and {vllm_result_path(Path(path))}" if args.result_format == "vllm" else ""))
     if failure:
         sys.stderr.write(f"kvtransit up: error: {failure}\n")
         return 1
     return 130 if interrupted else 0
 
 
-def run_preamble(scenario: Scenario) -> list[str]:
+def vllm_result_path(report_path: Path) -> Path:
+    return report_path.with_suffix(".vllm.json")
+
+
+def write_vllm_result(report: dict, report_path: Path) -> Path:
+    """The run summary under `vllm bench serve`'s result keys (agents/frontend/vllm_result.py), beside the report."""
+    import json
+    from datetime import datetime
+
+    from kvtransit.agents.frontend.vllm_result import vllm_result
+
+    path = vllm_result_path(report_path)
+    # vLLM's own `date` format (vllm/benchmarks/serve.py: current_dt); the local time the summary was written.
+    result = vllm_result(report, date=datetime.now().strftime("%Y%m%d-%H%M%S"))
+    path.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def run_preamble(scenario: Scenario, *, frontend: bool = False) -> list[str]:
     """The lines `kvtransit up` prints before it starts: what the scale cuts and keeps (the report's own words),
     how to run at real size, and a warning when the workload offers more than the modelled system serves
-    (parsing a trace here also refuses a bad one before any process or namespace exists)."""
+    (parsing a trace here also refuses a bad one before any process or namespace exists). With the front end
+    the workload is whoever calls it: no drawn workload to judge."""
     from kvtransit.agents.loadgen.report import scale_note
     from kvtransit.agents.loadgen.workload_source import requests_for
     from kvtransit.model.offered_load import offered_vs_capacity
@@ -128,7 +168,10 @@ def run_preamble(scenario: Scenario) -> list[str]:
     if config["effective_scale"] < 1:
         lines.append(f"real size: --scale 1 --dilation {config['real_size_dilation']:g} (the {scenario.link} link "
                      f"then runs at {config['host_budget_Bps'] / 1e6:g} MB/s, what this host keeps up with)")
-    if warning := offered_vs_capacity(scenario, requests_for(scenario)).warning():
+    if frontend:
+        lines.append("the requests come from the OpenAI front end's clients: the drawn workload's flags (--rate, "
+                     "--requests, ...) do not apply")
+    elif warning := offered_vs_capacity(scenario, requests_for(scenario)).warning():
         lines.append(f"WARNING: {warning}")
     return lines
 
@@ -146,7 +189,7 @@ def _restart_roles(text: str) -> tuple[str, ...]:
 class _ProgressBar(LiveProgress):
     """requests done, in flight, TTFT/TPOT p99 so far, link rate (model terms)."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int | None):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         super().__init__(Progress(TextColumn("[bold]requests"), BarColumn(), MofNCompleteColumn(),

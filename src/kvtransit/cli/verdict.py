@@ -17,6 +17,14 @@ p99, hand-off p99, SLO attainment, faithful, and the scale/dilation each was mea
 the kernel beat both?), which is "not settled" when it rests on a run that was not faithful.
 
     kvtransit verdict --baselines OUT/points/*.json
+
+`--accuracy-results FILE` (issue 16): the precision test judges the run's kernel by its measured task-level loss,
+the perplexity increase a real model showed over that codec's cache, read from the row of FILE (written by
+`kvtransit accuracy --end-to-end --results FILE`) whose setting is the run's (codec, keep, block, sinks, variant,
+precision_bits; model/task_accuracy.py: `codec_key`); within tolerance is at most +1 %. A run whose setting has no
+row is judged as without the file (tensor error against the equal-bytes baseline), and the reason says so.
+
+    kvtransit verdict --accuracy-results docs/results/accuracy.json /tmp/vt/r.json
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ def register(subparsers) -> None:
     p.add_argument("--baselines", action="store_true",
                    help="compare three reports (kernel in transit, at the GPU, none on the next faster link) at equal "
                         "power instead of judging each")
+    p.add_argument("--accuracy-results", type=Path, default=None, metavar="FILE",
+                   help="judge precision by the measured perplexity increase in FILE (kvtransit accuracy --end-to-end "
+                        "--results FILE)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -55,9 +66,50 @@ def _read_report(path: Path) -> dict:
     return report
 
 
-def report_verdict(path: Path) -> dict[str, Any]:
+def _read_accuracy_results(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CliError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"{path}: cannot read it ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{path}: not an accuracy results file (not JSON: {exc.msg} at line {exc.lineno})") from None
+
+
+def with_task_loss(verdict: dict[str, Any], report: dict, results: Any, where: str) -> dict[str, Any]:
+    """`verdict` with its precision test judged again by the measured task-level loss of the run's codec setting in
+    `results` (a parsed results file named `where`); unchanged when no kernel ran on the link."""
+    from dataclasses import fields
+
+    from kvtransit.agents.loadgen.report import MissingReportField, scenario_from_config
+    from kvtransit.model.errors import ConfigError
+    from kvtransit.model.five_tests import FiveTests, Judgement, PrecisionMeasured, precision_test
+    from kvtransit.model.task_accuracy import codec_key, task_loss_from_results
+
+    if verdict.get("kernel") is None:
+        return verdict
+    try:
+        scenario = scenario_from_config(report["config"])
+        key = codec_key(scenario.codec, keep=scenario.keep, block=scenario.block, sinks=scenario.sinks,
+                        variant=scenario.variant, precision_bits=scenario.precision_bits)
+        loss = task_loss_from_results(results, key, where=where)
+    except (MissingReportField, ConfigError) as exc:
+        raise CliError(str(exc)) from None
+    note = (f"{where} has no row for {key}: judged by tensor error against the equal-bytes baseline" if loss is None
+            else "")
+    tests = [Judgement(**t) for t in verdict["tests"]]
+    old = next(t for t in tests if t.test == "precision")
+    saved: dict[str, Any] = {f.name: old.values.get(f.name) for f in fields(PrecisionMeasured)}
+    measured = PrecisionMeasured(**saved)
+    judged = precision_test(scenario.codec_declaration, measured, loss, task_note=note)
+    five = FiveTests(verdict["flow"], verdict["kernel"], tuple(judged if t.test == "precision" else t for t in tests))
+    return {**verdict, **five.as_dict()}
+
+
+def report_verdict(path: Path, accuracy_results: Path | None = None) -> dict[str, Any]:
     """{report, scale, dilation, **the verdict block} for the report at `path` (its block, or computed from its
-    fields when it has none)."""
+    fields when it has none); with `accuracy_results`, precision judged by the measured task-level loss."""
     from kvtransit.agents.loadgen.report import MissingReportField, handoff_verdict
     from kvtransit.model.errors import ConfigError
 
@@ -70,6 +122,8 @@ def report_verdict(path: Path) -> dict[str, Any]:
             raise CliError(f"{path}: no 'verdict' block, and it cannot be computed: {exc}") from None
         except ConfigError as exc:
             raise CliError(f"{path}: no 'verdict' block, and its config is not a scenario: {exc}") from None
+    if accuracy_results is not None:
+        verdict = with_task_loss(verdict, report, _read_accuracy_results(accuracy_results), str(accuracy_results))
     config = report["config"]
     at = verdict.get("measured_at") or {}
     return {"report": str(path),
@@ -139,7 +193,8 @@ def run(args) -> int:
     if args.baselines:
         return run_baselines(args)
 
-    entries = [report_verdict(path) for path in args.reports]  # every file checked before anything is printed
+    # every file checked before anything is printed
+    entries = [report_verdict(path, args.accuracy_results) for path in args.reports]
     if args.json:
         print_json(entries)
         return 0

@@ -14,6 +14,11 @@ network namespaces and tc shapes the middlebox → decode veth; the namespaces, 
 exact name when the run ends, fails or is interrupted (the manifest in the run dir lists them for
 `kvtransit links clean --manifest` after a crash of the launcher itself).
 
+The OpenAI front end (`--frontend`, `FrontendOptions`): `kvtransit frontend` runs in the load generator's place
+(same peers, report and ledger), its requests coming from outside clients instead of the drawn workload; its URL
+is announced once it is ready, and the run lasts until its own end condition (a request count, a duration) or
+Ctrl-C (agents/frontend/bridge.py).
+
 Prometheus (`--prometheus`): started once every agent is ready, scraping each one's /metrics; after a run that
 ends normally the agents and Prometheus are kept up PROMETHEUS_LINGER_SCRAPES scrape intervals, so the run's
 last figures are scraped too, then the agents stop, then Prometheus (by its pid, also on error or Ctrl-C).
@@ -58,6 +63,24 @@ PROMETHEUS_SCRAPE_INTERVAL_S = 1.0  # prometheus/prometheus.yml: global.scrape_i
 
 # Roles that run in another role's place (network namespace, addresses): the KV pool beside the middlebox.
 RUNS_WITH = {"kvpool": "middlebox"}
+# The client roles: one of them per run, started last and stopped first (it writes the report).
+CLIENT_ROLES = ("loadgen", "frontend")
+
+
+@dataclass(frozen=True)
+class FrontendOptions:
+    """`kvtransit up --frontend`: the OpenAI front end's own flags (cli/frontend.py), handed to its process."""
+
+    listen: str = "127.0.0.1:8000"
+    max_requests: int = 0  # end the run after this many requests (0: no count limit)
+    duration_s: float = 0.0  # end the run this many wall seconds after it starts (0: none)
+    tokenizer: str = "auto"
+    served_model: str | None = None
+
+    def to_argv(self) -> list[str]:
+        argv = ["--openai-listen", self.listen, "--max-requests", str(self.max_requests),
+                "--duration", repr(float(self.duration_s)), "--tokenizer", self.tokenizer]
+        return argv + (["--served-model-name", self.served_model] if self.served_model else [])
 
 
 def _any_port(host: str) -> str:
@@ -70,14 +93,15 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
                    drain_timeout_s: float | None = None,
                    middlebox_command: list[str] | None = None, link_backend: str = "userspace",
                    hosts: Callable[[str, str], str] | None = None, kvpool: str = "",
-                   pool_via: str = "") -> dict[str, list[str]]:
+                   pool_via: str = "", frontend: FrontendOptions | None = None) -> dict[str, list[str]]:
     """The argv of each role's process (instance `index`), as the launcher runs them: the scenario's flags, then
     the role's own. Peer addresses are what is known so far (the launcher learns them from readiness lines);
     the compose file runs the very same commands (tests/unit/test_compose_config.py holds the two together).
     `link_backend` "tc": the kernel shapes the link's rate (middlebox and decode are told); `hosts(role,
     socket)` is where a role's sockets listen ("kv": decode's KV ingress, "front": the rest; default loopback).
     With `--kv-pool pool`: `kvpool` is the pool's address as the middlebox reaches it (the pool runs beside the
-    middlebox, in its namespace), `pool_via` the middlebox's pool port as the prefills reach it."""
+    middlebox, in its namespace), `pool_via` the middlebox's pool port as the prefills reach it. "frontend": the
+    OpenAI front end in the load generator's place (`frontend`: its flags; default FrontendOptions())."""
     scenario_argv = scenario.to_argv()
     host: Callable[[str, str], str] = hosts or (lambda _role, _socket: LOOPBACK)
 
@@ -85,11 +109,12 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
         return [*AGENT_MODULE, role, *scenario_argv, "--name", f"{role}-{index}",
                 "--metrics-listen", _any_port(host(role, "front")), *extra]
 
-    loadgen = agent("loadgen", "--prefill", prefills, "--decode-clients", decode_clients, "--report", report)
+    client_flags = ["--prefill", prefills, "--decode-clients", decode_clients, "--report", report]
     if stats:
-        loadgen += ["--stats", stats]
+        client_flags += ["--stats", stats]
     if drain_timeout_s is not None:
-        loadgen += ["--drain-timeout", repr(float(drain_timeout_s))]
+        client_flags += ["--drain-timeout", repr(float(drain_timeout_s))]
+    loadgen = agent("loadgen", *client_flags)
     backend = ["--link-backend", link_backend] if link_backend != "userspace" else []
     middlebox_host = host("middlebox", "front")
     pool_flags = ["--kvpool", kvpool, "--pool-listen", _any_port(middlebox_host)] if kvpool else []
@@ -108,6 +133,7 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
         "kvpool": [*AGENT_MODULE, "kvpool", *scenario_argv, "--name", f"kvpool-{index}", "--listen", ANY_PORT,
                    "--metrics-listen", _any_port(middlebox_host)],
         "loadgen": loadgen,
+        "frontend": agent("frontend", *client_flags, *(frontend or FrontendOptions()).to_argv()),
     }
 
 
@@ -161,12 +187,12 @@ class Launcher:
                  accuracy_sample: int = 8, drain_timeout_s: float | None = None,
                  on_progress: Callable[[dict], None] | None = None, log: Callable[[str], None] = print,
                  links: str = "loopback", prometheus: bool = False, run_dir: Path | None = None,
-                 restart_roles: tuple[str, ...] = ()):
+                 restart_roles: tuple[str, ...] = (), frontend: FrontendOptions | None = None):
         """`links`: "auto" | "netns" | "loopback" (placement.py). `prometheus`: start a real one once every agent is
         ready. `run_dir` holds the links manifest and Prometheus's config (default: REPORT.run/ beside the
         report). `restart_roles`: children of these roles ("middlebox", "decode") that exit mid-run are
         restarted on the same ports (supervisor.py), at most MAX_RESTARTS times each; any other exit is a
-        crash that stops the run."""
+        crash that stops the run. `frontend`: run the OpenAI front end in the load generator's place."""
         self.scenario = scenario
         self.report_path = Path(report_path)
         self.links_mode = links
@@ -183,6 +209,8 @@ class Launcher:
         self.crashed: Child | None = None
         self.restart_roles = tuple(restart_roles)
         self.restarts: list[dict] = []  # {"name", "exited_at", "ready_at"}: monotonic seconds
+        self.frontend = frontend
+        self.frontend_url: str | None = None  # once the front end said it is ready
 
     # -- processes -----------------------------------------------------------------------------------------
 
@@ -237,10 +265,10 @@ class Launcher:
 
     async def stop_all(self) -> None:
         """The load generator first (it writes the report), then the rest in reverse start order."""
-        loadgens = [c for c in self.children if c.role == "loadgen"]
+        loadgens = [c for c in self.children if c.role in CLIENT_ROLES]
         for child in loadgens:
             await self._stop(child)
-        for child in reversed([c for c in self.children if c.role != "loadgen"]):
+        for child in reversed([c for c in self.children if c.role not in CLIENT_ROLES]):
             await self._stop(child)
         for child in self.children:
             await asyncio.gather(*child.readers, return_exceptions=True)
@@ -257,7 +285,7 @@ class Launcher:
         argv = agent_commands(self.scenario, index=index, report=str(self.report_path),
                               accuracy_sample=self.accuracy_sample, drain_timeout_s=self.drain_timeout_s,
                               middlebox_command=self.middlebox_command, link_backend=setup.link_backend,
-                              hosts=setup.host, **known)[role]
+                              hosts=setup.host, frontend=self.frontend, **known)[role]
         return setup.wrap(RUNS_WITH.get(role, role), argv)
 
     def _child(self, name: str, role: str, argv: list[str]) -> Child:
@@ -340,18 +368,24 @@ class Launcher:
                     "middlebox", decode_kv=_addresses(decode_children, "listen_port"),
                     kvpool=f"{LOOPBACK}:{pool_children[0].ready_info['listen_port']}" if pool_children else ""))
                 await self._start(middlebox_child)
+                # A fault tool needs this while the run is on (toxiproxy clients, Chaos Toolkit: toxiproxy_api.py).
+                self.log(f"kvtransit up: middlebox control API at http://{middlebox_child.address('control_port')} "
+                         "(also toxiproxy's API: /proxies, /reset)")
                 pool_via = middlebox_child.address("pool_port") if pool_children else ""
                 prefill_children = []
                 for i in range(scenario.prefill):
                     prefill_children.append(self._child(f"prefill-{i}", "prefill", self._command(
                         "prefill", i, middlebox_kv=_addresses([middlebox_child], "listen_port"), pool_via=pool_via)))
                     await self._start(prefill_children[-1])
-                loadgen_child = self._child("loadgen-0", "loadgen", self._command(
-                    "loadgen", prefills=_addresses(prefill_children, "listen_port"),
+                client = "frontend" if self.frontend is not None else "loadgen"
+                loadgen_child = self._child(f"{client}-0", client, self._command(
+                    client, prefills=_addresses(prefill_children, "listen_port"),
                     decode_clients=_addresses(decode_children, "client_port"),
                     stats=_addresses([*decode_children, *pool_children, middlebox_child, *prefill_children],
                                      "metrics_port")))
                 await self._start(loadgen_child)
+                if self.frontend is not None:
+                    self._announce_frontend(loadgen_child)
                 if self.want_prometheus:
                     await self._start_prometheus(self.children)
                 progress = asyncio.create_task(self._progress(loadgen_child, decode_children))
@@ -376,6 +410,15 @@ class Launcher:
         if loadgen_exit not in (0, -signal.SIGTERM) and not self.report_path.exists():
             raise RunFailed(loadgen_child.describe_exit())
         return self.report_path if self.report_path.exists() else None
+
+    def _announce_frontend(self, child: Child) -> None:
+        assert self.frontend is not None  # called only with a front end
+        self.frontend_url = f"http://{child.host}:{child.ready_info['openai_port']}/v1"
+        ends = [f"after {self.frontend.max_requests} requests" if self.frontend.max_requests else "",
+                f"after {self.frontend.duration_s:g} s" if self.frontend.duration_s else "", "on Ctrl-C"]
+        self.log(f"kvtransit up: OpenAI-compatible front end at {self.frontend_url} (model "
+                 f"{self.frontend.served_model or self.scenario.model}); the run ends "
+                 f"{' or '.join(e for e in ends if e)}")
 
     async def _linger(self, stop: asyncio.Event) -> None:
         """Keep the agents (and Prometheus) up a couple of scrape intervals after the load generator is done."""

@@ -26,6 +26,9 @@ TABLE_METRICS = (
     ("j_per_request", "J/request", lambda v: f"{v:.3f}"),
     ("wire_bytes", "wire bytes (GB)", lambda v: f"{v / 1e9:.2f}"),
     ("kv_wait_share", "KV wait + transfer share of E2E", lambda v: f"{v:.1%}"),
+    # Issue 20: of the hand-off's time, the part a user waits for (KV ready − first token); the rest hid behind the
+    # prefill (layer-wise streaming, chunked prefill). 100 % in whole mode, the reference model's.
+    ("exposed_share", "exposed share of the hand-off", lambda v: f"{v:.1%}"),
     ("placement", "placement (--links)", str),
 )
 PLOT_FILES = ("slo_attainment.png", "handoff_p99.png", "link_busy.png", "tpot_p99.png")
@@ -61,7 +64,8 @@ def markdown_tables(rows: list[dict]) -> str:
     rows = [with_j_per_request(r) for r in rows]
     for link in _ordered(r["link"] for r in rows):
         at_link = [r for r in rows if r["link"] == link]
-        codecs = sorted({r["codec_label"] for r in at_link}, key=lambda c: (c != "none", c))  # baseline first
+        # The baseline (codec none) first, in each hand-off mode ("none", "none layerwise": issue 20).
+        codecs = sorted({r["codec_label"] for r in at_link}, key=lambda c: (c.split(" ")[0] != "none", c))
         rates = _ordered(r["rate"] for r in at_link)
         cell = {(r["rate"], r["codec_label"]): r for r in at_link}
         for metric, heading, fmt in TABLE_METRICS:

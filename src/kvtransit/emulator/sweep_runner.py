@@ -25,6 +25,7 @@ from pathlib import Path
 
 from kvtransit.agents.loadgen.workload_source import load_trace
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.layerwise import HANDOFF_WHOLE
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.sweep_plan import GoodputSearch, Grid, bisect_goodput, canonical_key, codec_label
 
@@ -33,7 +34,8 @@ from .launcher import Launcher, RunFailed
 # What a row says about its run, in the order the CSV lists them (model terms, milliseconds where "_ms"). New
 # columns go at the end: a results file is read by name, but a spreadsheet of an older one by position.
 METRIC_COLUMNS = ("link_busy", "handoff_p99_ms", "ttft_p99_ms", "tpot_p99_ms", "slo_attainment", "goodput_rps",
-                  "j_per_token", "wire_bytes", "faithful", "kv_wait_share", "placement")
+                  "j_per_token", "wire_bytes", "faithful", "kv_wait_share", "placement", "exposed_share",
+                  "hidden_bytes_share")
 # The point's parameters every row carries, besides its grid overrides.
 PARAMETER_COLUMNS = ("link", "codec", "compress_at", "rate", "requests", "effective_scale", "effective_dilation",
                      "ttft_slo_ms", "tpot_slo_ms", "trace")
@@ -62,6 +64,10 @@ def row_from_report(key: str, scenario: Scenario, report: dict, *, wall_s: float
         "faithful": report["faithful"],
         "kv_wait_share": report.get("kv_wait_share"),
         "placement": placement(report),
+        # The hand-off split (issue 20): the exposed share of its time, the share of its bytes that hid before the
+        # first token (None for a report written before the split existed).
+        "exposed_share": (report.get("handoff_split") or {}).get("exposed_share"),
+        "hidden_bytes_share": (report.get("handoff_split") or {}).get("hidden_bytes_share"),
         **_kv_pool_columns(report),
     }
 
@@ -90,9 +96,19 @@ def failed_row(key: str, scenario: Scenario, error: str, *, wall_s: float) -> di
             **_parameters(scenario), **dict.fromkeys(METRIC_COLUMNS)}
 
 
+def handoff_label(scenario: Scenario) -> str:
+    """How the hand-off was released, for a table's column heading: "" for the reference model's (whole, no
+    chunking), else e.g. " layerwise" or " whole, chunks 2048" (issue 20)."""
+    parts = [scenario.handoff] if scenario.handoff != HANDOFF_WHOLE or scenario.prefill_chunk else []
+    if scenario.prefill_chunk:
+        parts.append(f"chunks {scenario.prefill_chunk}")
+    return " " + ", ".join(parts) if parts else ""
+
+
 def _parameters(scenario: Scenario) -> dict:
     return {"link": scenario.link, "codec": scenario.codec, "compress_at": scenario.compress_at,
-            "codec_label": codec_label(scenario.codec, scenario.compress_at), "rate": scenario.rate,
+            "codec_label": codec_label(scenario.codec, scenario.compress_at) + handoff_label(scenario),
+            "handoff": scenario.handoff, "prefill_chunk": scenario.prefill_chunk, "rate": scenario.rate,
             "requests": scenario.requests, "effective_scale": scenario.effective_scale,
             "effective_dilation": scenario.effective_dilation, "ttft_slo_ms": scenario.ttft_slo_ms,
             "tpot_slo_ms": scenario.tpot_slo_ms, "trace": scenario.trace, "scenario": scenario.as_dict()}

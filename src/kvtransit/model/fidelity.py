@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .layerwise import HANDOFF_LAYERWISE, layerwise_exposed_s, prefill_overlap_s, streamed_ready_s
 from .module import Action
 from .scenario import Scenario
 
@@ -162,14 +163,54 @@ def prescribed_handoff_s(scenario: Scenario, kv_bytes: float, wire_bytes: float)
     when that is slower than the wire, `max(wire / bw, ops / (budget × bw))`, ops over the KV (input) bytes
     (REFERENCE §2, §5). The module's terms are the scenario's (budget, added latency, transform charged or
     not: `Scenario.module`, `Scenario.codec_declaration`), the very ones the middlebox holds a hand-off by."""
+    return prescribed_latency_s(scenario) + prescribed_serialise_s(scenario, kv_bytes, wire_bytes)
+
+
+def _in_transit(scenario: Scenario) -> bool:
+    verdict = scenario.module_verdict  # None: no codec, or the codec ran on the GPU
+    return verdict is not None and verdict.action is Action.IN_TRANSIT
+
+
+def prescribed_latency_s(scenario: Scenario) -> float:
+    """The latency part of `prescribed_handoff_s`: the link's, plus the module's added latency in transit (a kernel
+    on the host runs before the link and adds none)."""
+    link = scenario.link_spec
+    return link.latency_s + scenario.module.added_latency_s if _in_transit(scenario) else link.latency_s
+
+
+def prescribed_serialise_s(scenario: Scenario, kv_bytes: float, wire_bytes: float) -> float:
+    """The occupancy part of `prescribed_handoff_s`: wire / bandwidth, or the module's compute when slower."""
     link = scenario.link_spec
     wire_s = wire_bytes / link.bandwidth_Bps
-    verdict = scenario.module_verdict  # None: no codec, or the codec ran on the GPU
-    if verdict is None or verdict.action is not Action.IN_TRANSIT:
-        return link.latency_s + wire_s  # nothing in the module (a kernel on the host runs before the link)
+    if not _in_transit(scenario):
+        return wire_s
     decl, module = scenario.codec_declaration, scenario.module
     compute_s = kv_bytes * decl.charged_ops_per_byte / (module.ops_per_byte * link.bandwidth_Bps)
-    return link.latency_s + module.added_latency_s + max(wire_s, compute_s)
+    return max(wire_s, compute_s)
+
+
+def prescribed_exposed_s(scenario: Scenario, chunks: Sequence[tuple[float, float, float]], layers: int) -> float:
+    """What the model prescribes for the exposed part of a streamed hand-off (issue 20, model/layerwise.py) on a free
+    link, model seconds after its first token. `chunks`: (release time, KV bytes, wire bytes) of each chunk in wire
+    order, times in model seconds relative to the first token, bytes in model units.
+
+    One prefill step (`--handoff layerwise` without chunking): `layerwise_exposed_s(transfer, overlap)`, the
+    transfer prescribed for all its bytes (`prescribed_handoff_s`) less the prefill compute overlap of its L
+    layers over the step, whose length the first layer's release gives (it came (L−1)/L of the step before the
+    first token). Several steps (chunked prefill): the same FIFO for its actual release times
+    (`streamed_ready_s`), which is that formula on one step."""
+    if not chunks:
+        raise ConfigError("a streamed hand-off needs at least one chunk")
+    latency_s = prescribed_latency_s(scenario)
+    if scenario.prefill_chunk == 0 and scenario.handoff == HANDOFF_LAYERWISE:
+        kv, wire = math.fsum(c[1] for c in chunks), math.fsum(c[2] for c in chunks)
+        transfer_s = prescribed_handoff_s(scenario, kv, wire)
+        first_release_s = min(c[0] for c in chunks)
+        step_s = -first_release_s * layers / (layers - 1) if layers > 1 else 0.0
+        overlap_s = prefill_overlap_s(max(0.0, step_s), transfer_s - latency_s, layers)
+        return layerwise_exposed_s(transfer_s, overlap_s)
+    parts = [(release_s, prescribed_serialise_s(scenario, kv, wire)) for release_s, kv, wire in chunks]
+    return max(0.0, streamed_ready_s(parts, latency_s))
 
 
 def link_rate_target_Bps(scenario: Scenario, link_Bps: float, wire_per_kv_byte: float) -> float:

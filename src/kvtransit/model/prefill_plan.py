@@ -11,15 +11,24 @@ holds and what it costs:
   (`Scenario.gpu_codec_work`);
 - **hand-offs**: which requests go on to decode (output > 1 token) and which are done at their first token,
   as in the simulator.
+
+With chunked prefill (`Scenario.prefill_chunk`, issue 20) the batch is what `ChunkedPrefillQueue.take_batch`
+gave: the next chunk of each request it holds, in FIFO order (Sarathi-Serve's chunked prefill, as vLLM schedules
+it: one chunk of a prompt a step, the prompt's earlier chunks read back as context). An entry is then one chunk:
+`prompt_tokens` is the context after it, `cached_tokens` the context before it (its prefix found cached, and its
+earlier chunks), and only a request's last chunk gives its first token.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from .cost import prefill_step_cached_s, prefill_work_cached, step_energy_j
-from .scenario import Scenario
+from .errors import ConfigError
+from .scenario import PREFILL_CHUNK_RANGE, Scenario
+from .serving import PREFILL_BATCH_TOKEN_LIMIT, ServingRequest
 
 
 @dataclass(frozen=True)
@@ -30,11 +39,21 @@ class BatchEntry:
     prompt_tokens: int
     output_tokens: int
     cached_tokens: int = 0  # of the prompt, found cached by its prefix lookup (0 without prefix reuse)
+    # Chunked prefill: this step computes one chunk of the prompt; `prompt_tokens` is the context after it and
+    # `cached_tokens` the context before it. Whole prompts are their own first and last chunk.
+    first_chunk: bool = True
+    last_chunk: bool = True
 
     @property
     def hands_off(self) -> bool:
         """Its KV goes on to decode; with a single output token the request is done at its first token."""
         return self.output_tokens > 1
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens of KV this step adds to the request's hand-off: all the context on its first chunk (a cached
+        prefix goes with it), then each chunk's own."""
+        return self.prompt_tokens if self.first_chunk else self.prompt_tokens - self.cached_tokens
 
 
 @dataclass(frozen=True)
@@ -63,8 +82,79 @@ def plan_prefill_step(scenario: Scenario, entries: Sequence[BatchEntry]) -> Pref
     model, device = scenario.model_spec, scenario.device_spec
     prompts = [(e.prompt_tokens, e.cached_tokens) for e in entries]
     model_s = prefill_step_cached_s(model, device, scenario.gpus, prompts)
-    model_s += sum(scenario.gpu_codec_s(e.prompt_tokens) for e in entries)
+    model_s += sum(scenario.gpu_codec_s(e.kv_tokens) for e in entries)
     energy_j = step_energy_j(device, prefill_work_cached(model, prompts))
     if codec_on_gpu(scenario):
-        energy_j += sum(step_energy_j(device, scenario.gpu_codec_work(e.prompt_tokens)) for e in entries)
+        energy_j += sum(step_energy_j(device, scenario.gpu_codec_work(e.kv_tokens)) for e in entries)
     return PrefillStepPlan(tuple(entries), model_s, scenario.wall_s(model_s), energy_j)
+
+
+# --- chunked prefill ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """One chunk of a request's prompt, tokens [start, stop) of the `request.prompt_tokens` it has to compute."""
+
+    request: ServingRequest
+    start: int
+    stop: int
+
+    @property
+    def first(self) -> bool:
+        return self.start == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stop == self.request.prompt_tokens
+
+    @property
+    def tokens(self) -> int:
+        return self.stop - self.start
+
+
+class ChunkedPrefillQueue:
+    """One prefill instance's FIFO queue with chunked prefill: a step takes the next chunk (at most `chunk_tokens`)
+    of the head request, then the next chunk of each request behind it while the batch stays within the token
+    budget, stopping at the first that would overflow it (REFERENCE §4's strict FIFO, one chunk a request a step:
+    a chunk needs the KV of the chunks before it). A request keeps its place until its last chunk has run. The
+    same face as `serving.PrefillQueue`, whose batches it gives when every prompt fits in one chunk."""
+
+    def __init__(self, chunk_tokens: int, token_limit: int = PREFILL_BATCH_TOKEN_LIMIT) -> None:
+        lo, hi = PREFILL_CHUNK_RANGE
+        if not lo <= chunk_tokens <= min(hi, token_limit):
+            raise ConfigError(f"prefill chunk: {chunk_tokens} tokens is outside {lo}..{min(hi, token_limit)}")
+        self.chunk_tokens = chunk_tokens
+        self.token_limit = token_limit
+        self._queue: deque[tuple[ServingRequest, int]] = deque()  # (request, tokens computed so far)
+        self._queued_tokens = 0
+
+    def push(self, request: ServingRequest) -> None:
+        self._queue.append((request, 0))
+        self._queued_tokens += request.prompt_tokens
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def queued_tokens(self) -> int:
+        """Prompt tokens still to compute (the router's load figure)."""
+        return self._queued_tokens
+
+    def take_batch(self) -> list[PrefillChunk]:
+        """The next batch of chunks (empty when the queue is)."""
+        batch: list[PrefillChunk] = []
+        tokens = 0
+        kept: deque[tuple[ServingRequest, int]] = deque()
+        while self._queue:
+            request, done = self._queue[0]
+            size = min(self.chunk_tokens, request.prompt_tokens - done)
+            if batch and tokens + size > self.token_limit:
+                break
+            self._queue.popleft()
+            batch.append(PrefillChunk(request, done, done + size))
+            tokens += size
+            if done + size < request.prompt_tokens:
+                kept.append((request, done + size))
+        self._queue.extendleft(reversed(kept))  # unfinished requests keep their places, ahead of the rest
+        self._queued_tokens -= tokens
+        return batch

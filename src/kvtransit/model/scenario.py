@@ -28,6 +28,7 @@ from .codecs import CODEC_NAMES, codec_declaration
 from .cost import StepWork, kv_capacity_tokens, step_time
 from .devices import DEVICES, Device, device_by_name
 from .errors import ConfigError, unknown_name
+from .layerwise import HANDOFF_MODES, HANDOFF_WHOLE
 from .link_catalog import LINKS, Link, link_by_name
 from .module import (
     MODULE_BUDGETS,
@@ -43,7 +44,9 @@ from .module import (
     budget_check,
     transit_time,
 )
+from .prefix import BLOCK_TOKENS
 from .prefix_workloads import PREFIX_WORKLOADS
+from .serving import PREFILL_BATCH_TOKEN_LIMIT
 from .slo import TPOT_SLO_S, TTFT_SLO_S
 from .traces import TRACE_FORMATS, TRACE_SAMPLING
 from .workload import ARRIVALS, DEFAULT_MAX_TOKENS, LengthDist, WorkloadSpec
@@ -58,6 +61,9 @@ HOST_BUDGET_BPS = 50e6
 DILATION_QUANTUM = 0.1
 
 COMPRESS_AT = ("transit", "gpu")
+# A prefill chunk holds at least one KV block (model/prefix.py: 512 tokens, the unit the prefix cache stores) and
+# at most one step's token budget (REFERENCE §4: 8,192).
+PREFILL_CHUNK_RANGE = (BLOCK_TOKENS, PREFILL_BATCH_TOKEN_LIMIT)
 # A requantiser's decode is one multiply by its block's scale per value (documented model, issue 14; see
 # Scenario.gpu_codec_inverse_work): the most per-value work an inverse is charged besides its transform.
 INVERSE_OPS_PER_VALUE = 1
@@ -197,6 +203,12 @@ class Scenario:
     # The hand-off link and what runs on it.
     link: str = "eth-25g"
     channels: int = 1  # parallel link channels (REFERENCE §4: one shared FIFO link by default)
+    # How the KV is released to the link (issue 20, model/layerwise.py): "whole" at the end of its prefill step (the
+    # reference model, REFERENCE §4), or "layerwise": each layer as its compute ends, step start + (l+1)/L × step.
+    handoff: str = HANDOFF_WHOLE
+    # Chunked prefill: prompts computed at most this many tokens a step, each chunk's KV released by its own step's
+    # schedule (0: off, a prompt in one step as REFERENCE §4 has it). From one KV block to a step's token budget.
+    prefill_chunk: int = 0
     codec: str = "freq-keep-k"
     keep: float = 0.5
     sinks: int = 4  # attention-sink tokens kept exact (REFERENCE §6)
@@ -270,6 +282,7 @@ class Scenario:
         _choice("codec", self.codec, CODEC_NAMES)
         _choice("variant", self.variant, BAND_KEEP_VARIANTS)
         _choice("compress_at", self.compress_at, COMPRESS_AT)
+        _choice("handoff", self.handoff, HANDOFF_MODES)
         object.__setattr__(self, "module_budget", _module_budget(self.module_budget))
         _choice("policy", self.policy, POLICIES)
         _number("module_pj_per_bit", self.module_pj_per_bit, lo=0)
@@ -285,6 +298,15 @@ class Scenario:
         for name in ("gpus", "prefill", "decode", "channels", "requests"):
             object.__setattr__(self, name, _number(name, getattr(self, name), lo=1, integer=True))
         object.__setattr__(self, "sinks", _number("sinks", self.sinks, lo=0, integer=True))
+        object.__setattr__(self, "prefill_chunk", _number("prefill_chunk", self.prefill_chunk, integer=True))
+        if self.prefill_chunk and not PREFILL_CHUNK_RANGE[0] <= self.prefill_chunk <= PREFILL_CHUNK_RANGE[1]:
+            lo, hi = PREFILL_CHUNK_RANGE
+            raise ConfigError(f"prefill_chunk: {self.prefill_chunk} tokens is outside {lo}..{hi} (one KV block .. a "
+                              f"prefill step's token budget), or 0 for no chunking")
+        if self.prefill_chunk and self.codec == "freq-keep-k" and self.sinks > self.prefill_chunk:
+            # Each chunk's KV is its own band-keep input, whose first `sinks` tokens are kept exact.
+            raise ConfigError(f"prefill_chunk: {self.prefill_chunk} tokens is fewer than the {self.sinks} sink tokens "
+                              f"freq-keep-k keeps exact in each chunk's KV; give at least {self.sinks}")
         object.__setattr__(self, "block", _number("block", self.block, lo=2, integer=True))
         object.__setattr__(self, "seed", _number("seed", self.seed, integer=True))
         object.__setattr__(self, "max_concurrency",

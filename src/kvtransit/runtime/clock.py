@@ -14,18 +14,34 @@ import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-# How long before a deadline MonotonicClock stops sleeping on the loop's timer and yields in a loop
-# instead. Measured on the 2-core dev box (5 ms steps, 300 sleeps, see the runtime report):
+from . import precise_timer
+
+# How long before a deadline MonotonicClock stops sleeping and yields in a loop instead (the yield-spin).
+# With a timerfd (runtime/precise_timer.py, Linux) the loop sleeps to within microseconds of the deadline and the
+# spin covers only the wake-up itself, which on this VM takes ~0.1-0.2 ms from an idle vCPU. Measured on the 2-core
+# dev box, uvloop, 5 ms steps, 400 sleeps, quiet (benchmarks/clock.py; benchmarks/RESULTS.md, Timers):
+#   loop timer + 1 ms spin:  mean  42 µs late, p50 0.6 µs, p90   5 µs, 19 % of a core
+#   timerfd + 50 µs spin:    mean 116 µs late, p50  20 µs, p90 238 µs,  4 % of a core
+#   timerfd + 200 µs spin:   mean  72 µs late, p50 0.9 µs, p90 158 µs,  6 % of a core
+#   timerfd + 500 µs spin:   mean  54 µs late, p50 0.7 µs, p90   5 µs, 11 % of a core
+# 200 µs keeps a decode step's mean lateness near 1 % (the fidelity guard allows 3 %) at a third of the spin's
+# CPU; what a spinning agent costs is everyone else's wake-ups: in light netns runs with other work on one core,
+# the idle-link hand-off check failed 3 of 6 runs with the 1 ms spin (median 1.027-1.104x) and passed 6 of 6
+# with the timerfd and a 50 µs spin (1.007-1.021x); with 4 sleepers and a busy core the timerfd + 200 µs was late
+# by half the spin's mean at 40 % of its CPU (benchmarks/RESULTS.md, Timers). Without a timerfd, the loops'
+# timers have millisecond granularity, so 1 ms is the smallest spin that works on both loops:
 #   uvloop:  no spin p50 298 µs late; 0.5 ms spin p50 0.9 µs; 1.0 ms spin p50 0.9 µs (17 % of a core)
 #   asyncio: no spin p50 650 µs late; 0.5 ms spin p50 315 µs; 1.0 ms spin p50 1.3 µs (18 % of a core)
-# Both loops' timers have millisecond granularity, so 1 ms is the smallest margin that works on both.
-DEFAULT_SPIN_S = 1e-3
+PRECISE_TIMER_SPIN_S = 200e-6
+LOOP_TIMER_SPIN_S = 1e-3
 
 LatenessObserver = Callable[[float], None]
 
 
 @runtime_checkable
 class Clock(Protocol):
+    timer: str  # what its sleeps wait on, for reports: "timerfd", "loop" (MonotonicClock) or "manual"
+
     def now_ns(self) -> int:
         """Monotonic time now, in integer nanoseconds."""
         ...
@@ -36,18 +52,29 @@ class Clock(Protocol):
 
 
 class MonotonicClock:
-    """time.monotonic_ns; sleeps on the loop's timer, then yields to the loop for the last `spin_s`.
+    """time.monotonic_ns; sleeps on the loop's timerfd (else its own timer), then yields for the last `spin_s`.
 
     The spin yields (asyncio.sleep(0)) rather than busy-waiting, so other tasks keep running; it costs
     CPU only for the last `spin_s` of each sleep. `observe_lateness(seconds)` is called after every
-    sleep (the fidelity guard's timer-lateness histogram hangs here).
+    sleep (the fidelity guard's timer-lateness histogram hangs here). `timer` says what the sleep waits on:
+    "timerfd" or "loop" (reported by the agents, so a run says how its holds were timed).
     """
 
-    def __init__(self, *, spin_s: float = DEFAULT_SPIN_S, observe_lateness: LatenessObserver | None = None):
+    def __init__(self, *, spin_s: float | None = None, observe_lateness: LatenessObserver | None = None,
+                 use_timerfd: bool = True):
+        """`spin_s`: None for the default of the timer in use (PRECISE_TIMER_SPIN_S or LOOP_TIMER_SPIN_S);
+        `use_timerfd=False` keeps to the loop's own timer (benchmarks/clock.py compares the two)."""
+        self.timer = "timerfd" if use_timerfd and precise_timer.available() else "loop"
+        if spin_s is None:
+            spin_s = PRECISE_TIMER_SPIN_S if self.timer == "timerfd" else LOOP_TIMER_SPIN_S
         if not spin_s >= 0:
             raise ValueError(f"spin_s must be >= 0, got {spin_s!r}")
         self._spin_ns = int(spin_s * 1e9)
         self.observe_lateness = observe_lateness
+
+    @property
+    def spin_s(self) -> float:
+        return self._spin_ns / 1e9
 
     def now_ns(self) -> int:
         return time.monotonic_ns()
@@ -55,9 +82,13 @@ class MonotonicClock:
     async def sleep_until(self, deadline_ns: int) -> int:
         remaining = deadline_ns - time.monotonic_ns()
         if remaining > self._spin_ns:
-            await asyncio.sleep((remaining - self._spin_ns) / 1e9)
-        # The spin is the point (DEFAULT_SPIN_S): the loop's timer has millisecond granularity, so the last
-        # spin_s is polled; no Event could fire at the deadline any sooner, and sleep(0) lets other tasks run.
+            timer = precise_timer.for_running_loop() if self.timer == "timerfd" else None
+            if timer is not None:
+                await timer.wait_until(deadline_ns - self._spin_ns)
+            else:
+                await asyncio.sleep((remaining - self._spin_ns) / 1e9)
+        # The spin covers what the wait cannot (PRECISE_TIMER_SPIN_S, LOOP_TIMER_SPIN_S): the loop's own wake-up
+        # after a timerfd, or the loop timer's millisecond granularity; sleep(0) lets other tasks run meanwhile.
         while time.monotonic_ns() < deadline_ns:  # noqa: ASYNC110 — deliberate yield-spin to the deadline
             await asyncio.sleep(0)
         lateness = time.monotonic_ns() - deadline_ns
@@ -77,6 +108,7 @@ class ManualClock:
     # Loop iterations given to woken tasks at each step. Enough for a task to wake, do a few
     # call_soon hops (memory transports use them) and go back to sleep.
     SETTLE_ROUNDS = 64
+    timer = "manual"
 
     def __init__(self, start_ns: int = 0):
         self._now_ns = start_ns

@@ -96,8 +96,12 @@ class EgressShaper:
 
     def __init__(self, *, rate_Bps: float, latency_s: float = 0.0, jitter_s: float = 0.0, channels: int = 1,
                  clock: Clock | None = None, slice_bytes: int = DEFAULT_SLICE_BYTES,
-                 lead_bytes: int | None = None,
+                 lead_bytes: int | None = None, burst_bytes: int = 0,
                  on_transfer_done: Callable[[TransferRecord], None] | None = None):
+        """`burst_bytes`: what the bucket lets through at once after idle. 0 (the default, our bucket shapes
+        the link): an N-byte transfer takes exactly N / rate (REFERENCE §2). A kernel qdisc that shapes the link
+        itself (tc) is handed the first slice at the transfer's start, so its own full bucket, which the
+        middlebox's start hold accounts for, is not left idle while ours meters out the first slice."""
         if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
             raise ValueError(f"channels must be an integer >= 1, got {channels!r}")
         if slice_bytes < 1:
@@ -106,9 +110,9 @@ class EgressShaper:
         self.slice_bytes = slice_bytes
         self.lead_bytes = DEFAULT_LEAD_SLICES * slice_bytes if lead_bytes is None else lead_bytes
         self.on_transfer_done = on_transfer_done
-        # Burst 0: the bucket starts empty, so reserve() returns when each slice's last byte has been
+        # With burst 0 the bucket starts empty, so reserve() returns when each slice's last byte has been
         # serialised, and an N-byte transfer takes exactly N / rate (REFERENCE §2).
-        self._channels = [_Channel(i, TokenBucket(rate_Bps, 0), DelayLine(latency_s, jitter_s))
+        self._channels = [_Channel(i, TokenBucket(rate_Bps, burst_bytes), DelayLine(latency_s, jitter_s))
                           for i in range(channels)]
         self.rate_Bps = float(rate_Bps)
         self.latency_s = float(latency_s)

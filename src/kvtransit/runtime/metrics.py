@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 NAMESPACE = "kvtransit"
 # The only label names a metric may carry: each has a small, fixed set of values.
-ALLOWED_LABELS = frozenset({"link", "codec", "stage", "outcome", "role", "phase"})
+# `route` and `status` are the front end's: its four routes and the HTTP status codes it answers with.
+ALLOWED_LABELS = frozenset({"link", "codec", "stage", "outcome", "role", "phase", "route", "status"})
 
 # SLO thresholds (REFERENCE §4: SLO met ⇔ TTFT ≤ 1 s and TPOT ≤ 25 ms). Buckets of the latency histograms
 # contain them exactly, so "fraction within SLO" is a bucket ratio, not an interpolation.
@@ -211,6 +212,9 @@ class DecodeMetrics:
     codec_relative_error: Gauge
     kv_handoffs: Counter
     queue_wait_seconds: Histogram
+    handoff_exposed_seconds: Histogram
+    handoff_hidden_seconds: Histogram
+    handoff_bytes: Counter
 
 
 def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
@@ -245,6 +249,19 @@ def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
             registry, "decode_queue_wait_seconds",
             "KV ready at decode -> admitted into the continuous batch (model seconds), per request.",
             QUEUE_WAIT_BUCKETS_S),
+        # Issue 20 (model/layerwise.py): the hand-off split at its first token, per request taken.
+        handoff_exposed_seconds=_histogram(
+            registry, "decode_handoff_exposed_seconds",
+            "Exposed hand-off: KV ready at decode - first token, >= 0 (model seconds), per request taken.",
+            HANDOFF_BUCKETS_S),
+        handoff_hidden_seconds=_histogram(
+            registry, "decode_handoff_hidden_seconds",
+            "Hidden hand-off: first KV bytes at decode -> first token (model seconds; 0 when the KV is handed off "
+            "whole), per request taken.", HANDOFF_BUCKETS_S),
+        handoff_bytes=_counter(
+            registry, "decode_handoff_bytes",
+            "KV payload bytes of taken hand-offs that reached decode before their first token (phase=hidden) or "
+            "after it (phase=exposed).", ("phase",)),
     )
 
 
@@ -389,6 +406,22 @@ def pool_relay_metrics(registry: CollectorRegistry) -> PoolRelayMetrics:
     )
 
 
+@dataclass(frozen=True)
+class FrontendMetrics:
+    """The OpenAI front end's answers (agents/frontend/): besides the load generator's, whose role it plays."""
+
+    responses: Counter
+
+
+def frontend_metrics(registry: CollectorRegistry) -> FrontendMetrics:
+    return FrontendMetrics(
+        responses=_counter(
+            registry, "frontend_responses",
+            "Answers of the OpenAI front end, by route (completions, chat, models, health) and HTTP status.",
+            ("route", "status")),
+    )
+
+
 # Every role's metric factory, for METRICS.md's check (add each new role's here).
 METRIC_FACTORIES = {
     "shared": shared_metrics,
@@ -399,4 +432,5 @@ METRIC_FACTORIES = {
     "kvpool": kvpool_metrics,
     "prefix_cache": prefix_cache_metrics,
     "pool_relay": pool_relay_metrics,
+    "frontend": frontend_metrics,
 }

@@ -79,7 +79,8 @@ _HELLO = struct.Struct("!HB")  # version, role; then name
 _REQUEST = struct.Struct("!IIQ")  # prompt_tokens, output_tokens, sent_ns
 _FIRST_TOKEN = struct.Struct("!Q")  # t_ns
 _KV_BEGIN = struct.Struct("!IIIIQQ")  # prompt, output, n_layers, n_chunks, raw_bytes, first_token_ns; then codec
-_KV_CHUNK = struct.Struct("!Q")  # raw_bytes
+_KV_CHUNK = struct.Struct("!Q")  # raw_bytes; then, only when non-zero, _RELEASE
+_RELEASE = struct.Struct("!Q")  # KvChunk.release_ns (layer-wise streaming; absent = 0, the frame as it always was)
 _KV_END = struct.Struct("!IIQ")  # n_chunks, checksum, wire_bytes
 _TOKEN = struct.Struct("!QIQ")  # request_id, token_index, t_ns (one per entry)
 _ACK = struct.Struct("!BQ")  # status, t_ns; then detail
@@ -221,7 +222,8 @@ def encode(event: Any, err: ErrorClass, max_payload: int) -> tuple[bytes, memory
         _check_chunk_sizes(err, f"KvChunk request {event.request_id} layer {layer} chunk {chunk}",
                            dtype, dims, raw_bytes, codec_id, payload_length, max_payload)
         payload_crc = event.payload_crc if event.payload_crc is not None else crc32c(payload)
-        meta = _KV_CHUNK.pack(raw_bytes)
+        release_ns = _int_in(err, "KvChunk.release_ns", event.release_ns, 0, U64)
+        meta = _KV_CHUNK.pack(raw_bytes) + (_RELEASE.pack(release_ns) if release_ns else b"")
     elif frame_type == FrameType.KV_END:
         meta = _KV_END.pack(_int_in(err, "KvEnd.n_chunks", event.n_chunks, 1, U32),
                             _int_in(err, "KvEnd.checksum", event.checksum, 0, U32),
@@ -410,7 +412,8 @@ def decode_body(h: Header, buf: Buffer, offset: int, err: ErrorClass,
                           codec=_decode_text(meta[_KV_BEGIN.size:], "KvBegin.codec", MAX_CODEC_NAME, err),
                           first_token_ns=first_ns)
     if t == FrameType.KV_CHUNK:
-        (raw_bytes,) = _unpack_exact(_KV_CHUNK, meta, where, err)
+        (raw_bytes,) = _unpack_head(_KV_CHUNK, meta, where, err)
+        release_ns = _kv_chunk_release(meta[_KV_CHUNK.size:], where, err)
         dtype = ev.DType(h.dtype)
         _check_chunk_sizes(err, where, dtype, h.shape, raw_bytes, h.codec_id, h.payload_length, U64)
         payload = payload_view(payload_start, payload_start + h.payload_length)
@@ -420,7 +423,7 @@ def decode_body(h: Header, buf: Buffer, offset: int, err: ErrorClass,
                              f"{actual:#010x}", ErrorCode.PAYLOAD_CRC_MISMATCH)
         return ev.KvChunk(request_id=h.request_id, layer=h.layer, chunk=h.chunk, dtype=dtype, shape=h.shape,
                           codec_id=h.codec_id, codec_header=codec_header, payload=payload,
-                          raw_bytes=raw_bytes, payload_crc=actual)
+                          raw_bytes=raw_bytes, payload_crc=actual, release_ns=release_ns)
     if t == FrameType.KV_END:
         n_chunks, checksum, wire_bytes = _unpack_exact(_KV_END, meta, where, err)
         _int_in(err, "KvEnd.n_chunks", n_chunks, 1, U32)
@@ -440,6 +443,20 @@ def decode_body(h: Header, buf: Buffer, offset: int, err: ErrorClass,
                         message=_decode_text(meta[_ERROR.size:], "Error.message", MAX_MESSAGE, err),
                         request_id=h.request_id if h.flags & FLAG_HAS_REQUEST_ID else None)
     return ev.Bye(reason=_decode_text(meta, "Bye.reason", MAX_REASON, err))
+
+
+def _kv_chunk_release(tail: bytes, where: str, err: ErrorClass) -> int:
+    """KvChunk's optional release time after raw_bytes: absent (0), or one non-zero u64 (a zero is sent absent, so
+    one frame has one encoding)."""
+    if not tail:
+        return 0
+    if len(tail) != _RELEASE.size:
+        raise _fail(err, f"meta_length {_KV_CHUNK.size + len(tail)} on {where}, expected {_KV_CHUNK.size} or "
+                         f"{_KV_CHUNK.size + _RELEASE.size}", ErrorCode.MALFORMED_META)
+    (release_ns,) = _RELEASE.unpack(tail)
+    if release_ns == 0:
+        raise _fail(err, f"{where}: a KvChunk release_ns of 0 is sent as no release_ns", ErrorCode.MALFORMED_META)
+    return int(release_ns)
 
 
 def _unpack_exact(s: struct.Struct, meta: bytes, where: str, err: ErrorClass) -> tuple[Any, ...]:

@@ -105,6 +105,9 @@ class KvChunk:
     Received payloads are memoryview slices of the connection's receive buffer (see Connection).
     payload_crc: on receive, the verified CRC32C of the payload. On send, leave None to have it computed,
     or pass the CRC received with this same payload to relay it unchanged without a second CRC pass.
+    release_ns: when this slice of KV came to exist (layer-wise streaming, chunked prefill: its layer's or chunk's
+    compute ended then); 0, the default, for none of its own: it is ready with its stream (KvBegin.first_token_ns).
+    Carried only when non-zero, so a chunk without one is the same frame as before the field existed.
     """
 
     request_id: int
@@ -117,6 +120,7 @@ class KvChunk:
     payload: bytes | bytearray | memoryview
     raw_bytes: int
     payload_crc: int | None = field(default=None, compare=False)
+    release_ns: int = 0
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from kvtransit.model.ledger_check import read as ledger_check
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import PrefillRouter, ServingRequest
 from kvtransit.model.slo import RequestRecord, percentile
+from kvtransit.model.workload import RequestSpec
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock, MonotonicClock, sleep_for
 from kvtransit.runtime.http_client import get_json
@@ -75,6 +76,7 @@ class LoadGenerator:
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.workload = requests_for(scenario)
         self.records: dict[int, RequestRecord] = {}
+        self.handoff_splits: dict[int, dict] = {}  # request id → decode's hand-off split (exposed_s, hidden_s, ...)
         self.router = PrefillRouter(len(prefills))
         self.tokens_delivered = 0
         last_arrival = self.workload[-1].arrival_s if self.workload else 0.0
@@ -126,8 +128,19 @@ class LoadGenerator:
         if record.handoff_s is not None:
             self.metrics.handoff_seconds.labels(phase="total").observe(record.handoff_s)
         self.metrics.in_flight.set(len(self._open))
+        self._on_settled(record)
         if self._all_sent and not self._open:
             self._done.set()
+
+    # Hooks for a subclass that serves the requests' clients itself (the OpenAI front end): no-ops here.
+    def _on_token(self, record: RequestRecord, index: int) -> None:
+        """Token `index` of an open request arrived (its time is `record.token_times_s[index]`)."""
+
+    def _on_settled(self, record: RequestRecord) -> None:
+        """The request is over (its outcome is recorded and counted)."""
+
+    def _amend_report(self, report: dict) -> None:
+        """Add to the run report before it is written."""
 
     def _fail(self, request_id: int, reason: str) -> None:
         record = self.records.get(request_id)
@@ -146,6 +159,7 @@ class LoadGenerator:
             return
         record.token_times_s.append(self._model_s(t_ns))
         self.tokens_delivered += 1
+        self._on_token(record, index)
         if record.finished:
             self._settle(request_id)
 
@@ -234,29 +248,38 @@ class LoadGenerator:
         return await open_greeted(address.host, address.port, Role.LOADGEN, their_role, name=self.name)
 
     async def _dispatch(self, prefills: list[Endpoint]) -> None:
+        """The send schedule: every request of the workload at its arrival. (The OpenAI front end,
+        agents/frontend/bridge.py, replaces it: its requests arrive from outside.)"""
         for spec in self.workload:
             deadline = self._t0_ns + round(self.scenario.wall_s(spec.arrival_s) * 1e9)
             await self.clock.sleep_until(deadline)
-            if self._slots is not None:
-                await self._slots.acquire()
-            request = ServingRequest(spec.request_id, spec.prompt_tokens, spec.output_tokens)
-            instance = self.router.assign(request)
-            sent_ns = self.clock.now_ns()
-            self.records[spec.request_id] = new_record(self.scenario, spec, self._model_s(sent_ns))
-            self._open.add(spec.request_id)
-            self._prefill_of[spec.request_id] = instance
-            if self.ledger is not None:
-                self.ledger.sent(spec.request_id, spec.output_tokens, instance)
-            self.metrics.in_flight.set(len(self._open))
-            try:
-                await prefills[instance].send(Request(request_id=spec.request_id, prompt_tokens=spec.prompt_tokens,
-                                                      output_tokens=spec.output_tokens, sent_ns=sent_ns,
-                                                      hash_ids=spec.hash_ids))
-            except (ConnectionError, RuntimeError) as exc:
-                self._fail(spec.request_id, f"could not send to prefill {self.prefill_addresses[instance]}: {exc}")
+            await self.send_request(prefills, spec)
         self._all_sent = True
         if not self._open:
             self._done.set()
+
+    async def send_request(self, prefills: list[Endpoint], spec: RequestSpec, *, arrival_ns: int | None = None) -> None:
+        """Send one request (after a free slot, with `max_concurrency`) to the prefill the router picks, and open
+        its record. `arrival_ns`: when its client asked, if that was before it could be sent (default: the send,
+        as for the workload, whose requests arrive as they are sent)."""
+        if self._slots is not None:
+            await self._slots.acquire()
+        request = ServingRequest(spec.request_id, spec.prompt_tokens, spec.output_tokens)
+        instance = self.router.assign(request)
+        sent_ns = self.clock.now_ns()
+        arrived_ns = sent_ns if arrival_ns is None else arrival_ns
+        self.records[spec.request_id] = new_record(self.scenario, spec, self._model_s(arrived_ns))
+        self._open.add(spec.request_id)
+        self._prefill_of[spec.request_id] = instance
+        if self.ledger is not None:
+            self.ledger.sent(spec.request_id, spec.output_tokens, instance)
+        self.metrics.in_flight.set(len(self._open))
+        try:
+            await prefills[instance].send(Request(request_id=spec.request_id, prompt_tokens=spec.prompt_tokens,
+                                                  output_tokens=spec.output_tokens, sent_ns=sent_ns,
+                                                  hash_ids=spec.hash_ids))
+        except (ConnectionError, RuntimeError) as exc:
+            self._fail(spec.request_id, f"could not send to prefill {self.prefill_addresses[instance]}: {exc}")
 
     async def _report_progress(self) -> None:
         while True:
@@ -292,10 +315,17 @@ class LoadGenerator:
         """Decode's queue wait of every request it admitted, into the records. Not having them costs only the
         report's `kv_wait_share` (it counts the requests that have one), so a failure is a warning."""
         try:
-            waits = parse_queue_waits(await get_json(address.host, address.port, QUEUE_WAITS_PATH))
+            body = await get_json(address.host, address.port, QUEUE_WAITS_PATH)
+            waits = parse_queue_waits(body)
         except (TimeoutError, OSError, ConnectionError, ValueError) as exc:
             log.warning("no decode queue waits from %s: %s", address, exc)
             return
+        # Each request's hand-off split (exposed / hidden, decode's `handoff_split` beside its queue waits).
+        splits = body.get("handoff_split", {}) if isinstance(body, dict) else {}
+        if isinstance(splits, dict):
+            for request_id, split in splits.items():
+                if isinstance(split, dict):
+                    self.handoff_splits[int(request_id)] = split
         for request_id, wait_s in waits.items():
             if (record := self.records.get(request_id)) is not None:
                 record.decode_wait_s = wait_s
@@ -369,10 +399,12 @@ class LoadGenerator:
             self.ledger.close()
         result = run_report.build_report(self.scenario, sorted(self.records.values(), key=lambda r: r.request_id),
                                          peer_stats, run_wall_s=run_wall_s, tokens_delivered=self.tokens_delivered,
-                                         missing_stats=missing_stats, workload=self.workload)
+                                         missing_stats=missing_stats, workload=self.workload,
+                                         handoff_splits=self.handoff_splits)
         if self.ledger is not None:  # the ledger's own verdict on the run (model/ledger_check.py), beside the figures
             assert self.ledger_path is not None  # the ledger was opened at it
             result["ledger"] = {"path": str(self.ledger_path), **ledger_check(self.ledger_path).summary()}
+        self._amend_report(result)
         if self.report_path is not None:
             run_report.write_report(result, self.report_path)
         return result

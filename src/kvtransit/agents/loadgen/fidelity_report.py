@@ -9,15 +9,21 @@ The checks, by name in the block:
 - `link_rate`: the link's achieved rate while busy against the configured (scaled) rate;
 - `kernel_time`: the codec's real compute time against the modelled time of the same bytes;
 - `handoff_model`: each hand-off that found a lane of the link free, measured at the client, against the
-  model's latency + bytes / bw (+ module terms); its `distribution` of measured / prescribed is beside it.
+  model's latency + bytes / bw (+ module terms); its `distribution` of measured / prescribed is beside it. A
+  streamed run (`--handoff layerwise`, `--prefill-chunk`: issue 20) holds the exposed part of each such hand-off
+  against the model's (`model.fidelity.prescribed_exposed_s`: max(0, transfer − prefill compute overlap)) by the
+  same rule; decode judges it, where each chunk's release time and bytes are known (its /stats'
+  `streamed_handoff_model`), the worst decode's figure counting.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from kvtransit.model import fidelity
+from kvtransit.model.layerwise import HANDOFF_LAYERWISE
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord
 
@@ -69,6 +75,21 @@ def _handoffs(scenario: Scenario, records: list[RequestRecord], decodes: list[di
             fidelity.handoff_distribution(got, want, len(measured)))
 
 
+def _streamed_handoffs(decodes: list[dict]) -> tuple[fidelity.Gap, dict]:
+    """The streamed hand-off check, as decode judged it (the worst decode's when there are several)."""
+    judged = [d["streamed_handoff_model"] for d in decodes if isinstance(d.get("streamed_handoff_model"), dict)]
+    if not judged:
+        gap = fidelity.not_measured("no decode held a streamed hand-off against the model",
+                                    fidelity.HANDOFF_REL_TOLERANCE)
+        return gap, fidelity.handoff_distribution([], [], 0)
+    worst = max(judged, key=lambda j: (not j["check"]["ok"], abs(j["check"]["measured"])
+                                       if j["check"]["measured"] is not None else math.inf))
+    check = worst["check"]
+    measured = math.nan if check["measured"] is None else check["measured"]
+    gap = fidelity.Gap(measured, check["target"], all(j["check"]["ok"] for j in judged), check["hint"])
+    return gap, {**worst["distribution"], "measured_at": "decode"}
+
+
 def fidelity_block(scenario: Scenario, records: list[RequestRecord], *, prefills: list[dict], decodes: list[dict],
                    middleboxes: list[dict], scaled_achieved_Bps: float | None,
                    missing_stats: Sequence[str] = ()) -> tuple[bool, dict[str, dict[str, Any]]]:
@@ -97,7 +118,10 @@ def fidelity_block(scenario: Scenario, records: list[RequestRecord], *, prefills
         gaps["kernel_time"] = fidelity.kernel_gap(kernel_s, modelled_s, scale, dilation)
     else:
         gaps["kernel_time"] = fidelity.not_measured("no middlebox stats", fidelity.KERNEL_TOLERANCE)
-    gaps["handoff_model"], distribution = _handoffs(scenario, records, decodes)
+    if scenario.handoff == HANDOFF_LAYERWISE or scenario.prefill_chunk > 0:
+        gaps["handoff_model"], distribution = _streamed_handoffs(decodes)
+    else:
+        gaps["handoff_model"], distribution = _handoffs(scenario, records, decodes)
     faithful, block = fidelity.assess(gaps)
     block["handoff_model"]["distribution"] = distribution
     return faithful, block

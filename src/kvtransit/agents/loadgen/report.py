@@ -14,6 +14,14 @@ hand-off), beside `transit_bound_frames`, the frames the middlebox found so.
 five tests (REFERENCE §8, `model/five_tests.py`), computed from the report's own fields (`handoff_verdict`), so
 `kvtransit verdict` gives the same answer for a report written before the block existed.
 
+`handoff_split` (issue 20, model/layerwise.py) splits the hand-off at the first token: **exposed** (KV ready − first
+token, ≥ 0: what a user waits for; its distribution as the client measured it) and **hidden** (in flight before the
+first token: its time and its bytes, as decode measured them), with the exposed share of the two. In whole mode
+(REFERENCE §4) nothing hides; with `--handoff layerwise` or `--prefill-chunk` most of a hand-off may. Each request's
+split is in `per_request` (`handoff_exposed_s`, and `handoff_hidden_s` when the caller passes decode's figures).
+A streamed run's link figures are decode's (its busy time leaves out the gaps a stream waits for compute in; the
+middlebox's shaper counts a transfer's whole span).
+
 All timings and rates are in model terms: seconds ÷ dilation, bytes ÷ the payload scale (what the modelled,
 full-size system would have moved). A figure nobody could measure is null, never invented.
 """
@@ -22,16 +30,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kvtransit.agents.common.process import finite_json
 from kvtransit.model.energy import link_energy_j
 from kvtransit.model.five_tests import HandoffMeasured, PrecisionMeasured, judge_handoff
+from kvtransit.model.layerwise import HANDOFF_LAYERWISE
 from kvtransit.model.offered_load import offered_vs_capacity
 from kvtransit.model.scenario import SCENARIO_FIELDS, SYNTHETIC_KV, Scenario
-from kvtransit.model.slo import RequestRecord, kv_wait_share, summarise
+from kvtransit.model.slo import RequestRecord, distribution, kv_wait_share, summarise
 from kvtransit.model.workload import RequestSpec
 
 from .fidelity_report import fidelity_block
@@ -54,12 +63,49 @@ def _pool_energy_j(scenario: Scenario, middleboxes: list[dict]) -> float | None:
     return link_energy_j(scenario.link_spec, wire_model_bytes) + stat_sum(relays, "module_energy_j")
 
 
+def streamed(scenario: Scenario) -> bool:
+    """The KV is released as it is computed (layer-wise, or chunked prefill), not whole at the first token."""
+    return scenario.handoff == HANDOFF_LAYERWISE or scenario.prefill_chunk > 0
+
+
+def exposed_s(record: RequestRecord) -> float | None:
+    """The exposed hand-off: KV ready − first token, ≥ 0 (REFERENCE §4's hand-off; model/layerwise.py)."""
+    handoff = record.handoff_s
+    return None if handoff is None else max(0.0, handoff)
+
+
+def handoff_split(scenario: Scenario, records: Sequence[RequestRecord], decodes: list[dict]) -> dict[str, Any]:
+    """The report's `handoff_split` block (module docstring): the exposed distribution at the client, and decode's
+    sums of both parts (model seconds) and of the bytes that crossed before the first token."""
+    counted = [d for d in decodes if isinstance(d.get("handoff_split"), dict)]
+    exposed_total = stat_sum(counted, "handoff_split", "exposed_s")
+    hidden_total = stat_sum(counted, "handoff_split", "hidden_s")
+    moved = stat_sum(counted, "handoff_split", "bytes")
+    split_handoffs = int(stat_sum(counted, "handoff_split", "handoffs"))
+    both = exposed_total + hidden_total
+    return {
+        "handoff": scenario.handoff,
+        "prefill_chunk": scenario.prefill_chunk,
+        "exposed_s": distribution(e for r in records if (e := exposed_s(r)) is not None),
+        "handoffs": split_handoffs if counted else None,
+        "exposed_s_total": exposed_total if counted else None,
+        "hidden_s_total": hidden_total if counted else None,
+        # Of the hand-off's time (first KV bytes at decode, or the first token, → KV ready), the part a user waits.
+        "exposed_share": exposed_total / both if counted and both > 0 else None,
+        "hidden_bytes_share": stat_sum(counted, "handoff_split", "hidden_bytes") / moved if moved > 0 else None,
+        "measured_at": "client (exposed_s), decode (totals, shares)",
+    }
+
+
 def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: list[dict], *, run_wall_s: float,
                  tokens_delivered: int, middlebox_stats: list[dict] | None = None,
-                 missing_stats: Sequence[str] = (), workload: Sequence[RequestSpec] | None = None) -> dict:
+                 missing_stats: Sequence[str] = (), workload: Sequence[RequestSpec] | None = None,
+                 handoff_splits: Mapping[int, Mapping[str, float]] | None = None) -> dict:
     """`missing_stats`: one line per peer whose /stats could not be read; they are the report's `errors` and
     make the run unfaithful (fidelity `stats`). `workload`: the requests the run sent (the load generator
-    passes what it holds; without it they are drawn, or the trace read, again from the scenario)."""
+    passes what it holds; without it they are drawn, or the trace read, again from the scenario).
+    `handoff_splits`: each request's hand-off split as decode measured it (request id → `hidden_s`, ...: decode's
+    `handoff_split` beside its queue waits), for `per_request`; without it each request's hidden part is null."""
     summary = summarise(records)
     scale, dilation = scenario.effective_scale, scenario.effective_dilation
     decodes = [s for s in peer_stats if s.get("role") == "decode"]
@@ -89,7 +135,7 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
     # The link's sender knows its serialising time exactly (the receiver's view also holds the kernel's and
     # the sender's delays): when a middlebox reports its shaper, its rate and busy figures are the link's.
     shapers = [m["link"] for m in middleboxes
-               if isinstance(m.get("link"), dict) and m["link"].get("shaped_achieved_Bps")]
+               if isinstance(m.get("link"), dict) and m["link"].get("shaped_achieved_Bps") and not streamed(scenario)]
     if shapers:
         link.update(achieved_Bps=sum(x["achieved_Bps"] for x in shapers) / len(shapers),
                     scaled_achieved_Bps=sum(x["shaped_achieved_Bps"] for x in shapers) / len(shapers),
@@ -134,8 +180,10 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
                      "offered_vs_capacity": offered_vs_capacity(
                          scenario, workload if workload is not None else requests_for(scenario)).as_dict()},
         **summary.as_dict(),
-        # Mean over requests of (hand-off + decode queue wait) / E2E (model/slo.py: kv_wait_share).
+        # Mean over requests of (hand-off + decode queue wait) / E2E (model/slo.py: kv_wait_share); the hand-off
+        # there is KV ready − first token, the exposed part (handoff_split).
         "kv_wait_share": kv_wait_share(records),
+        "handoff_split": handoff_split(scenario, records, decodes),
         # Prefix reuse (--kv-pool local|pool): hit rate, fetch bytes and time, TTFT split; None when off.
         "kv_pool": kv_pool_summary(scenario, peer_stats, summary.as_dict()["ttft_s"]["mean"]),
         "link": link,
@@ -150,7 +198,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
             {"id": r.request_id, "arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens,
              "output_tokens": r.output_tokens, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s,
              "handoff_s": r.handoff_s, "decode_wait_s": r.decode_wait_s, "outcome": r.outcome.value,
-             "failure": r.failure}
+             "failure": r.failure, "handoff_exposed_s": exposed_s(r),
+             "handoff_hidden_s": (handoff_splits or {}).get(r.request_id, {}).get("hidden_s")}
             for r in records],
         "run": {"wall_s": run_wall_s, "model_s": run_wall_s / dilation, "tokens_delivered": tokens_delivered,
                 "agents": peer_stats},
@@ -306,6 +355,7 @@ def headline(report: dict) -> list[str]:
             f"K {num(report['accuracy'].get('baseline_k_relative_error'))}, "
             f"V {num(report['accuracy'].get('baseline_v_relative_error'))}"
             if report["accuracy"].get("baseline_codec") else "")),
+        *[line for line in (split_line(report.get("handoff_split")),) if line],
         *verdict_lines(report.get("verdict")),
         "faithful: " + ("yes" if report["faithful"] else "NO: " + "; ".join(
             f"{k}: {v['hint']}" for k, v in report["fidelity"].items() if not v["ok"])),
@@ -316,6 +366,18 @@ def headline(report: dict) -> list[str]:
     if line := kv_pool_headline(report):
         lines.append(line)
     return lines
+
+
+def split_line(split: dict | None) -> str | None:
+    """The hand-off split in a line; None for a report without one or without decode's figures."""
+    if not split or split.get("exposed_share") is None:
+        return None
+    exposed = split["exposed_s"]
+    mode = split["handoff"] + (f", prefill chunks of {split['prefill_chunk']}" if split.get("prefill_chunk") else "")
+    bytes_share = split.get("hidden_bytes_share")
+    return (f"hand-off ({mode}): exposed p50 {_ms(exposed['p50'])} ms, p99 {_ms(exposed['p99'])} ms; "
+            f"{split['exposed_share']:.1%} of its time exposed, "
+            + ("-" if bytes_share is None else f"{bytes_share:.1%}") + " of its bytes before the first token")
 
 
 PASSED_TEXT = {True: "pass", False: "FAIL", None: "not measured"}

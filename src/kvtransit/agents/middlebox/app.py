@@ -13,6 +13,12 @@ connection only.
 Recovery. Hand-offs are idempotent by request id: a KvBegin for a request still open from another (dead)
 prefill connection supersedes it. A decode connection that drops is dialled again (decode_peers.py).
 
+Layer-wise streaming and chunked prefill (issue 20). A chunk that carries its release time (its layer's compute
+ended then) is held until that time and paced from it (pipeline.py), so each layer crosses as the prefill makes it.
+Should the prefill's connection go before every such chunk of a stream was released, the prefill failed mid-step:
+the layers it had not computed never existed, so the stream is aborted even if its KvEnd had come (decode drops
+what it had and reserves nothing).
+
 Ordering and memory. Each prefill connection sends one request's KV at a time (the prefill agent does),
 and may run at most `inflight_bytes` ahead of the link: past that, the middlebox stops reading from it and
 TCP pushes back to the prefill (pipeline.ByteBudget). Hand-offs wait for a link channel in the order their
@@ -26,6 +32,7 @@ import logging
 
 from prometheus_client import CollectorRegistry
 
+from kvtransit.model.layerwise import HANDOFF_LAYERWISE
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import Clock, MonotonicClock
 from kvtransit.runtime.egress import TransferRecord
@@ -63,14 +70,15 @@ class Middlebox:
         self.scenario = scenario
         self.name = name
         self.clock = clock if clock is not None else MonotonicClock()
-        # Faults hold writes for ms to minutes and need no sub-ms precision; the hand-off clock's yield-spin
-        # over the last ms of every hold (clock.DEFAULT_SPIN_S, for the link's pacing) would keep a core busy
-        # for as long as a fault holds a write, so faults wait on the loop's timer alone. An injected clock
-        # (a ManualClock in tests) serves both.
+        # Faults hold writes for ms to minutes and need no sub-ms precision: they wait without the hand-off
+        # clock's yield-spin (runtime/clock.py, for the link's pacing), which a fault holding writes for
+        # long would otherwise pay on every hold. An injected clock (a ManualClock in tests) serves both.
         self.fault_clock: Clock = clock if clock is not None else MonotonicClock(spin_s=0.0)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.inflight_bytes = inflight_bytes
         self.link_name = scenario.link
+        # Layer-wise or chunked prefill: the prefill's chunks carry their own release times (pipeline.py).
+        self.streamed = scenario.handoff == HANDOFF_LAYERWISE or scenario.prefill_chunk > 0
         settings = ChainSettings.from_scenario(scenario, link_backend=link_backend, kernel_threads=kernel_threads,
                                                clock=self.clock, on_transfer_done=self._on_transfer_done)
         self.dilation = settings.dilation
@@ -125,6 +133,8 @@ class Middlebox:
         await endpoint.send(Hello(role=Role.MIDDLEBOX, version=WIRE_VERSION, name=self.name))
         budget = ByteBudget(self.inflight_bytes)
         mine: dict[int, Handoff] = {}
+        # Streamed hand-offs this prefill ended whose chunks may not all be released yet (module docstring).
+        releasing: dict[int, Handoff] = {}
         lost = "prefill closed the connection mid-request"
         try:
             async for event in endpoint:
@@ -136,7 +146,11 @@ class Middlebox:
                     case KvBegin():
                         mine[event.request_id] = self._begin(event, endpoint, budget)
                     case KvEnd():
-                        mine.pop(event.request_id).stream.end()
+                        handoff = mine.pop(event.request_id)
+                        handoff.stream.end()
+                        if self.streamed:
+                            releasing = {rid: h for rid, h in releasing.items() if not h.stream.finished}
+                            releasing[event.request_id] = handoff
                     case Error() if event.request_id in mine:
                         mine.pop(event.request_id).stream.abort(f"prefill gave up: {event.message}")
                     case Bye():
@@ -147,6 +161,9 @@ class Middlebox:
         finally:
             for handoff in mine.values():
                 handoff.stream.abort(lost)
+            for handoff in releasing.values():
+                if not handoff.stream.finished:
+                    handoff.stream.abort(f"prefill gone mid-step, before all its layers were released ({lost})")
 
     def _begin(self, begin: KvBegin, source: Endpoint, budget: ByteBudget) -> Handoff:
         stale = self._open.get(begin.request_id)
@@ -205,10 +222,18 @@ class Middlebox:
         start_ns = begin.first_token_ns if begin.first_token_ns > 0 else handoff.arrived_ns
         link_stage = self.chain.link
         start_ns += link_stage.start_hold_ns
+        # Streamed, each chunk is paced from its own release time (+ tbf's burst hold, as the whole hand-off's
+        # start is: the link idles between layers at light load, so tbf's bucket fills again before each), and the
+        # KvBegin goes with the first chunk, ready when it is: were it ready later (the first token), it would hold
+        # the link's timeline there; were it ready at "now", a first layer whose bytes reached us after its release
+        # (the host's making and relaying take longer than one layer's compute) could not be paced from its release.
         async with link_stage.shaper.transfer(endpoint, label=f"request {rid}") as link:
-            await link.send(begin, ready_ns=start_ns)
+            if not self.streamed:
+                await link.send(begin, ready_ns=start_ns)
             outcome = await handoff.stream.deliver(link, kv_end=endpoint.connection.kv_end, ready_ns=start_ns,
-                                                   on_sent=self._on_chunk_sent)
+                                                   on_sent=self._on_chunk_sent, clock=self.clock,
+                                                   hold_ns=link_stage.start_hold_ns,
+                                                   begin=begin if self.streamed else None)
         match outcome:
             case Delivered():
                 return None

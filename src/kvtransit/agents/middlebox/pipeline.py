@@ -12,6 +12,10 @@ write-back (prefill → kvpool, pool.py).
   It returns how the stream ended (`Delivered`, `Abandoned`, `Refused`); in the last two the next hop has
   been told with an Error naming the request, so it drops what it holds.
 - After a failure, `discard` releases whatever the stream still holds (its source may still be sending).
+- A chunk that says when its KV came to exist (`KvChunk.release_ns`: layer-wise streaming, chunked prefill,
+  issue 20) is held until then (plus the link's start hold) before it goes on the link. An abort stops such a
+  stream at once, even one its source had ended: the prefill failed mid-step, so the layers it had not computed
+  yet never existed and none of them is released.
 
 Memory: the streams read from one source connection (a prefill's hand-off connection, or its pool connection)
 share that connection's `ByteBudget`, the middlebox's in-flight limit: `ingest` waits while the connection is
@@ -25,11 +29,13 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from kvtransit.kernels import KernelInputError
 from kvtransit.model.errors import ConfigError
+from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.egress import Transfer
 from kvtransit.wire import ErrorCode, clip_message
 from kvtransit.wire.events import Error, KvBegin, KvChunk, KvEnd
@@ -73,6 +79,7 @@ class Staged:
 
     result: asyncio.Future[ChunkInFlight]
     nbytes: int
+    release_ns: int = 0  # the chunk's own release time (KvChunk.release_ns), 0 for none
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,8 @@ class KvStream:
         self._budget = budget
         self._queue: asyncio.Queue[QueueEntry] = asyncio.Queue()
         self.finished = False  # the writer has taken Ended or Aborted: nothing more will be queued
+        # An abort, seen at once by a writer holding a chunk for its release time (the queue is in order).
+        self._aborted: asyncio.Future[Aborted] = asyncio.get_running_loop().create_future()
 
     # -- the source's side ------------------------------------------------------------------------------
 
@@ -148,13 +157,16 @@ class KvStream:
         item = ChunkInFlight(chunk=chunk, raw_bytes=event.raw_bytes, codec=source_codec if encoded else "none",
                              runs_on=RUNS_ON_GPU if encoded else RUNS_ON_NONE)
         result = asyncio.ensure_future(self._stages.run(item, self.kernel))
-        self._queue.put_nowait(Staged(result, nbytes))
+        self._queue.put_nowait(Staged(result, nbytes, event.release_ns))
 
     def end(self) -> None:
         self._queue.put_nowait(Ended())
 
     def abort(self, reason: str, code: ErrorCode = ErrorCode.REQUEST_FAILED) -> None:
-        self._queue.put_nowait(Aborted(reason, code))
+        entry = Aborted(reason, code)
+        self._queue.put_nowait(entry)
+        if not self._aborted.done():
+            self._aborted.set_result(entry)
 
     # -- the link's side --------------------------------------------------------------------------------
 
@@ -166,13 +178,23 @@ class KvStream:
         return begin
 
     async def deliver(self, link: Transfer, *, kv_end: Callable[[int], KvEnd], ready_ns: int | None = None,
-                      on_sent: Callable[[ChunkInFlight], None]) -> StreamOutcome:
+                      on_sent: Callable[[ChunkInFlight], None], clock: Clock | None = None,
+                      hold_ns: int = 0, begin: KvBegin | None = None) -> StreamOutcome:
         """Put the stream on `link` in order, until it ends. `kv_end`: the downstream connection's closing
         frame (its CRC covers what that connection sent); `ready_ns`: when the chunks count as ready (the
-        link paces from then); `on_sent`: called with each chunk once it is on the link."""
+        link paces from then); `on_sent`: called with each chunk once it is on the link. A chunk with a
+        `release_ns` of its own is ready then + `hold_ns` instead, and is held until that time on `clock`.
+        `begin`: the stream's KvBegin, sent first, ready with the first entry (a streamed chunk released before
+        its bytes got here is paced from its release: the link's timeline catches up on the host's delay)."""
         rid = self.request_id
         while True:
-            match await self._queue.get():
+            entry = await self._queue.get()
+            if begin is not None:
+                first_ready_ns = entry.release_ns + hold_ns if isinstance(entry, Staged) and entry.release_ns \
+                    else ready_ns
+                await link.send(begin, ready_ns=first_ready_ns)
+                begin = None
+            match entry:
                 case Ended():
                     self.finished = True
                     await link.send(kv_end(rid))
@@ -190,12 +212,39 @@ class KvStream:
                         await link.send(Error(code=ErrorCode.REQUEST_FAILED, message=clip_message(reason),
                                               request_id=rid))
                         return Refused(reason)
-                    await link.send(item.chunk, ready_ns=ready_ns, min_serialise_s=item.modelled_compute_s)
+                    chunk_ready_ns = ready_ns
+                    if item.chunk.release_ns:
+                        chunk_ready_ns = item.chunk.release_ns + hold_ns
+                        if clock is not None:
+                            aborted = await self._hold_until(clock, chunk_ready_ns)
+                            if aborted is not None:  # the rest of the queue is drained by `discard`
+                                self._release(nbytes)
+                                await link.send(Error(code=aborted.code, message=clip_message(aborted.reason),
+                                                      request_id=rid))
+                                return Abandoned(aborted.reason)
+                    await link.send(item.chunk, ready_ns=chunk_ready_ns, min_serialise_s=item.modelled_compute_s)
                     self._release(nbytes)
                     on_sent(item)
 
+    async def _hold_until(self, clock: Clock, due_ns: int) -> Aborted | None:
+        """Wait until `due_ns` on `clock`, or less if the stream is aborted meanwhile (then its Aborted entry)."""
+        if self._aborted.done():
+            return self._aborted.result()
+        if clock.now_ns() >= due_ns:
+            return None
+        held = asyncio.ensure_future(clock.sleep_until(due_ns))
+        waits: list[asyncio.Future[Any]] = [held, self._aborted]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            held.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await held
+        return self._aborted.result() if self._aborted.done() else None
+
     async def discard(self) -> None:
-        """Release whatever the stream still holds, up to its end (after a failure, it may still arrive)."""
+        """Release whatever the stream still holds, up to its end (after a failure, it may still arrive; after an
+        abort that stopped a held chunk, up to the Ended or Aborted entry already queued)."""
         while not self.finished:
             match await self._queue.get():
                 case Ended() | Aborted():

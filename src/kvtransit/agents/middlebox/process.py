@@ -12,6 +12,7 @@ from kvtransit.wire.events import Role
 from .app import Middlebox
 from .control import register_control_routes
 from .pool import PoolRelay
+from .toxiproxy_api import register_toxiproxy_routes
 
 
 class MiddleboxProcess:
@@ -42,6 +43,7 @@ class MiddleboxProcess:
         http = await start_http(self.metrics_listen, self.registry, stats)
         control = HttpServer(token=self.control_token)
         register_control_routes(control, mb)
+        register_toxiproxy_routes(control, mb, listen=f"{self.listen_address.host}:{server.port}")
         try:
             await control.start(self.control_listen.host, self.control_listen.port)
         except OSError as exc:

@@ -11,6 +11,12 @@ The KV of a batch is generated (and, with `compress_at="gpu"`, encoded) layer by
 sends it, while the step's timer runs on an idle link, so the host's real work overlaps the modelled GPU time;
 if it overruns, the step wakes late and the fidelity guard sees it.
 
+Layer-wise streaming and chunked prefill (issue 20, model/layerwise.py): with `--handoff layerwise` each layer of
+a request's KV is released as its compute ends within the step, and with `--prefill-chunk` a prompt is computed a
+chunk a step (`model.prefill_plan.ChunkedPrefillQueue`), each chunk's KV released by its own step. The hand-off is
+staged with the request's first chunk and each later chunk's step is added to its `ReleaseSchedule` as it is
+planned; the first token still comes at the end of the request's last chunk.
+
 Steps are held on the injected `clock` (a ManualClock in tests).
 """
 
@@ -34,7 +40,14 @@ from kvtransit.agents.common.process import (
 from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
-from kvtransit.model.prefill_plan import BatchEntry, codec_on_gpu, plan_prefill_step
+from kvtransit.model.layerwise import HANDOFF_LAYERWISE, StepWindow, chunk_stops, kv_segments
+from kvtransit.model.prefill_plan import (
+    BatchEntry,
+    ChunkedPrefillQueue,
+    PrefillChunk,
+    codec_on_gpu,
+    plan_prefill_step,
+)
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import PrefillQueue, ServingRequest
 from kvtransit.runtime import metrics as runtime_metrics
@@ -45,7 +58,7 @@ from kvtransit.wire.events import Bye, FirstToken, Hello, KvBegin, Request, Role
 from kvtransit.wire.limits import WIRE_VERSION
 
 from .handoff_frames import HandoffFrames
-from .handoffs import HANDOFF_DEADLINE_S, HandoffLink, HeldHandoff
+from .handoffs import HANDOFF_DEADLINE_S, HandoffLink, HeldHandoff, ReleaseSchedule
 from .prefix_cache import Lookup, PrefixReuse
 
 log = logging.getLogger(__name__)
@@ -84,8 +97,12 @@ class PrefillAgent:
                                    name=name) if scenario.kv_pool != "off" else None)
         self._lookups: dict[int, Lookup] = {}
         self._lookup_tasks = TaskSet("prefill lookups")
-        self.queue = PrefillQueue()
-        self.admitted: dict[int, _Admitted] = {}  # request id → until its step has run
+        self.queue: PrefillQueue | ChunkedPrefillQueue = (ChunkedPrefillQueue(scenario.prefill_chunk)
+                                                          if scenario.prefill_chunk else PrefillQueue())
+        # Layer-wise or chunked: the KV is released as it is computed, not whole at the first token.
+        self.streamed = scenario.handoff == HANDOFF_LAYERWISE or scenario.prefill_chunk > 0
+        self.admitted: dict[int, _Admitted] = {}  # request id → until its (last chunk's) step has run
+        self._schedules: dict[int, ReleaseSchedule] = {}  # streamed hand-offs whose last chunk has not run
         self._work = asyncio.Event()
         self.handoffs = HandoffLink(name=name, kv_to=kv_to, clock=self.clock, metrics=self.metrics)
         # stats for /stats and the report
@@ -126,10 +143,19 @@ class PrefillAgent:
 
     # -- the step loop -----------------------------------------------------------------------------------
 
-    def _batch_entry(self, request_id: int) -> BatchEntry:
+    def _cached_tokens(self, request_id: int) -> int:
+        return self._lookups[request_id].cached_tokens if self.prefix is not None else 0
+
+    def _batch_entry(self, item: ServingRequest | PrefillChunk) -> BatchEntry:
+        """The step's view of a queued request (or of one chunk of it): its context before and after the step."""
+        if isinstance(item, PrefillChunk):
+            queued, start, stop, first, last = item.request, item.start, item.stop, item.first, item.last
+        else:
+            queued, start, stop, first, last = item, 0, item.prompt_tokens, True, True
+        request_id = wire_id(queued.request_id)
         request = self.admitted[request_id].request
-        cached = self._lookups[request_id].cached_tokens if self.prefix is not None else 0
-        return BatchEntry(request_id, request.prompt_tokens, request.output_tokens, cached)
+        cached = self._cached_tokens(request_id)  # what was queued is the prompt less its cached prefix
+        return BatchEntry(request_id, cached + stop, request.output_tokens, cached + start, first, last)
 
     async def step_loop(self) -> None:
         """Take a batch, hold it for its planned time on the clock, send its first tokens; idle when none is queued."""
@@ -142,15 +168,19 @@ class PrefillAgent:
                 continue
             batch = self.queue.take_batch()
             self.metrics.queued_tokens.set(self.queue.queued_tokens)
-            plan = plan_prefill_step(self.scenario, [self._batch_entry(wire_id(r.request_id)) for r in batch])
+            plan = plan_prefill_step(self.scenario, [self._batch_entry(item) for item in batch])
             # Back-to-back steps chain on deadlines (step k due at t0 + Σ durations, so a late wake-up is not
             # carried into the next step); after idling, from now.
             schedule = schedule or DeadlineSchedule(self.clock)
+            start_ns = schedule.deadline_ns
             deadline_ns = schedule.add(plan.wall_s)
-            # In the step now: from here on the step's own table holds them (and the hand-offs, `handoffs`).
-            step = {e.request_id: self.admitted.pop(wire_id(e.request_id)) for e in plan.entries}
+            window = StepWindow(start_ns, deadline_ns - start_ns)
+            # In the step now: from here on the step's own table holds the ones it finishes (and the hand-offs,
+            # `handoffs`); a request with chunks still to run stays admitted.
+            step = {e.request_id: (self.admitted.pop(wire_id(e.request_id)) if e.last_chunk
+                                   else self.admitted[wire_id(e.request_id)]) for e in plan.entries}
             for entry in plan.handoffs:  # the link makes and sends their KV while the step's timer runs
-                self._stage_handoff(step[entry.request_id], deadline_ns)
+                self._step_handoff(step[entry.request_id], entry, window)
             await self.clock.sleep_until(deadline_ns)
             self.steps += 1
             self.shortest_step_wall_s = min(self.shortest_step_wall_s, plan.wall_s)
@@ -158,24 +188,51 @@ class PrefillAgent:
             self.gpu_energy_j += plan.energy_j
             self.metrics.gpu_energy_joules.inc(plan.energy_j)
             t_ns = self.clock.now_ns()
+            finished = [entry for entry in plan.entries if entry.last_chunk]
             if self.prefix is not None:  # the blocks this step computed go to the cache, in the background
-                for entry in plan.entries:
+                for entry in finished:
                     rid = wire_id(entry.request_id)
                     self.prefix.write_back(rid, self._lookups.pop(rid))
-            for entry in plan.entries:
+            for entry in finished:
                 await self._first_token(step[entry.request_id], t_ns)
                 if not entry.hands_off:  # nothing to decode: done at prefill (as in the simulator)
                     self.metrics.requests.labels(outcome="ok").inc()
 
-    def _stage_handoff(self, admitted: _Admitted, first_token_ns: int) -> None:
+    def _step_handoff(self, admitted: _Admitted, entry: BatchEntry, window: StepWindow) -> None:
+        """What this step does to a request's hand-off: staged with its first chunk (the whole prompt without
+        chunking); a later chunk's step is added to its release schedule."""
+        rid = admitted.request.request_id
+        if not entry.first_chunk:
+            self._schedules[rid].plan(entry.prompt_tokens, window)
+        else:
+            self._stage_handoff(admitted, entry, window)
+        if entry.last_chunk:
+            self._schedules.pop(rid, None)
+
+    def _stage_handoff(self, admitted: _Admitted, entry: BatchEntry, window: StepWindow) -> None:
         """The hand-off starts at the first token, the end of this step (REFERENCE §4). Its KV goes to the
         middlebox as soon as the link reaches it (now, on an idle link), stamped with that time, and the
         middlebox holds it until then: the host's own cost of producing, framing and relaying the bytes
         overlaps the modelled step instead of landing on the hand-off (which a kernel shaper, tc, could never
-        win back). The bytes are made as they are sent (handoff_frames.py)."""
-        begin, frames = self._make_frames(admitted.request, first_token_ns)
-        self.handoffs.hold(HeldHandoff(admitted.request, admitted.client, begin, frames,
-                                       deadline_ns=first_token_ns + round(HANDOFF_DEADLINE_S * 1e9)))
+        win back). The bytes are made as they are sent (handoff_frames.py).
+
+        Streamed (layer-wise, chunked prefill), each frame carries its own release time instead (its layer's
+        compute ends then, model/layerwise.py), and the middlebox holds each until that; with chunked prefill the
+        first token is not planned yet at the first chunk (KvBegin.first_token_ns 0: decode takes it from the last
+        frame's release time, the last chunk's end)."""
+        request = admitted.request
+        first_token_ns = window.end_ns if entry.last_chunk else 0
+        schedule = None
+        if self.streamed:
+            cached = self._cached_tokens(request.request_id)
+            stops = kv_segments(chunk_stops(request.prompt_tokens, cached, self.scenario.prefill_chunk),
+                                max(1, self.scenario.sinks))
+            schedule = ReleaseSchedule(self.scenario.handoff, self.layout.layers, stops)
+            schedule.plan(entry.prompt_tokens, window)
+            self._schedules[request.request_id] = schedule
+        begin, frames = self._make_frames(request, first_token_ns, schedule.stops if schedule else ())
+        self.handoffs.hold(HeldHandoff(request, admitted.client, begin, frames, schedule=schedule,
+                                       deadline_ns=window.end_ns + round(HANDOFF_DEADLINE_S * 1e9)))
 
     async def _first_token(self, admitted: _Admitted, t_ns: int) -> None:
         try:
@@ -183,15 +240,18 @@ class PrefillAgent:
         except (ConnectionError, RuntimeError) as exc:
             log.warning("could not send first token of request %d: %s", admitted.request.request_id, exc)
 
-    def _make_frames(self, request: Request, first_token_ns: int) -> tuple[KvBegin, HandoffFrames]:
-        """The hand-off's KvBegin and the recipe of its chunks (made when the link sends them)."""
+    def _make_frames(self, request: Request, first_token_ns: int,
+                     stops: tuple[int, ...] = ()) -> tuple[KvBegin, HandoffFrames]:
+        """The hand-off's KvBegin and the recipe of its chunks (made when the link sends them); `stops`: its token
+        segments (chunked prefill), () for one."""
         layout = self.layout
         tokens = request.prompt_tokens
         codec_name = self.scenario.codec if self.gpu_codec is not None else "none"
         codec = self.gpu_codec
         if codec is not None and tokens < self.scenario.sinks:
             codec = kv_frames.codec_for(self.scenario, tokens)
-        frames = HandoffFrames(request.request_id, tokens, layout, self.kv, codec, codec_name)
+        frames = HandoffFrames(request.request_id, tokens, layout, self.kv, codec, codec_name,
+                               stops if len(stops) > 1 else ())
         begin = KvBegin(request_id=request.request_id, prompt_tokens=tokens, output_tokens=request.output_tokens,
                         n_layers=layout.layers, n_chunks=frames.n_chunks, raw_bytes=layout.request_bytes(tokens),
                         codec=codec_name, first_token_ns=first_token_ns)
@@ -209,6 +269,8 @@ class PrefillAgent:
             "timer_lateness_p99_s": lateness_p99(self.lateness),
             "timer_lateness_mean_s": lateness_mean(self.lateness),
             "timer_wakeups": len(self.lateness),
+            # What the holds wait on: "timerfd" (sub-ms, sleeping) or "loop" (ms timer + 1 ms spin).
+            "timer": self.clock.timer,
             "shortest_step_wall_s": self.shortest_step_wall_s if self.steps else None,
             "host_kv_s": self.handoffs.make_s,
             **({"prefix": self.prefix.stats()} if self.prefix is not None else {}),

@@ -12,12 +12,18 @@ holds, and it is reused. A layer is made on a worker thread, CRC and all: numpy'
 On an idle link the sender reaches a hand-off as soon as its step stages it, so its bytes still go out
 while the step's timer runs (the middlebox holds them until the first token): the overlap of host work and
 modelled GPU time that agent.py describes is kept.
+
+With chunked prefill (issue 20) the KV is cut along tokens too, into `segments` (model/layerwise.py:
+`kv_segments`): each segment's layers are the frames of one prefill chunk, in order, segment by segment, and each
+frame says when its KV came to exist (`KvChunk.release_ns`) once the chunk's step is planned. Without chunking there
+is one segment, the whole prompt.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 from kvtransit.agents.common import kv_frames
 from kvtransit.kernels.synthetic_kv import SyntheticKv
@@ -36,29 +42,56 @@ class HandoffFrames:
     kv: SyntheticKv
     codec: object | None  # the GPU codec (compress_at="gpu"), or None: raw BF16 rows
     codec_name: str
+    # Where each token segment ends (chunked prefill), the last at `tokens`; () for one segment, the whole prompt.
+    stops: tuple[int, ...] = ()
 
-    def pieces(self) -> list[kv_frames.RowSlice]:
+    @property
+    def segments(self) -> tuple[tuple[int, int], ...]:
+        """(first token, end) of each segment, in order."""
+        stops = self.stops or (self.tokens,)
+        return tuple(zip((0, *stops[:-1]), stops, strict=True))
+
+    @property
+    def n_segments(self) -> int:
+        return len(self.segments)
+
+    def pieces(self, segment: int = 0) -> list[kv_frames.RowSlice]:
         layout = self.layout
-        row_bytes = self.tokens * layout.head_dim * layout.bytes_per_value
+        start, stop = self.segments[segment]
+        row_bytes = (stop - start) * layout.head_dim * layout.bytes_per_value
         return kv_frames.row_slices(layout.layers, 2 * layout.kv_heads, row_bytes)
+
+    @cached_property
+    def _first_index(self) -> tuple[int, ...]:
+        """The chunk index each segment's first frame carries (indices run on across segments)."""
+        firsts, total = [], 0
+        for segment in range(self.n_segments):
+            firsts.append(total)
+            total += len(self.pieces(segment))
+        return (*firsts, total)
 
     @property
     def n_chunks(self) -> int:
-        return len(self.pieces())
+        return self._first_index[-1]
 
-    def layer_chunks(self, layer: int) -> list[KvChunk]:
-        """Layer `layer`'s chunks in wire order, each with its payload CRC computed here (a worker thread's
-        work: the event loop only writes them)."""
+    def layer_chunks(self, layer: int, segment: int = 0, release_ns: int = 0) -> list[KvChunk]:
+        """Layer `layer`'s chunks of segment `segment` in wire order, each with its payload CRC computed here (a
+        worker thread's work: the event loop only writes them), stamped with `release_ns` (0: none)."""
+        start, stop = self.segments[segment]
         rows = kv_frames.as_rows(self.kv.layer(self.request_id, layer, self.tokens))
+        if (start, stop) != (0, self.tokens):
+            rows = rows[:, start:stop]
+        codec = self.codec
         chunks = []
-        for index, piece in enumerate(self.pieces()):
+        for offset, piece in enumerate(self.pieces(segment)):
             if piece.layer != layer:
                 continue
-            if self.codec is None:
+            index = self._first_index[segment] + offset
+            if codec is None:
                 chunk = kv_frames.raw_chunk(self.request_id, index, piece, rows)
             else:
-                chunk = kv_frames.encoded_chunk(self.request_id, index, piece, rows, self.codec, self.codec_name)
-            chunks.append(dataclasses.replace(chunk, payload_crc=crc32c(chunk.payload)))
+                chunk = kv_frames.encoded_chunk(self.request_id, index, piece, rows, codec, self.codec_name)
+            chunks.append(dataclasses.replace(chunk, payload_crc=crc32c(chunk.payload), release_ns=release_ns))
         return chunks
 
     @property

@@ -14,6 +14,11 @@ Its frames go out one hand-off after another, FIFO (the hand-off link is a FIFO,
 
 Deadlines are read on the injected clock; the housekeeping waits (backoff, the expiry poll) stay on the loop's
 own timer, so the fidelity guard's wake-up figures count model-time holds only.
+
+A streamed hand-off (layer-wise, or chunked prefill: issue 20) holds a `ReleaseSchedule` beside its recipe: the
+step loop adds each KV segment's step as it plans it, every frame is stamped with when its layer's compute ends
+there (`KvChunk.release_ns`), and the sender waits for a segment's step before making its frames (a chunk that is
+not planned yet has no KV). The middlebox holds each frame until its release time.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvtransit.agents.common.process import Address
+from kvtransit.model.layerwise import StepWindow, release_ns
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.redial import dial_within, redial
@@ -61,13 +67,53 @@ class FrameSource(Protocol):
     @property
     def n_layers(self) -> int: ...
 
-    def layer_chunks(self, layer: int) -> list[KvChunk]:
-        """Layer `layer`'s chunks in wire order (run on a worker thread: it must not touch the loop)."""
+    @property
+    def n_segments(self) -> int: ...
+
+    def layer_chunks(self, layer: int, segment: int = 0, release_ns: int = 0) -> list[KvChunk]:
+        """Layer `layer`'s chunks of token segment `segment` in wire order, stamped with `release_ns` (run on a
+        worker thread: it must not touch the loop)."""
         ...
 
 
+class ReleaseSchedule:
+    """When each token segment of a streamed hand-off's KV is computed: the step loop `plan`s each segment's step
+    as it schedules it; `release_ns` is then when a layer of it exists (model/layerwise.py)."""
+
+    def __init__(self, mode: str, layers: int, stops: tuple[int, ...]):
+        """`stops`: where each segment ends along the prompt's tokens (HandoffFrames.stops)."""
+        self.mode, self.layers, self.stops = mode, layers, stops
+        self.windows: list[StepWindow | None] = [None] * len(stops)
+        self._planned = asyncio.Event()
+
+    def plan(self, stop: int, window: StepWindow) -> None:
+        """The prefill chunk ending at token `stop` runs in `window`; a chunk merged into the segment after it
+        (model/layerwise.py: kv_segments) releases nothing of its own."""
+        if stop in self.stops:
+            self.windows[self.stops.index(stop)] = window
+            self._planned.set()
+
+    def planned(self, segment: int) -> bool:
+        return self.windows[segment] is not None
+
+    async def wait(self, segment: int) -> None:
+        while not self.planned(segment):
+            self._planned.clear()
+            await self._planned.wait()
+
+    def release_ns(self, segment: int, layer: int) -> int:
+        window = self.windows[segment]
+        assert window is not None, f"segment {segment} is not planned yet"
+        return release_ns(self.mode, window.start_ns, window.duration_ns, layer, self.layers)
+
+
+def _segment_chunks(frames: FrameSource, schedule: ReleaseSchedule | None, segment: int) -> list[KvChunk]:
+    return [chunk for layer in range(frames.n_layers)
+            for chunk in frames.layer_chunks(layer, segment, schedule.release_ns(segment, layer) if schedule else 0)]
+
+
 def _all_chunks(frames: FrameSource) -> list[KvChunk]:
-    return [chunk for layer in range(frames.n_layers) for chunk in frames.layer_chunks(layer)]
+    return [chunk for segment in range(frames.n_segments) for chunk in _segment_chunks(frames, None, segment)]
 
 
 @dataclass
@@ -83,6 +129,8 @@ class HeldHandoff:
     last_error: str = ""
     queued: bool = False  # waiting in the send queue (never twice)
     made: list[KvChunk] | None = None  # its chunks, made at `hold` when the link was idle; dropped once sent
+    # Streamed (layer-wise, chunked prefill): when each segment's KV exists; None: whole, ready at the first token.
+    schedule: ReleaseSchedule | None = None
 
     @property
     def request_id(self) -> int:
@@ -116,8 +164,14 @@ class HandoffLink:
             # An idle link: make the bytes now, inside the step, so the sender only writes them and they reach
             # the middlebox before even a short step's first token (made lazily a layer at a time, a light run's
             # idle-link hand-offs measured up to 1.04x the model). Only behind a backlog is the KV left a recipe.
+            # Streamed: its first segment, the one this step computes (later chunks' KV does not exist yet), made
+            # at once too: the middlebox paces each layer from its release time, so a layer that reaches it after
+            # that still crosses on the model's timeline, while one made later (a layer at a time off the loop)
+            # could reach it after its bytes were due through (measured: the last layers past the first token).
             started = time.perf_counter()
-            handoff.made = _all_chunks(handoff.frames)
+            schedule = handoff.schedule
+            handoff.made = (_all_chunks(handoff.frames) if schedule is None
+                            else _segment_chunks(handoff.frames, schedule, 0))
             self.make_s += time.perf_counter() - started
         self._enqueue(handoff)
 
@@ -165,7 +219,7 @@ class HandoffLink:
         first = handoff.attempts == 1
         rid = handoff.request_id
         await link.send(handoff.begin)
-        if first:
+        if first and handoff.begin.first_token_ns:  # 0: chunked prefill, its first token not planned yet
             self.begin_lag_s += (self.clock.now_ns() - handoff.begin.first_token_ns) / 1e9
         self._held_bytes[rid] = 0
         async for chunks in self._chunk_batches(handoff):
@@ -180,16 +234,23 @@ class HandoffLink:
 
     async def _chunk_batches(self, handoff: HeldHandoff) -> AsyncIterator[list[KvChunk]]:
         """The hand-off's chunks: the ones made at `hold` on an idle link (dropped once taken: a resend makes
-        them again), else a layer at a time off the loop, which the step timers share (handoff_frames.py)."""
+        them again), else a layer at a time off the loop, which the step timers share (handoff_frames.py). A
+        streamed hand-off's segments each wait for their step to be planned (their KV exists from then on)."""
         made, handoff.made = handoff.made, None
+        frames, schedule = handoff.frames, handoff.schedule
         if made is not None:
             yield made
-            return
-        for layer in range(handoff.frames.n_layers):
-            started = time.perf_counter()
-            chunks = await asyncio.to_thread(handoff.frames.layer_chunks, layer)
-            self.make_s += time.perf_counter() - started
-            yield chunks
+            if schedule is None:
+                return
+        for segment in range(1 if made is not None else 0, frames.n_segments):
+            if schedule is not None:
+                await schedule.wait(segment)
+            for layer in range(frames.n_layers):
+                release = schedule.release_ns(segment, layer) if schedule is not None else 0
+                started = time.perf_counter()
+                chunks = await asyncio.to_thread(frames.layer_chunks, layer, segment, release)
+                self.make_s += time.perf_counter() - started
+                yield chunks
 
     async def _acks(self, link: Endpoint) -> None:
         while (event := await link.next_event()) is not None:

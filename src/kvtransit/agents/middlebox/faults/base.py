@@ -31,8 +31,8 @@ class Fault:
         """`values`: the parameters by name (the API body without "type"); the rest take their default."""
         values = values or {}
         self.name = name
-        # Alone, a fault waits on the loop's timer without the yield-spin (spin_s=0): a fault's hold needs no
-        # sub-ms precision and must not keep a core busy (as Middlebox.fault_clock).
+        # Alone, a fault waits without the yield-spin (spin_s=0): a fault's hold needs no sub-ms precision and
+        # must not keep a core busy (as Middlebox.fault_clock).
         self.clock: Clock = clock if clock is not None else MonotonicClock(spin_s=0.0)
         unknown = sorted(set(values) - set(self.params))
         if unknown:

@@ -81,7 +81,10 @@ def activate(config: KernelConfig, module: Module, policy: Policy) -> ActiveKern
     """Build and judge a kernel. A kernel the module may not run is refused here (ConfigError), by policy."""
     if config.codec == "none":
         return ActiveKernel(config, None, None, None, RUNS_ON_NONE)
-    codec = get_codec(config.codec, keep=config.keep, block=config.block, sinks=config.sinks,
+    # `block` means a transform's tokens (freq-keep-k) or a scale's values (fp8); fp4-block's is fixed by the
+    # format and the KIVI codecs' is their group, so they are given none (as kv_frames.codec_for does).
+    block = config.block if config.codec in ("freq-keep-k", "fp8") else None
+    codec = get_codec(config.codec, keep=config.keep, block=block, sinks=config.sinks,
                       variant=config.variant, precision_bits=config.precision_bits)
     # The run's (or the live API's) unknowns override the preset's: the same declaration Scenario.codec_declaration
     # builds, so the middlebox and the model (model/fidelity.py) judge the kernel alike.

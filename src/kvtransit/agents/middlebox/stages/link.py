@@ -11,11 +11,12 @@ line, the module's hold, and a hold for tbf's first burst (`tc_burst_hold_ns`).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.link_catalog import Link
-from kvtransit.runtime.egress import EgressShaper
+from kvtransit.runtime.egress import DEFAULT_SLICE_BYTES, EgressShaper
 from kvtransit.shaping.commands import burst_bytes as tc_burst_bytes
 from kvtransit.shaping.commands import wire_rate_Bps as tc_wire_rate_Bps
 from kvtransit.shaping.spec import SHAPED_MTU  # the shaped veth's MTU: its header overhead enters the hold
@@ -53,6 +54,11 @@ class LinkStage(Stage):
         self.model_link = model_link  # what is modelled (REFERENCE §2), for energy and reports
         self.shaper = shaper
         self.module_latency_s = module_latency_s
+        # The delay line carries three delays: the link's, the module's, and a fault's (a toxiproxy latency
+        # toxic, toxiproxy_api.py); each is kept apart so that reading or setting one leaves the others.
+        self.link_jitter_s = 0.0
+        self.fault_latency_s = 0.0
+        self.fault_jitter_s = 0.0
         self.dilation = dilation
         self.backend = backend
         # Added to every hand-off's start (see tc_burst_hold_ns); nothing to hold when our bucket shapes.
@@ -61,22 +67,27 @@ class LinkStage(Stage):
     @classmethod
     def from_settings(cls, settings: ChainSettings) -> LinkStage:
         shaped = settings.shaped_link
-        bypass = TC_BYPASS_FACTOR if settings.link_backend == "tc" else 1.0
-        shaper = EgressShaper(rate_Bps=shaped.bandwidth_Bps * bypass,
+        tc = settings.link_backend == "tc"
+        # Under tc, our bucket only paces ahead of tc's (TC_BYPASS_FACTOR) and hands it the first slice at once
+        # (EgressShaper's burst_bytes): metering that slice out at 8x the rate left tbf's full bucket idle for
+        # its time, up to 0.67 ms of link lost at each hand-off's start (a 256 KiB slice on a 48.8 MB/s link).
+        shaper = EgressShaper(rate_Bps=shaped.bandwidth_Bps * (TC_BYPASS_FACTOR if tc else 1.0),
                               latency_s=shaped.latency_s + settings.module_latency_s, channels=settings.channels,
-                              clock=settings.clock, on_transfer_done=settings.on_transfer_done)
+                              clock=settings.clock, burst_bytes=DEFAULT_SLICE_BYTES if tc else 0,
+                              on_transfer_done=settings.on_transfer_done)
         return cls(shaped, shaper, module_latency_s=settings.module_latency_s, model_link=settings.model_link,
                    dilation=settings.dilation, backend=settings.link_backend)
 
     def describe(self) -> dict:
         return {"stage": self.name, "link": self.model_link.name, "rate_Bps": self.shaper.rate_Bps,
                 "latency_s": self.latency_s, "module_latency_s": self.module_latency_s,
+                "fault_latency_s": self.fault_latency_s,
                 "channels": self.shaper.channels, "queued": self.shaper.queued, "active": self.shaper.active}
 
     @property
     def latency_s(self) -> float:
-        """The link's own latency, shaped (the delay line also carries the module's)."""
-        return self.shaper.latency_s - self.module_latency_s
+        """The link's own latency, shaped (the delay line also carries the module's and a fault's)."""
+        return self.shaper.latency_s - self.module_latency_s - self.fault_latency_s
 
     @property
     def shaped_rate_Bps(self) -> float:
@@ -102,7 +113,21 @@ class LinkStage(Stage):
         self.shaper.set_rate(rate_Bps)
 
     def set_latency(self, latency_s: float, jitter_s: float | None = None) -> None:
-        self.shaper.set_latency(latency_s + self.module_latency_s, jitter_s)
+        if jitter_s is not None:
+            self.link_jitter_s = jitter_s
+        self._retune(latency_s)
+
+    def set_fault_delay(self, latency_s: float, jitter_s: float) -> None:
+        """A fault's delay on top of the link's (0, 0 removes it): every byte later by latency ± jitter, in
+        order and pipelined, as toxiproxy's latency toxic delays each chunk from its arrival."""
+        link_latency_s = self.latency_s
+        self.fault_latency_s, self.fault_jitter_s = latency_s, jitter_s
+        self._retune(link_latency_s)
+
+    def _retune(self, link_latency_s: float) -> None:
+        # Independent jitters add in variance (the delay line draws one deviation per slice).
+        jitter_s = math.hypot(self.link_jitter_s, self.fault_jitter_s)
+        self.shaper.set_latency(link_latency_s + self.module_latency_s + self.fault_latency_s, jitter_s)
 
     def energy_j(self, wire_bytes: int, model_bytes_per_byte: float) -> float:
         """Link energy = wire bits × link pJ/bit, for the modelled bytes (REFERENCE §5)."""
