@@ -4,8 +4,10 @@
 #
 #   docker/build-base.sh [IMAGE]          (default kvtransit-base:bookworm)
 #
-# With a registry at hand, skip this: the Dockerfile's default base is python:3.11-slim. The mirror is read
-# at run time from this host's apt configuration, so no mirror host is written into the repository.
+# The offline compose path's base (docker-compose.offline.yml: KVTRANSIT_OFFLINE_BASE_IMAGE, default
+# kvtransit-base:bookworm). With a registry at hand, skip this: the default path builds FROM python:3.11-slim.
+# The mirror is read at run time from this host's apt configuration, so no mirror host is written into the
+# repository.
 set -euo pipefail
 
 image=${1:-kvtransit-base:bookworm}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the wheels the images install from: kvtransit and its dependencies, on the host, into
-# docker/wheelhouse/ (git-ignored). The image then installs with `pip install --no-index --find-links`,
-# so a container build needs no network.
+# docker/wheelhouse/ (git-ignored), for the offline compose path: Dockerfile.offline installs with
+# `pip install --no-index --find-links`, so a container build needs no network.
 #
 #   docker/build-wheelhouse.sh
 #

@@ -1,7 +1,8 @@
-# Prometheus for the compose testbed: Debian's binary (docker/fetch-prometheus.sh: apt-get download +
-# dpkg-deb -x; it links only libc) on the same base as the agents, so no image has to be pulled.
-# The config and rules are mounted from prometheus/ by docker-compose.yml, not baked in.
-ARG BASE_IMAGE=python:3.11-slim
+# Prometheus for the OFFLINE compose path (docker-compose.offline.yml; the default path runs the official
+# prom/prometheus image): Debian's binary (docker/fetch-prometheus.sh: apt-get download + dpkg-deb -x; it links
+# only libc) on the same base as the agents, so no image has to be pulled. The config and rules are mounted
+# from prometheus/ by docker-compose.yml, not baked in, and the flags are the compose file's `command`.
+ARG BASE_IMAGE=kvtransit-base:bookworm
 FROM ${BASE_IMAGE}
 COPY docker/prometheus-bin/prometheus /usr/local/bin/prometheus
 RUN mkdir -p /prometheus

@@ -1,4 +1,6 @@
-"""`docker-compose up` for real: a private Docker engine, the debootstrap base, the images, a short shaped run.
+"""`docker-compose up` for real, the OFFLINE path: a private Docker engine, the debootstrap base, the images from
+the host wheelhouse and Prometheus binary (docker-compose.offline.yml over docker-compose.yml, selected by
+COMPOSE_FILE), a short shaped run.
 
 Checks that the run completed (the loadgen's report), that tc shaped the KV link inside the middlebox's
 container (`tc -s qdisc`: a tbf that carried bytes), and that the compose Prometheus scraped every agent.
@@ -34,6 +36,8 @@ AGENTS = ("prefill", "middlebox", "decode", "loadgen")
 NEEDED = ("dockerd", "docker", "docker-compose", "debootstrap", "apt-get", "dpkg-deb", "nft", "tc")
 # A few seconds of load at a rate the box carries; the scale is auto (the link shaped to the host budget).
 SCENARIO = ["--requests", "12", "--rate", "4", "--prompt-mean", "512", "--output-mean", "32", "--seed", "3"]
+# docker-compose.offline.yml over the default file: Dockerfile.offline, docker/prometheus.Dockerfile, Grafana opt-in.
+OFFLINE_COMPOSE_FILE = "docker-compose.yml:docker-compose.offline.yml"
 STEP_TIMEOUT_S = 180.0  # one build step or the run itself, cold (measured: debootstrap about 40 s)
 
 pytestmark = [
@@ -97,7 +101,10 @@ def test_compose_runs_a_shaped_scenario_scraped_by_its_prometheus(tmp_path):
     env.update({
         "DOCKER_HOST": f"unix://{state}/docker.sock",
         "COMPOSE_PROJECT_NAME": f"kvtransit{run_id}",
-        "KVTRANSIT_BASE_IMAGE": f"kvtransit-base:test-{run_id}",
+        # The offline path: no registry here, so no image is pulled and no package index is asked.
+        "COMPOSE_FILE": OFFLINE_COMPOSE_FILE,
+        "COMPOSE_PROFILES": "",  # the default services only, whatever the caller's shell says
+        "KVTRANSIT_OFFLINE_BASE_IMAGE": f"kvtransit-base:test-{run_id}",
         "KVTRANSIT_IMAGE_TAG": f"test-{run_id}",
         "KVTRANSIT_RUNS_DIR": str(runs),
         "KVTRANSIT_PROMETHEUS_PORT": str(prometheus_port),
@@ -110,7 +117,7 @@ def test_compose_runs_a_shaped_scenario_scraped_by_its_prometheus(tmp_path):
     try:
         _run([str(DOCKER / "engine.sh"), "start", str(state)], env)
         engine_started = True
-        _run([str(DOCKER / "build-base.sh"), env["KVTRANSIT_BASE_IMAGE"]], env)
+        _run([str(DOCKER / "build-base.sh"), env["KVTRANSIT_OFFLINE_BASE_IMAGE"]], env)
         _run([str(DOCKER / "build-wheelhouse.sh")], env)
         _run([str(DOCKER / "fetch-prometheus.sh")], env)
         _run([*compose, "build", "-q"], env)
@@ -148,7 +155,7 @@ def test_compose_runs_a_shaped_scenario_scraped_by_its_prometheus(tmp_path):
             if engine_started:
                 subprocess.run([*compose, "down", "--rmi", "all", "--volumes", "--timeout", "5"], cwd=ROOT, env=env,
                                capture_output=True, timeout=120)
-                subprocess.run(["docker", "rmi", env["KVTRANSIT_BASE_IMAGE"]], env=env, capture_output=True,
+                subprocess.run(["docker", "rmi", env["KVTRANSIT_OFFLINE_BASE_IMAGE"]], env=env, capture_output=True,
                                timeout=60)
         finally:
             if state.exists():

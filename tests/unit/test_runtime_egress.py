@@ -155,3 +155,29 @@ async def test_a_burst_hands_the_first_slice_over_at_the_start_and_paces_the_res
     # rest still take theirs at the rate.
     assert record.ended_ns - record.started_ns == pytest.approx((record.wire_bytes - slice_bytes) / RATE * 1e9,
                                                                 abs=1000)
+
+
+async def test_a_burst_does_not_shorten_a_modules_hold():
+    """A transit-bound module holds each frame for its compute time (min_serialise_s); the burst that lets a
+    tc-shaped link's first slice through at once must not take that time off the module."""
+    slice_bytes = 4096
+    hold_s = 0.5  # far above PAYLOAD / RATE (20 ms): the module binds
+    clock = ManualClock()
+    shaper = EgressShaper(rate_Bps=RATE, clock=clock, slice_bytes=slice_bytes, burst_bytes=slice_bytes)
+    endpoint, _ = await link(clock)
+
+    async def held_handoff():
+        async with shaper.transfer(endpoint, "held") as tx:
+            await tx.send(KvBegin(request_id=1, prompt_tokens=1, output_tokens=1, n_layers=1, n_chunks=1,
+                                  raw_bytes=PAYLOAD, codec="none", first_token_ns=0))
+            started_ns = clock.now_ns()
+            await tx.send(KvChunk(request_id=1, layer=0, chunk=0, dtype=DType.U8, shape=(PAYLOAD,), codec_id=0,
+                                  codec_header=b"", payload=bytes(PAYLOAD), raw_bytes=PAYLOAD),
+                          min_serialise_s=hold_s)
+        return tx.record, started_ns
+
+    task = asyncio.create_task(held_handoff())
+    await clock.advance(2.0)
+    record, chunk_ready_ns = await task
+    # The chunk's bytes finish no sooner than its hold after it was ready (KvBegin took the burst before it).
+    assert record.ended_ns - chunk_ready_ns >= hold_s * 1e9 - 1000

@@ -1,6 +1,7 @@
 """`kvtransit up`: one run end to end: decode(s), the middlebox, prefill(s) and the load generator as
 separate processes on this host, supervised, with a live progress bar and the run report at the end
-(table here; JSON and Markdown files). Ctrl-C stops every process and still writes what completed.
+(table here; JSON and Markdown files, with figures when matplotlib is installed: the `plots` extra), in
+runs/YYYYmmdd-HHMMSS/ unless --report says where. Ctrl-C stops every process and still writes what completed.
 
 Links: `--links auto` (default) runs the middlebox and decode in network namespaces with tc shaping the
 middlebox → decode veth when this host can (root, tc/ip, tbf or htb), else everything on loopback with the
@@ -31,6 +32,8 @@ from .frontend import add_frontend_flags, check_frontend_flags
 from .scenario_flags import add_scenario_args, scenario_from_args
 
 if TYPE_CHECKING:  # the handler imports the model when it runs
+    from datetime import datetime
+
     from kvtransit.model.scenario import Scenario
 
 
@@ -38,8 +41,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("up", help="run prefill, middlebox, decode and a load generator, and report",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_scenario_args(p)
-    p.add_argument("--report", type=Path, default=Path("kvtransit-report.json"), metavar="PATH",
-                   help="report JSON path; the Markdown goes beside it (default kvtransit-report.json)")
+    p.add_argument("--report", type=Path, default=None, metavar="PATH",
+                   help="report JSON path; the Markdown, the figures (REPORT.figures/) and the run folder "
+                        "(REPORT.run/) go beside it (default runs/YYYYmmdd-HHMMSS/report.json)")
     p.add_argument("--accuracy-sample", type=int, default=8, metavar="N",
                    help="requests whose codec error decode measures (default 8)")
     p.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
@@ -96,7 +100,8 @@ def run(args) -> int:
 
     for line in run_preamble(scenario, frontend=frontend is not None):  # what is scaled, an overload: said first
         log(f"kvtransit up: {line}")
-    launcher = Launcher(scenario, report_path=args.report, accuracy_sample=args.accuracy_sample,
+    report_path = args.report if args.report is not None else default_report_path()
+    launcher = Launcher(scenario, report_path=report_path, accuracy_sample=args.accuracy_sample,
                         drain_timeout_s=args.drain_timeout,
                         on_progress=progress_bar.update if progress_bar else None, log=log,
                         links=args.links, prometheus=args.prometheus, run_dir=args.run_dir,
@@ -112,7 +117,7 @@ def run(args) -> int:
         try:
             path, interrupted = asyncio.run(run_until_signalled(run_launcher))
         except RunFailed as exc:
-            failure, path, interrupted = str(exc), (args.report if args.report.exists() else None), False
+            failure, path, interrupted = str(exc), (report_path if report_path.exists() else None), False
     finally:
         if progress_bar:
             progress_bar.stop()
@@ -134,6 +139,24 @@ def run(args) -> int:
         sys.stderr.write(f"kvtransit up: error: {failure}\n")
         return 1
     return 130 if interrupted else 0
+
+
+# Where `kvtransit up` writes without --report: one folder a run under ./runs (ignored by git), so runs neither
+# litter the current directory nor overwrite each other.
+RUNS_DIR = Path("runs")
+
+
+def default_report_path(now: datetime | None = None, runs: Path = RUNS_DIR) -> Path:
+    """`runs/YYYYmmdd-HHMMSS/report.json` (local time, when the run starts); `-2`, `-3`, … when a run already took
+    that second's folder. Nothing is created here: the launcher makes the folder when it writes the run's files."""
+    from datetime import datetime
+
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    folder, n = runs / stamp, 1
+    while folder.exists():
+        n += 1
+        folder = runs / f"{stamp}-{n}"
+    return folder / "report.json"
 
 
 def vllm_result_path(report_path: Path) -> Path:

@@ -319,6 +319,8 @@ class Launcher:
         report = json.loads(self.report_path.read_text())
         annotate_report(report, links=self.link_setup.describe() if self.link_setup else None,
                         prometheus_url=self.prometheus.url if self.prometheus is not None else None)
+        # The figures are drawn here, in the harness, not in the load generator (a serving process: its memory
+        # is the run's), from the report it wrote.
         write_report(report, self.report_path)
 
     async def _progress(self, loadgen: Child, decodes: list[Child]) -> None:

@@ -18,21 +18,18 @@ from . import precise_timer
 
 # How long before a deadline MonotonicClock stops sleeping and yields in a loop instead (the yield-spin).
 # With a timerfd (runtime/precise_timer.py, Linux) the loop sleeps to within microseconds of the deadline and the
-# spin covers only the wake-up itself, which on this VM takes ~0.1-0.2 ms from an idle vCPU. Measured on the 2-core
-# dev box, uvloop, 5 ms steps, 400 sleeps, quiet (benchmarks/clock.py; benchmarks/RESULTS.md, Timers):
-#   loop timer + 1 ms spin:  mean  42 µs late, p50 0.6 µs, p90   5 µs, 19 % of a core
-#   timerfd + 50 µs spin:    mean 116 µs late, p50  20 µs, p90 238 µs,  4 % of a core
-#   timerfd + 200 µs spin:   mean  72 µs late, p50 0.9 µs, p90 158 µs,  6 % of a core
-#   timerfd + 500 µs spin:   mean  54 µs late, p50 0.7 µs, p90   5 µs, 11 % of a core
-# 200 µs keeps a decode step's mean lateness near 1 % (the fidelity guard allows 3 %) at a third of the spin's
-# CPU; what a spinning agent costs is everyone else's wake-ups: in light netns runs with other work on one core,
-# the idle-link hand-off check failed 3 of 6 runs with the 1 ms spin (median 1.027-1.104x) and passed 6 of 6
-# with the timerfd and a 50 µs spin (1.007-1.021x); with 4 sleepers and a busy core the timerfd + 200 µs was late
-# by half the spin's mean at 40 % of its CPU (benchmarks/RESULTS.md, Timers). Without a timerfd, the loops'
-# timers have millisecond granularity, so 1 ms is the smallest spin that works on both loops:
+# spin covers the wake-up and whatever else the loop runs then (a wake-up from an idle vCPU alone takes 0.1-0.2 ms
+# on this VM). Measured on the 2-core dev box, uvloop, 5 ms steps, 300 sleeps in each of 4 processes (a run's
+# agents) beside one process spinning on a core (benchmarks/clock.py; benchmarks/RESULTS.md, Timers):
+#   loop timer + 1 ms spin:  mean 50 µs late, p99 1985 µs, 19 % of a core each
+#   timerfd + 500 µs spin:   mean 30 µs late, p99  157 µs, 11 % of a core each
+#   timerfd + 200 µs spin:   mean 82 µs late, p99 1397 µs,  5 % of a core each
+# 500 µs is as punctual as the 1 ms spin or better at ~60 % of its CPU, and the default `kvtransit up` stays
+# faithful; 200 µs made the prefill's step timers 3.0 % late in one default run (the guard allows 3 %). Without a
+# timerfd, the loops' timers have millisecond granularity, so 1 ms is the smallest spin that works on both loops:
 #   uvloop:  no spin p50 298 µs late; 0.5 ms spin p50 0.9 µs; 1.0 ms spin p50 0.9 µs (17 % of a core)
 #   asyncio: no spin p50 650 µs late; 0.5 ms spin p50 315 µs; 1.0 ms spin p50 1.3 µs (18 % of a core)
-PRECISE_TIMER_SPIN_S = 200e-6
+PRECISE_TIMER_SPIN_S = 500e-6
 LOOP_TIMER_SPIN_S = 1e-3
 
 LatenessObserver = Callable[[float], None]

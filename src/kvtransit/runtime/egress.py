@@ -234,7 +234,10 @@ class Transfer:
         ready_s = (self._clock.now_ns() if ready_ns is None else ready_ns) / 1e9
         bucket, delay = self._channel.bucket, self._channel.delay
         if min_serialise_s > 0:
-            shortfall = min_serialise_s * bucket.rate_Bps - sum(memoryview(p).nbytes for p in parts)
+            # A burst (burst_bytes) would let the frame's first bytes through at once and shorten the module's
+            # hold by its tokens: the hold takes those tokens too, so the frame occupies min_serialise_s in full.
+            shortfall = (min_serialise_s * bucket.rate_Bps - sum(memoryview(p).nbytes for p in parts)
+                         + bucket.available(ready_s))
             if shortfall >= 1:
                 bucket.reserve(int(shortfall), ready_s)
         for piece in _slices(parts, self._shaper.slice_bytes):

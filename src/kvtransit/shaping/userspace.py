@@ -67,6 +67,11 @@ class TokenBucket:
         at = max(now, self._updated)
         return at if self._tokens >= 0 else at + (-self._tokens) / self.rate_Bps
 
+    def available(self, now: float) -> float:
+        """Tokens in the bucket at `now` (0 when it is in debt): what a reserve made now would get at once."""
+        self._refill(now)
+        return max(0.0, self._tokens)
+
     def set_rate(self, rate_Bps: float, now: float) -> None:
         """Change the rate from `now` on: time before now refills at the old rate, the debt is paid at the new."""
         self._check_rate(rate_Bps)

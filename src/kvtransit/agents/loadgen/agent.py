@@ -406,5 +406,8 @@ class LoadGenerator:
             result["ledger"] = {"path": str(self.ledger_path), **ledger_check(self.ledger_path).summary()}
         self._amend_report(result)
         if self.report_path is not None:
-            run_report.write_report(result, self.report_path)
+            # No figures here: matplotlib is ~50 MB in a serving process (the whole-run test saw the load
+            # generator's RSS grow by that at the end); `kvtransit up` draws them in the harness
+            # (emulator/launcher.py), so a standalone `kvtransit loadgen` report has none.
+            run_report.write_report(result, self.report_path, figures=False)
         return result

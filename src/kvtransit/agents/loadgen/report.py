@@ -22,6 +22,11 @@ split is in `per_request` (`handoff_exposed_s`, and `handoff_hidden_s` when the 
 A streamed run's link figures are decode's (its busy time leaves out the gaps a stream waits for compute in; the
 middlebox's shaper counts a transfer's whole span).
 
+`figures` (issue 21 part 5, set when the report is written: `write_report`) lists the PNGs drawn beside it in
+`REPORT.figures/` (`name`, `file` relative to the report's folder, `title`, `caption`): CDFs of TTFT, TPOT and the
+hand-off, the link's busy fraction and queue depth, a per-request timeline (`report_figures.py` computes them,
+`report_plots.py` draws them, with the `plots` extra); an empty list without it.
+
 All timings and rates are in model terms: seconds ÷ dilation, bytes ÷ the payload scale (what the modelled,
 full-size system would have moved). A figure nobody could measure is null, never invented.
 """
@@ -33,6 +38,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from kvtransit.agents.common.process import finite_json
 from kvtransit.model.energy import link_energy_j
@@ -447,7 +453,19 @@ def offered_load_line(workload: dict) -> str | None:
     return line
 
 
-def to_markdown(report: dict) -> str:
+def figure_lines(report: dict, figures_note: str | None = None) -> list[str]:
+    """The Markdown's figures (`figures`: report_plots.py), each with its caption, linked relative to the report;
+    else the one line saying why there are none."""
+    if report.get("figures"):
+        lines = ["## Figures", ""]
+        for figure in report["figures"]:
+            lines += [f"![{figure['title']}]({quote(figure['file'])})", "", f"*{figure['caption']}*", ""]
+        return lines
+    return [figures_note, ""] if figures_note else []
+
+
+def to_markdown(report: dict, figures_note: str | None = None) -> str:
+    """`figures_note`: the line said in place of the figures when none were drawn (write_report)."""
     lines = ["# kvtransit run report", ""]
     cfg = report["config"]
     lines.append(f"{cfg['model']} on {cfg['gpus']}x {cfg['device']}, {cfg['prefill']}P{cfg['decode']}D, link "
@@ -457,14 +475,25 @@ def to_markdown(report: dict) -> str:
     lines += ["", "| metric (ms) | mean | p50 | p90 | p99 | max |", "|---|---|---|---|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in table_rows(report)]
     lines += [""] + [f"- {line}" for line in headline(report)] + [""]
+    lines += figure_lines(report, figures_note)
     return "\n".join(lines)
 
 
-def write_report(report: dict, path: Path) -> tuple[Path, Path]:
-    """`path` (JSON) and the same name with .md."""
+def write_report(report: dict, path: Path, *, figures: bool = True) -> tuple[Path, Path]:
+    """`path` (JSON) and the same name with .md; with `figures` (and the plots extra) the PNGs in
+    `REPORT.figures/` first, listed in the report's `figures` key (set on `report` too) and shown in the .md."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    note = None
+    if figures:
+        from .report_plots import draw_report_figures  # matplotlib, if at all, only now
+
+        try:
+            report["figures"], note = draw_report_figures(report, path)
+        except Exception as exc:
+            # The figures are extras: a drawing failure must not cost a finished run its report. Said in the .md.
+            report["figures"], note = [], f"Figures: not drawn ({type(exc).__name__}: {exc})."
     path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
     markdown = path.with_suffix(".md")
-    markdown.write_text(to_markdown(report))
+    markdown.write_text(to_markdown(report, figures_note=note))
     return path, markdown
