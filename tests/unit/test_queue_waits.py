@@ -20,3 +20,14 @@ def test_the_routes_json_reads_back_as_request_ids_and_seconds():
     for bad in ({}, {"queue_wait_s": [1, 2]}, None):
         with pytest.raises(ValueError, match="not a decode queue-waits answer"):
             parse_queue_waits(bad)
+
+
+def test_the_routes_hand_off_splits_read_back_by_request_id():
+    from kvtransit.agents.common.queue_waits import handoff_splits_body, parse_handoff_splits
+
+    split = {"exposed_s": 0.03, "hidden_s": 0.01, "hidden_bytes": 512, "bytes": 2048}
+    assert parse_handoff_splits(handoff_splits_body({4: split})) == {4: {k: float(v) for k, v in split.items()}}
+    assert parse_handoff_splits({"queue_wait_s": {}}) == {}  # a decode that split nothing
+    for bad in ({"handoff_split": [1]}, {"handoff_split": {"x": {}}}, None):
+        with pytest.raises(ValueError, match="not a decode hand-off split answer"):
+            parse_handoff_splits(bad)

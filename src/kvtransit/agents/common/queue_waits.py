@@ -1,5 +1,6 @@
-"""Decode's per-request queue waits (KV ready → admitted into the continuous batch), as the load generator
-reads them at the end of a run to complete its records (`RequestRecord.decode_wait_s`).
+"""Decode's per-request queue waits (KV ready → admitted into the continuous batch), and beside them each
+request's hand-off split (exposed / hidden, model/layerwise.py), as the load generator reads them at the end of a
+run to complete its records (`RequestRecord.decode_wait_s`) and the report's per-request hidden time.
 
 They have a route of their own, not a key of `/stats`: `/stats` is polled twice a second during a run (the
 launcher's progress bar) and must stay small, while this map holds one figure per request taken, read once.
@@ -8,7 +9,7 @@ The wire stays as it is: a Tokens entry has room for one stamp, and index 0's is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 QUEUE_WAITS_PATH = "/queue-waits"
@@ -45,3 +46,18 @@ def parse_queue_waits(body: Any) -> dict[int, float]:
         return {int(request_id): float(wait) for request_id, wait in body["queue_wait_s"].items()}
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a decode queue-waits answer: {exc!r}") from None
+
+
+def handoff_splits_body(splits: Mapping[int, Mapping[str, float]]) -> dict[str, Any]:
+    """The same route's other key: `{"handoff_split": {"<request id>": {"exposed_s": ..., "hidden_s": ...}}}`."""
+    return {"handoff_split": {str(request_id): dict(split) for request_id, split in splits.items()}}
+
+
+def parse_handoff_splits(body: Any) -> dict[int, dict[str, float]]:
+    """The route's JSON back to {request id: split}; no `handoff_split` key is no splits, anything malformed is
+    ValueError."""
+    try:
+        return {int(request_id): {key: float(value) for key, value in split.items()}
+                for request_id, split in body.get("handoff_split", {}).items()}
+    except (TypeError, AttributeError, ValueError) as exc:
+        raise ValueError(f"not a decode hand-off split answer: {exc!r}") from None

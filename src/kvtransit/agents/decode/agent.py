@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -49,7 +49,7 @@ from kvtransit.agents.common.process import (
     new_registry,
     start_http,
 )
-from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, QueueWaits, queue_waits_body
+from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, QueueWaits, handoff_splits_body, queue_waits_body
 from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.kernels.accuracy import codec_roundtrip
 from kvtransit.kernels.registry import decode as codec_decode
@@ -545,9 +545,7 @@ class DecodeAgent:
         """Each request's queue wait (agents/common/queue_waits.py) and, beside it, its hand-off split (model
         seconds and bytes at scale; `handoff_split`, a key the queue-wait reader does not look at)."""
         return {**queue_waits_body(self.queue_waits.waits_s),
-                "handoff_split": {str(rid): {"exposed_s": s.exposed_s, "hidden_s": s.hidden_s,
-                                             "hidden_bytes": s.hidden_bytes, "bytes": s.bytes}
-                                  for rid, s in self.splits.items()}}
+                **handoff_splits_body({rid: asdict(split) for rid, split in self.splits.items()})}
 
     def stats(self) -> dict:
         link = self.link

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvtransit.agents.common.process import Address, announce_ready, new_registry, start_http
-from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, parse_queue_waits
+from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, parse_handoff_splits, parse_queue_waits
 from kvtransit.model.ledger_check import LEDGER_FILE
 from kvtransit.model.ledger_check import read as ledger_check
 from kvtransit.model.scenario import Scenario
@@ -317,15 +317,11 @@ class LoadGenerator:
         try:
             body = await get_json(address.host, address.port, QUEUE_WAITS_PATH)
             waits = parse_queue_waits(body)
+            splits = parse_handoff_splits(body)  # each request's exposed / hidden hand-off, beside its wait
         except (TimeoutError, OSError, ConnectionError, ValueError) as exc:
             log.warning("no decode queue waits from %s: %s", address, exc)
             return
-        # Each request's hand-off split (exposed / hidden, decode's `handoff_split` beside its queue waits).
-        splits = body.get("handoff_split", {}) if isinstance(body, dict) else {}
-        if isinstance(splits, dict):
-            for request_id, split in splits.items():
-                if isinstance(split, dict):
-                    self.handoff_splits[int(request_id)] = split
+        self.handoff_splits.update(splits)
         for request_id, wait_s in waits.items():
             if (record := self.records.get(request_id)) is not None:
                 record.decode_wait_s = wait_s
