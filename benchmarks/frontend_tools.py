@@ -33,7 +33,8 @@ import tempfile
 from pathlib import Path
 
 from kvtransit.agents.frontend.prompt_tokens import load_smollm2
-from kvtransit.emulator.launcher import FrontendOptions, Launcher
+from kvtransit.emulator.agent_commands import FrontendOptions
+from kvtransit.emulator.launcher import Launcher
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import percentile
 

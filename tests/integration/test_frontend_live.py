@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from kvtransit.emulator.launcher import FrontendOptions, Launcher
+from kvtransit.emulator.agent_commands import FrontendOptions
+from kvtransit.emulator.launcher import Launcher
 from kvtransit.model import ledger_check as ledger
 from kvtransit.model.scenario import Scenario
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.agents.loadgen.report import headline
+from kvtransit.agents.loadgen.report_text import headline
 from kvtransit.agents.middlebox.stages.chain import ChainSettings
 from kvtransit.emulator.launcher import Launcher
 from kvtransit.model import fidelity

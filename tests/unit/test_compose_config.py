@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from kvtransit.cli import build_parser
+from kvtransit.emulator.agent_commands import agent_commands
 from kvtransit.model.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,13 +81,10 @@ def _required_addresses(role: str) -> list[str]:
 
 @pytest.mark.parametrize("role", AGENTS)
 def test_each_agent_service_runs_the_command_the_embedded_launcher_runs(compose, role):
-    launcher = pytest.importorskip("kvtransit.emulator.launcher")
-    if not hasattr(launcher, "agent_commands"):
-        pytest.skip("kvtransit.emulator.launcher has no public command builder `agent_commands` yet")
     scenario = Scenario(**{k.removeprefix("scenario_"): v for k, v in _meaning(["up", *_env_scenario_argv()]).items()
                            if k.startswith("scenario_")})
     # Compose shapes the KV link with tc inside the middlebox's container: the launcher's tc mode (netns).
-    embedded = launcher.agent_commands(scenario, link_backend="tc")[role]
+    embedded = agent_commands(scenario, link_backend="tc")[role]
     program = embedded.index(role)  # after `python -m kvtransit.cli`
     command = shlex.split(compose["services"][role]["command"])
     assert _meaning(command[1:]) == _meaning(embedded[program:])

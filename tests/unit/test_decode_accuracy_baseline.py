@@ -9,7 +9,8 @@ from ml_dtypes import bfloat16
 
 from kvtransit.agents.common import kv_frames
 from kvtransit.agents.common.process import Address
-from kvtransit.agents.decode.agent import DecodeAgent, _Incoming
+from kvtransit.agents.decode.agent import DecodeAgent
+from kvtransit.agents.decode.incoming import Incoming
 from kvtransit.kernels.accuracy import relative_error
 from kvtransit.kernels.registry import get_codec
 from kvtransit.kernels.synthetic_kv import SyntheticKv
@@ -42,7 +43,7 @@ def _sampled(scenario: Scenario) -> tuple[DecodeAgent, np.ndarray, np.ndarray]:
                        rows.shape))
     begin = KvBegin(REQUEST, prompt_tokens=TOKENS, output_tokens=4, n_layers=layout.layers, n_chunks=len(chunks),
                     raw_bytes=sum(r.nbytes // 2 for r in refs), codec=scenario.codec, first_token_ns=1)
-    agent._measure_accuracy(_Incoming(begin, 0, sampled=True, chunks=chunks))
+    agent.sample.measure(Incoming(begin, 0, sampled=True, chunks=chunks))
     ref = np.stack(refs)  # [layers, 2, heads, tokens, hd]
     return agent, ref[:, 0], ref[:, 1]
 

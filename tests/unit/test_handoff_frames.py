@@ -5,7 +5,8 @@ from __future__ import annotations
 from kvtransit.agents.common import kv_frames
 from kvtransit.agents.prefill.handoff_frames import HandoffFrames
 from kvtransit.kernels.synthetic_kv import SyntheticKv
-from kvtransit.model.scenario import KvLayout, Scenario
+from kvtransit.model.kv_scale import KvLayout
+from kvtransit.model.scenario import Scenario
 from kvtransit.wire import crc32c
 
 LAYOUT = KvLayout(layers=3, kv_heads=2, head_dim=8)

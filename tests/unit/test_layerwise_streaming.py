@@ -11,7 +11,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kvtransit.agents.common.process import Address
-from kvtransit.agents.decode.agent import DecodeAgent, _Arrived, _Incoming, streamed_idle_ns
+from kvtransit.agents.decode.agent import DecodeAgent
+from kvtransit.agents.decode.incoming import Arrived, Incoming
+from kvtransit.agents.decode.link_meter import streamed_idle_ns
 from kvtransit.agents.middlebox import decode_peers
 from kvtransit.agents.middlebox.app import Middlebox
 from kvtransit.agents.prefill.agent import PrefillAgent
@@ -211,10 +213,10 @@ async def test_each_layer_crosses_the_link_from_its_release_and_decode_takes_the
         (ready_ns,) = [at for kind, _, at in log if kind == "KvEnd"]
         assert ready_ns >= releases[-1] + latency_ns  # taken at its last layer, the first token's
         assert decode.handoffs == {"taken": 1, "duplicate": 0, "aborted": 0} and decode.batcher.waiting == 1
-        split = decode.splits[1]
+        split = decode.splits.by_request[1]
         assert split.hidden_bytes == (LAYERS - 1) * len(PAYLOAD)  # all but the last layer crossed in the step
         assert split.exposed_s == pytest.approx((ready_ns - releases[-1]) / 1e9 / LAYERWISE.effective_dilation)
-        assert decode.streamed_handoffs == 1 and len(decode.streamed_pairs) == 1
+        assert decode.splits.streamed_handoffs == 1 and len(decode.splits.streamed_pairs) == 1
 
 
 async def test_a_prefill_that_fails_mid_step_releases_no_further_layer_and_decode_holds_nothing_for_it(monkeypatch):
@@ -229,15 +231,15 @@ async def test_a_prefill_that_fails_mid_step_releases_no_further_layer_and_decod
         assert [kind for kind, _, _ in log][-1] == "Error"  # the stream was closed, not completed
         assert decode.handoffs == {"taken": 0, "duplicate": 0, "aborted": 1}
         assert decode.batcher.reserved_tokens == 0 and decode.batcher.waiting == 0 and 1 not in decode.arrivals
-        assert decode.link.busy_ns >= 0 and decode.link._open == 0  # its stream closed at decode too
+        assert decode.link.busy_ns >= 0 and decode.link.open_transfers == 0  # its stream closed at decode too
 
 
 def test_a_streamed_hand_offs_idle_link_is_the_wait_for_each_layers_compute():
     began, latency = 0, 10
-    arrived = [_Arrived(at_ns=at, wire_bytes=1, raw_bytes=1, release_ns=release)
+    arrived = [Arrived(at_ns=at, wire_bytes=1, raw_bytes=1, release_ns=release)
                for at, release in ((115, 100), (215, 200), (260, 200))]  # the third was due before the second was in
     assert streamed_idle_ns(began, arrived, latency) == (110 - 0) + (210 - 115) + 0
-    assert streamed_idle_ns(began, [_Arrived(5, 1, 1, 0)], latency) == 0  # whole mode: no gaps of its own
+    assert streamed_idle_ns(began, [Arrived(5, 1, 1, 0)], latency) == 0  # whole mode: no gaps of its own
 
 
 def _sampled_chunks(frames) -> list:
@@ -257,12 +259,12 @@ def test_decode_puts_a_chunked_prefills_segments_back_together_along_tokens_byte
     chunks = _sampled_chunks(frames)
     in_order = DecodeAgent(scenario, name="decode-test", listen=ANY, client_listen=ANY, metrics_listen=ANY,
                            accuracy_sample=1)
-    in_order._measure_accuracy(_Incoming(begin, 0, sampled=True, chunks=chunks))
-    assert in_order.kv_content_mismatches == 0 and in_order.accuracy.relative("k") == 0.0
+    in_order.sample.measure(Incoming(begin, 0, sampled=True, chunks=chunks))
+    assert in_order.sample.kv_content_mismatches == 0 and in_order.sample.codec.relative("k") == 0.0
     # The segments out of token order are other bytes: the check would say so.
     per_segment = len(chunks) // 3
     shuffled = chunks[per_segment:2 * per_segment] + chunks[:per_segment] + chunks[2 * per_segment:]
     swapped = DecodeAgent(scenario, name="decode-test", listen=ANY, client_listen=ANY, metrics_listen=ANY,
                           accuracy_sample=1)
-    swapped._measure_accuracy(_Incoming(begin, 0, sampled=True, chunks=shuffled))
-    assert swapped.kv_content_mismatches == 1
+    swapped.sample.measure(Incoming(begin, 0, sampled=True, chunks=shuffled))
+    assert swapped.sample.kv_content_mismatches == 1

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvtransit.agents.loadgen.report import annotate_report, headline
-from kvtransit.emulator.launcher import agent_commands
+from kvtransit.agents.loadgen.report import annotate_report
+from kvtransit.agents.loadgen.report_text import headline
+from kvtransit.emulator.agent_commands import agent_commands
 from kvtransit.emulator.placement import LinksUnavailable, choose_links
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvtransit.agents.loadgen.report import build_report, headline
+from kvtransit.agents.loadgen.report import build_report
+from kvtransit.agents.loadgen.report_text import headline
 from kvtransit.model.fidelity import prescribed_handoff_s
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from kvtransit.agents.loadgen.report import build_report, headline
+from kvtransit.agents.loadgen.report import build_report
+from kvtransit.agents.loadgen.report_text import headline
 from kvtransit.emulator.sweep_report import markdown_tables
 from kvtransit.emulator.sweep_runner import METRIC_COLUMNS, row_from_report
 from kvtransit.model import fidelity

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvtransit.agents.loadgen.report import headline, offered_load_line, scale_note, to_markdown
+from kvtransit.agents.loadgen.report_text import headline, offered_load_line, scale_note, to_markdown
 from kvtransit.cli.up import run_preamble
 from kvtransit.model.scenario import Scenario
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from kvtransit.agents.loadgen.report import build_report, handoff_verdict, headline, to_markdown, write_report
+from kvtransit.agents.loadgen.report import build_report, handoff_verdict, write_report
+from kvtransit.agents.loadgen.report_text import headline, to_markdown
 from kvtransit.cli import main
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord

@@ -10,8 +10,10 @@ from ml_dtypes import bfloat16
 
 from kvtransit.agents.common import kv_frames
 from kvtransit.agents.common.process import parse_address, parse_addresses, parse_ready_line
-from kvtransit.agents.decode.agent import AccuracyMeter, LinkMeter
-from kvtransit.agents.loadgen.report import REPORT_KEYS, build_report, to_markdown, write_report
+from kvtransit.agents.decode.accuracy_sample import AccuracyMeter
+from kvtransit.agents.decode.link_meter import LinkMeter
+from kvtransit.agents.loadgen.report import REPORT_KEYS, build_report, write_report
+from kvtransit.agents.loadgen.report_text import to_markdown
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord

@@ -18,7 +18,8 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.scenario import FieldTextError, Scenario, field_from_text, flag_for
+from kvtransit.model.scenario import Scenario, flag_for
+from kvtransit.model.scenario_text import FieldTextError, field_from_text
 
 # Where the parsed namespace lists the scenario fields whose flag was on the command line, so `--kernel` can tell
 # a flag given (which it must not silently override) from one left at the field's default.

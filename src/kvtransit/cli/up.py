@@ -75,8 +75,9 @@ def run(args) -> int:
     import json
     import sys
 
-    from kvtransit.agents.loadgen.report import headline, table_rows
-    from kvtransit.emulator.launcher import FrontendOptions, Launcher, RunFailed
+    from kvtransit.agents.loadgen.report_text import headline, table_rows
+    from kvtransit.emulator.agent_commands import FrontendOptions
+    from kvtransit.emulator.launcher import Launcher, RunFailed
     from kvtransit.runtime.signals import run_until_signalled
 
     scenario = scenario_from_args(args)
@@ -182,7 +183,7 @@ def run_preamble(scenario: Scenario, *, frontend: bool = False) -> list[str]:
     how to run at real size, and a warning when the workload offers more than the modelled system serves
     (parsing a trace here also refuses a bad one before any process or namespace exists). With the front end
     the workload is whoever calls it: no drawn workload to judge."""
-    from kvtransit.agents.loadgen.report import scale_note
+    from kvtransit.agents.loadgen.report_text import scale_note
     from kvtransit.agents.loadgen.workload_source import requests_for
     from kvtransit.model.offered_load import offered_vs_capacity
 

@@ -188,7 +188,7 @@ def run_baselines(args) -> int:
 
 
 def run(args) -> int:
-    from kvtransit.agents.loadgen.report import passed_text
+    from kvtransit.agents.loadgen.report_text import passed_text
 
     if args.baselines:
         return run_baselines(args)

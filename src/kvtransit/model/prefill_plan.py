@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from .cost import prefill_step_cached_s, prefill_work_cached, step_energy_j
 from .errors import ConfigError
 from .scenario import PREFILL_CHUNK_RANGE, Scenario
-from .serving import PREFILL_BATCH_TOKEN_LIMIT, ServingRequest
+from .serving import PREFILL_BATCH_TOKEN_LIMIT, PromptFifo, ServingRequest
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class PrefillChunk:
         return self.stop - self.start
 
 
-class ChunkedPrefillQueue:
+class ChunkedPrefillQueue(PromptFifo[tuple[ServingRequest, int]]):
     """One prefill instance's FIFO queue with chunked prefill: a step takes the next chunk (at most `chunk_tokens`)
     of the head request, then the next chunk of each request behind it while the batch stays within the token
     budget, stopping at the first that would overflow it (REFERENCE §4's strict FIFO, one chunk a request a step:
@@ -123,22 +123,11 @@ class ChunkedPrefillQueue:
         lo, hi = PREFILL_CHUNK_RANGE
         if not lo <= chunk_tokens <= min(hi, token_limit):
             raise ConfigError(f"prefill chunk: {chunk_tokens} tokens is outside {lo}..{min(hi, token_limit)}")
+        super().__init__(token_limit)  # entries: (request, tokens computed so far)
         self.chunk_tokens = chunk_tokens
-        self.token_limit = token_limit
-        self._queue: deque[tuple[ServingRequest, int]] = deque()  # (request, tokens computed so far)
-        self._queued_tokens = 0
 
     def push(self, request: ServingRequest) -> None:
-        self._queue.append((request, 0))
-        self._queued_tokens += request.prompt_tokens
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    @property
-    def queued_tokens(self) -> int:
-        """Prompt tokens still to compute (the router's load figure)."""
-        return self._queued_tokens
+        self._append((request, 0), request.prompt_tokens)
 
     def take_batch(self) -> list[PrefillChunk]:
         """The next batch of chunks (empty when the queue is)."""

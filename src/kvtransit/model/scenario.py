@@ -4,14 +4,10 @@ A `Scenario` names the model, GPUs, link, codec, module, workload, pool sizes an
 dilation. It validates itself on construction (a `ConfigError` naming the field and the valid choices) and
 derives everything the processes need: the scaled KV layout, the scaled link, the workload.
 
-Scale and dilation (DESIGN §2):
-- Scale `s` shrinks each request's KV along the *channel* axis (kv_heads × head_dim), never the token axis,
-  so the codec's transform along tokens stays real. Channels are whole numbers, so the *effective* scale is
-  channels / (kv_heads × head_dim) exactly, and link rates are scaled by that effective figure: transfer
-  times then equal the modelled ones.
-- Dilation `d` ≥ 1 stretches every modelled duration by d and divides link rates by d; reports divide back.
-- `scale="auto"`: the largest scale whose scaled link rate stays within `HOST_BUDGET_BPS`; when even one
-  channel is too fast, dilation grows until it fits.
+Scale and dilation (DESIGN §2): scale shrinks each request's KV along its channels, never its tokens; dilation
+d ≥ 1 stretches every modelled duration by d and divides link rates by d; reports divide back. How channels and
+dilation are chosen (and `scale="auto"`) is `kv_scale.py`; a field read from text is `scenario_text.py`; a field's
+range and choice checks are `field_checks.py`; the codec's cost when it runs on a GPU is `gpu_codec.py`.
 
 Pure: no I/O, no clock.
 """
@@ -19,15 +15,25 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from . import gpu_codec
 from .catalog import MODELS, ModelSpec, model_by_name
 from .codecs import CODEC_NAMES, codec_declaration
-from .cost import StepWork, kv_capacity_tokens, step_time
+from .cost import StepWork, kv_capacity_tokens
 from .devices import DEVICES, Device, device_by_name
 from .errors import ConfigError, unknown_name
+from .field_checks import choice, module_budget, number
+from .kv_scale import (
+    DILATION_QUANTUM,
+    HOST_BUDGET_BPS,
+    KvLayout,
+    auto_channels_and_dilation,
+    channels_for_scale,
+    require_one_channel,
+    scaled_layout,
+)
 from .layerwise import HANDOFF_MODES, HANDOFF_WHOLE
 from .link_catalog import LINKS, Link, link_by_name
 from .module import (
@@ -51,145 +57,17 @@ from .slo import TPOT_SLO_S, TTFT_SLO_S
 from .traces import TRACE_FORMATS, TRACE_SAMPLING
 from .workload import ARRIVALS, DEFAULT_MAX_TOKENS, LengthDist, WorkloadSpec
 
-# What one host can push through the testbed's KV link, bytes per second of scaled link rate, and stay
-# faithful with the band-keep kernel running (measured, benchmarks/fidelity.py, RESULTS.md "Fidelity", on
-# this 2-core box with all four processes on it): codec none stays within 2 % of the analytic hand-off up to
-# 195 MB/s; with freq-keep-k the bf16 kernel falls behind the link at 195 MB/s (1.85x its link time) and
-# keeps up at 49 MB/s. 50 MB/s keeps the default scenario faithful.
-HOST_BUDGET_BPS = 50e6
-# Dilation steps when even one channel is too fast: round up to a tenth so the figure reads cleanly.
-DILATION_QUANTUM = 0.1
-
 COMPRESS_AT = ("transit", "gpu")
 # A prefill chunk holds at least one KV block (model/prefix.py: 512 tokens, the unit the prefix cache stores) and
 # at most one step's token budget (REFERENCE §4: 8,192).
 PREFILL_CHUNK_RANGE = (BLOCK_TOKENS, PREFILL_BATCH_TOKEN_LIMIT)
-# A requantiser's decode is one multiply by its block's scale per value (documented model, issue 14; see
-# Scenario.gpu_codec_inverse_work): the most per-value work an inverse is charged besides its transform.
-INVERSE_OPS_PER_VALUE = 1
 KV_POOL_MODES = ("off", "local", "pool")
 # Band-keep transforms along tokens (DESIGN §4: FFT or DCT-II); the kernels layer implements both.
 BAND_KEEP_VARIANTS = ("dct", "fft")
 POLICIES = tuple(p.value for p in Policy)
-# Text forms of a yes/no field on a command line or in a sweep grid (to_argv writes True/False).
-_TRUE_TEXT = frozenset({"yes", "true", "on", "1"})
-_FALSE_TEXT = frozenset({"no", "false", "off", "0"})
 NONE_TEXT = "none"
 AUTO = "auto"
 SYNTHETIC_KV = "synthetic"
-
-
-@dataclass(frozen=True)
-class KvLayout:
-    """The shape of one request's KV cache at scale: per layer, [2 (K, V), kv_heads, tokens, head_dim]."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    bytes_per_value: int = 2  # BF16 on the wire (REFERENCE §1)
-
-    @property
-    def channels(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def bytes_per_token(self) -> int:
-        return 2 * self.layers * self.channels * self.bytes_per_value
-
-    def layer_shape(self, tokens: int) -> tuple[int, int, int, int]:
-        return (2, self.kv_heads, tokens, self.head_dim)
-
-    def layer_bytes(self, tokens: int) -> int:
-        return 2 * self.channels * tokens * self.bytes_per_value
-
-    def request_bytes(self, tokens: int) -> int:
-        return tokens * self.bytes_per_token
-
-
-def scaled_layout(model: ModelSpec, channels: int) -> KvLayout:
-    """Lay `channels` out as heads × head_dim, keeping the model's KV head count whenever it divides them."""
-    if not 1 <= channels <= model.kv_dim:
-        raise ConfigError(f"KV channels at scale must be in 1..{model.kv_dim}, got {channels}")
-    if channels % model.kv_heads == 0:
-        return KvLayout(model.layers, model.kv_heads, channels // model.kv_heads, model.bytes_per_value)
-    return KvLayout(model.layers, 1, channels, model.bytes_per_value)
-
-
-def channels_for_scale(model: ModelSpec, scale: float) -> int:
-    """The channel count closest to `scale × kv_dim` (at least one)."""
-    return max(1, min(model.kv_dim, round(scale * model.kv_dim)))
-
-
-def smallest_scale(model: ModelSpec) -> float:
-    """One KV channel a layer: below it a layer would carry no bytes (no frame to send), so it is refused."""
-    return 1 / model.kv_dim
-
-
-def _at_least_one_channel(model: ModelSpec, scale: float) -> None:
-    smallest = smallest_scale(model)
-    # A relative tolerance so that the smallest scale as printed (rounded up) is itself accepted.
-    if scale * model.kv_dim < 1 - 1e-9:
-        shown = _round_up(smallest)
-        raise ConfigError(f"scale: {scale!r} leaves {model.name} less than one KV channel a layer "
-                          f"({scale * model.kv_dim:.3g} of {model.kv_dim}); the smallest allowed is {shown:g} "
-                          f"(1/{model.kv_dim}: one channel)")
-
-
-def _round_up(value: float, digits: int = 3) -> float:
-    """`value` rounded up to `digits` significant digits, so the figure a message prints is never below it."""
-    step = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
-    return math.ceil(value / step - 1e-9) * step
-
-
-def auto_channels_and_dilation(model: ModelSpec, link: Link, dilation: float, budget_Bps: float) -> tuple[int, float]:
-    """The most channels whose scaled link rate fits `budget_Bps` at `dilation`; more dilation if one does not.
-
-    Prefers a whole number of channels per KV head (the model's head structure kept) when that is possible.
-    """
-    per_channel_Bps = link.bandwidth_Bps / model.kv_dim / dilation
-    most = min(model.kv_dim, math.floor(budget_Bps / per_channel_Bps))
-    if most >= 1:
-        if most >= model.kv_heads:
-            most -= most % model.kv_heads
-        return most, dilation
-    needed = per_channel_Bps * dilation / budget_Bps
-    return 1, math.ceil(needed / DILATION_QUANTUM - 1e-9) * DILATION_QUANTUM
-
-
-def _choice(field_name: str, value: str, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ConfigError(f"{field_name}: unknown value {value!r} (choose from: {', '.join(choices)})")
-    return value
-
-
-def _module_budget(value: object) -> str | float:
-    """A named budget as given, or a number of ops per byte > 0 (a numeric string becomes that number)."""
-    allowed = f"{', '.join(MODULE_BUDGETS)} or a number of ops per byte > 0"
-    if isinstance(value, str):
-        if value in MODULE_BUDGETS:
-            return value
-        try:
-            value = float(value)
-        except ValueError:
-            raise ConfigError(f"module_budget: unknown value {value!r} (choose from: {allowed})") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"module_budget: expected {allowed}, got {value!r}")
-    return float(value)
-
-
-def _number(field_name: str, value: object, *, lo: float | None = None, hi: float | None = None,
-            lo_open: bool = False, integer: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{field_name}: expected a number, got {value!r}")
-    if integer and not float(value).is_integer():
-        raise ConfigError(f"{field_name}: expected a whole number, got {value!r}")
-    bad_lo = lo is not None and (value <= lo if lo_open else value < lo)
-    bad_hi = hi is not None and value > hi
-    if bad_lo or bad_hi:
-        low = "" if lo is None else f"{'>' if lo_open else '>='} {lo:g}"
-        high = "" if hi is None else f"<= {hi:g}"
-        raise ConfigError(f"{field_name}: must be {' and '.join(x for x in (low, high) if x)}, got {value!r}")
-    return int(value) if integer else value
 
 
 @dataclass(frozen=True)
@@ -279,26 +157,26 @@ class Scenario:
             raise ConfigError(f"device: {unknown_name('device', self.device, DEVICES)}")
         if self.link not in LINKS:
             raise ConfigError(f"link: {unknown_name('link', self.link, LINKS)}")
-        _choice("codec", self.codec, CODEC_NAMES)
-        _choice("variant", self.variant, BAND_KEEP_VARIANTS)
-        _choice("compress_at", self.compress_at, COMPRESS_AT)
-        _choice("handoff", self.handoff, HANDOFF_MODES)
-        object.__setattr__(self, "module_budget", _module_budget(self.module_budget))
-        _choice("policy", self.policy, POLICIES)
-        _number("module_pj_per_bit", self.module_pj_per_bit, lo=0)
-        _number("module_latency_us", self.module_latency_us, lo=0)
+        choice("codec", self.codec, CODEC_NAMES)
+        choice("variant", self.variant, BAND_KEEP_VARIANTS)
+        choice("compress_at", self.compress_at, COMPRESS_AT)
+        choice("handoff", self.handoff, HANDOFF_MODES)
+        object.__setattr__(self, "module_budget", module_budget(self.module_budget))
+        choice("policy", self.policy, POLICIES)
+        number("module_pj_per_bit", self.module_pj_per_bit, lo=0)
+        number("module_latency_us", self.module_latency_us, lo=0)
         if not isinstance(self.transform_charged, bool):
             raise ConfigError(f"transform_charged: expected yes or no (a bool), got {self.transform_charged!r}")
         if self.precision_bits is not None:
             lo, hi = PRECISION_BITS_RANGE
             object.__setattr__(self, "precision_bits",
-                               _number("precision_bits", self.precision_bits, lo=lo, hi=hi, integer=True))
-        _choice("placement", self.placement, PLACEMENTS)
-        _choice("arrival", self.arrival, ARRIVALS)
+                               number("precision_bits", self.precision_bits, lo=lo, hi=hi, integer=True))
+        choice("placement", self.placement, PLACEMENTS)
+        choice("arrival", self.arrival, ARRIVALS)
         for name in ("gpus", "prefill", "decode", "channels", "requests"):
-            object.__setattr__(self, name, _number(name, getattr(self, name), lo=1, integer=True))
-        object.__setattr__(self, "sinks", _number("sinks", self.sinks, lo=0, integer=True))
-        object.__setattr__(self, "prefill_chunk", _number("prefill_chunk", self.prefill_chunk, integer=True))
+            object.__setattr__(self, name, number(name, getattr(self, name), lo=1, integer=True))
+        object.__setattr__(self, "sinks", number("sinks", self.sinks, lo=0, integer=True))
+        object.__setattr__(self, "prefill_chunk", number("prefill_chunk", self.prefill_chunk, integer=True))
         if self.prefill_chunk and not PREFILL_CHUNK_RANGE[0] <= self.prefill_chunk <= PREFILL_CHUNK_RANGE[1]:
             lo, hi = PREFILL_CHUNK_RANGE
             raise ConfigError(f"prefill_chunk: {self.prefill_chunk} tokens is outside {lo}..{hi} (one KV block .. a "
@@ -307,27 +185,27 @@ class Scenario:
             # Each chunk's KV is its own band-keep input, whose first `sinks` tokens are kept exact.
             raise ConfigError(f"prefill_chunk: {self.prefill_chunk} tokens is fewer than the {self.sinks} sink tokens "
                               f"freq-keep-k keeps exact in each chunk's KV; give at least {self.sinks}")
-        object.__setattr__(self, "block", _number("block", self.block, lo=2, integer=True))
-        object.__setattr__(self, "seed", _number("seed", self.seed, integer=True))
+        object.__setattr__(self, "block", number("block", self.block, lo=2, integer=True))
+        object.__setattr__(self, "seed", number("seed", self.seed, integer=True))
         object.__setattr__(self, "max_concurrency",
-                           _number("max_concurrency", self.max_concurrency, lo=0, integer=True))
-        _number("keep", self.keep, lo=0, hi=1, lo_open=True)
+                           number("max_concurrency", self.max_concurrency, lo=0, integer=True))
+        number("keep", self.keep, lo=0, hi=1, lo_open=True)
         for name in ("rate", "burstiness", "prompt_mean", "output_mean"):
-            _number(name, getattr(self, name), lo=0, lo_open=True)
+            number(name, getattr(self, name), lo=0, lo_open=True)
         for name in ("prompt_cv", "output_cv"):
-            _number(name, getattr(self, name), lo=0)
-        _number("dilation", self.dilation, lo=1)
-        _choice("trace_format", self.trace_format, TRACE_FORMATS)
-        _choice("trace_sample", self.trace_sample, TRACE_SAMPLING)
+            number(name, getattr(self, name), lo=0)
+        number("dilation", self.dilation, lo=1)
+        choice("trace_format", self.trace_format, TRACE_FORMATS)
+        choice("trace_sample", self.trace_sample, TRACE_SAMPLING)
         for name in ("time_scale", "ttft_slo_ms", "tpot_slo_ms"):
-            _number(name, getattr(self, name), lo=0, lo_open=True)
-        object.__setattr__(self, "context_cap", _number("context_cap", self.context_cap, lo=1, integer=True))
-        _choice("kv_pool", self.kv_pool, KV_POOL_MODES)
-        _choice("prefix_workload", self.prefix_workload, PREFIX_WORKLOADS)
-        _number("kv_pool_capacity", self.kv_pool_capacity, lo=0)
-        _number("think_time", self.think_time, lo=0, lo_open=True)
+            number(name, getattr(self, name), lo=0, lo_open=True)
+        object.__setattr__(self, "context_cap", number("context_cap", self.context_cap, lo=1, integer=True))
+        choice("kv_pool", self.kv_pool, KV_POOL_MODES)
+        choice("prefix_workload", self.prefix_workload, PREFIX_WORKLOADS)
+        number("kv_pool_capacity", self.kv_pool_capacity, lo=0)
+        number("think_time", self.think_time, lo=0, lo_open=True)
         for name in ("system_prompts", "system_prompt_tokens", "session_turns"):
-            object.__setattr__(self, name, _number(name, getattr(self, name), lo=1, integer=True))
+            object.__setattr__(self, name, number(name, getattr(self, name), lo=1, integer=True))
         if self.prefix_workload != "none" and self.trace:
             raise ConfigError(f"prefix_workload: {self.prefix_workload!r} and a trace both name the requests; "
                               "give one (a Mooncake trace brings its own hash_ids)")
@@ -336,8 +214,8 @@ class Scenario:
         if self.scale != AUTO:
             if isinstance(self.scale, str):
                 raise ConfigError(f"scale: expected a number in (0, 1] or {AUTO!r}, got {self.scale!r}")
-            _number("scale", self.scale, lo=0, hi=1, lo_open=True)
-            _at_least_one_channel(self.model_spec, self.scale)
+            number("scale", self.scale, lo=0, hi=1, lo_open=True)
+            require_one_channel(self.model_spec, self.scale)
         self.codec_declaration  # noqa: B018 — the codec's own checks (e.g. fp4 block) run now, not mid-run
         if self.kv_capacity_tokens < 1:
             raise ConfigError(
@@ -416,52 +294,25 @@ class Scenario:
         """KV tokens one decode instance holds (REFERENCE §3)."""
         return kv_capacity_tokens(self.model_spec, self.device_spec, self.gpus)
 
-    # --- the codec on the prefill GPU (compress_at="gpu") ------------------------------------------------
+    # --- the codec on a GPU (compress_at="gpu"): its work and roofline time, model/gpu_codec.py ------------
     def gpu_codec_work(self, prompt_tokens: int) -> StepWork:
-        """The all-GPU baseline's codec as GPU work, on the full-size (model) KV of one request.
-
-        A documented model, not from REFERENCE: the GPU pays every operation the declaration lists *and* the
-        transform (no passive optics there), i.e. (ops_per_byte + 1.25·log2 N) per input byte (REFERENCE §5
-        kernel table), and streams the KV through HBM once in and once out (read the input, write the
-        compressed output). The time is then the roofline of that work with no extra step overhead: it is
-        fused into the prefill step that produced the KV.
-        """
-        decl = self.codec_declaration
-        input_bytes = self.model_spec.kv_bytes(prompt_tokens)
-        flops = input_bytes * (decl.ops_per_byte + decl.transform_ops_per_byte)
-        return StepWork(float(flops), float(input_bytes + input_bytes / decl.ratio))
+        """The prefill GPU's codec on one request's full-size KV (the all-GPU baseline)."""
+        return gpu_codec.forward_work(self.codec_declaration, self.model_spec, prompt_tokens)
 
     def gpu_codec_s(self, prompt_tokens: int) -> float:
         if self.compress_at != "gpu" or self.codec == "none":
             return 0.0
-        t = step_time(self.gpu_codec_work(prompt_tokens), self.device_spec, self.gpus)
-        return max(t.compute_s, t.memory_s)
+        return gpu_codec.fused_s(self.gpu_codec_work(prompt_tokens), self.device_spec, self.gpus)
 
-    # --- the codec's inverse on the decode GPU (compress_at="gpu") ----------------------------------------
     def gpu_codec_inverse_work(self, prompt_tokens: int) -> StepWork:
-        """Decode's GPU undoing the all-GPU baseline's codec on one request's KV, when it admits it.
-
-        A documented model, not from REFERENCE (issue 14): the inverse transform costs what the forward does,
-        1.25·log2 N per input byte when there is one (REFERENCE §5 kernel table; an inverse FFT/DCT is the
-        same butterfly count). The declaration's other per-value work reverses in at most one op per value:
-        a requantiser's decode (fp8, fp4-block) is one multiply by its block's scale per value, so fp8 (1 op
-        per value forward) costs the same back and fp4-block (2 forward) costs 1; band-keep declares none (its
-        gather/scatter is wiring). A value is the model's KV value (BF16, 2 bytes, REFERENCE §1). HBM: the GPU
-        reads the compressed KV and writes the full-size KV once.
-        """
-        decl = self.codec_declaration
-        full_bytes = self.model_spec.kv_bytes(prompt_tokens)
-        per_value_ops_per_byte = min(decl.ops_per_byte, INVERSE_OPS_PER_VALUE / self.model_spec.bytes_per_value)
-        flops = full_bytes * (decl.transform_ops_per_byte + per_value_ops_per_byte)
-        return StepWork(float(flops), float(full_bytes / decl.ratio + full_bytes))
+        """Decode's GPU undoing that codec on one request's KV, when it admits it."""
+        return gpu_codec.inverse_work(self.codec_declaration, self.model_spec, prompt_tokens)
 
     def gpu_codec_inverse_s(self, prompt_tokens: int) -> float:
-        """The inverse's roofline time with no step overhead of its own: it is fused into the decode step that
-        admits the request (model/decode_plan.py). 0 unless the codec ran on the prefill GPU."""
+        """0 unless the codec ran on the prefill GPU; fused into the decode step that admits the request."""
         if self.compress_at != "gpu" or self.codec == "none":
             return 0.0
-        t = step_time(self.gpu_codec_inverse_work(prompt_tokens), self.device_spec, self.gpus)
-        return max(t.compute_s, t.memory_s)
+        return gpu_codec.fused_s(self.gpu_codec_inverse_work(prompt_tokens), self.device_spec, self.gpus)
 
     @property
     def kv_sample_path(self) -> str | None:
@@ -575,56 +426,3 @@ def _format_value(value: object) -> str:
 
 
 SCENARIO_FIELDS = tuple(f.name for f in fields(Scenario))
-_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Scenario)}
-
-
-class FieldTextError(ConfigError):
-    """A scenario field's text that cannot be read as the field's type; `reason` is the message without the
-    field's name (a flag's parser names the flag instead)."""
-
-    def __init__(self, field_name: str, reason: str):
-        super().__init__(f"{field_name}: {reason}")
-        self.reason = reason
-
-
-def yes_no(field_name: str, text: str) -> bool:
-    """`yes`/`no` (also true/false, on/off, 1/0, any case: to_argv writes True/False)."""
-    lowered = text.strip().lower()
-    if lowered in _TRUE_TEXT:
-        return True
-    if lowered in _FALSE_TEXT:
-        return False
-    raise FieldTextError(field_name, f"expected yes or no, got {text!r}")
-
-
-def field_from_text(field_name: str, text: str) -> Any:
-    """One scenario field's value from its text (a flag's or a sweep grid's), typed as the field is: what
-    `to_argv` writes reads back the same. Range and choice checks are `Scenario`'s; a value that cannot even be
-    read as the field's type is a ConfigError naming the field."""
-    if field_name not in _DEFAULTS:
-        raise ConfigError(f"unknown scenario field {field_name!r} (choose from: {', '.join(SCENARIO_FIELDS)})")
-    text = text.strip()
-    if field_name == "scale":
-        if text == AUTO:
-            return AUTO
-        return _parsed(field_name, text, float, f"a number in (0, 1] or {AUTO!r}")
-    if field_name == "precision_bits":
-        if text.lower() == NONE_TEXT:
-            return None
-        lo, hi = PRECISION_BITS_RANGE
-        return _parsed(field_name, text, int, f"a whole number of bits in {lo}..{hi} or {NONE_TEXT!r}")
-    default = _DEFAULTS[field_name]
-    if isinstance(default, bool):
-        return yes_no(field_name, text)
-    if isinstance(default, int):
-        return _parsed(field_name, text, int, "a whole number")
-    if isinstance(default, float):
-        return _parsed(field_name, text, float, "a number")
-    return text  # names, paths, and module_budget (a name or a number: Scenario reads it)
-
-
-def _parsed(field_name: str, text: str, kind: type, expected: str) -> Any:
-    try:
-        return kind(text)
-    except ValueError:
-        raise FieldTextError(field_name, f"expected {expected}, got {text!r}") from None

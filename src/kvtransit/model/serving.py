@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from .errors import ConfigError
 
@@ -48,7 +49,35 @@ class ServingRequest:
 # ───────────────────────────────────────────────────────────────────────────── prefill ──
 
 
-class PrefillQueue:
+Entry = TypeVar("Entry")
+
+
+class PromptFifo(Generic[Entry]):
+    """A prefill instance's strict FIFO of queued prompts and the prompt tokens still to compute in it (the
+    router's load figure): what the whole-prompt and the chunked queue share; each says what an entry is and
+    how a batch is taken."""
+
+    def __init__(self, token_limit: int) -> None:
+        if token_limit < 1:
+            raise ConfigError(f"prefill batch token limit must be >= 1, got {token_limit}")
+        self.token_limit = token_limit
+        self._queue: deque[Entry] = deque()
+        self._queued_tokens = 0
+
+    def _append(self, entry: Entry, tokens: int) -> None:
+        self._queue.append(entry)
+        self._queued_tokens += tokens
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def queued_tokens(self) -> int:
+        """Prompt tokens still to compute (the router's load figure)."""
+        return self._queued_tokens
+
+
+class PrefillQueue(PromptFifo[ServingRequest]):
     """One prefill instance's FIFO queue and batcher.
 
     `take_batch` takes the head whatever its size (a 32k-token prompt still runs, alone), then more from
@@ -57,23 +86,10 @@ class PrefillQueue:
     """
 
     def __init__(self, token_limit: int = PREFILL_BATCH_TOKEN_LIMIT) -> None:
-        if token_limit < 1:
-            raise ConfigError(f"prefill batch token limit must be >= 1, got {token_limit}")
-        self.token_limit = token_limit
-        self._queue: deque[ServingRequest] = deque()
-        self._queued_tokens = 0
+        super().__init__(token_limit)
 
     def push(self, request: ServingRequest) -> None:
-        self._queue.append(request)
-        self._queued_tokens += request.prompt_tokens
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    @property
-    def queued_tokens(self) -> int:
-        """Prompt tokens waiting (the router's load figure)."""
-        return self._queued_tokens
+        self._append(request, request.prompt_tokens)
 
     def take_batch(self) -> list[ServingRequest]:
         """The next batch (empty when the queue is)."""

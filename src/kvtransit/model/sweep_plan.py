@@ -24,8 +24,10 @@ from typing import Any
 from .baselines import faster_link_or_error
 from .catalog import model_by_name
 from .errors import ConfigError
+from .kv_scale import auto_channels_and_dilation
 from .link_catalog import link_by_name
-from .scenario import FieldTextError, Scenario, auto_channels_and_dilation, field_from_text
+from .scenario import Scenario
+from .scenario_text import FieldTextError, field_from_text
 
 DEFAULT_GOODPUT_TARGET = 0.9  # DistServe's attainment target (Zhong et al., OSDI '24, §2.2: "90% SLO attainment")
 

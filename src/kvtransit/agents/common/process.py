@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.fidelity import lateness_mean, step_share
 from kvtransit.runtime import metrics as runtime_metrics
+from kvtransit.runtime.clock import Clock, MonotonicClock
 from kvtransit.runtime.http import HttpServer
 from kvtransit.runtime.signals import StopWatcher, run_until_signalled
 from kvtransit.runtime.transport import Server, serve
@@ -154,6 +155,18 @@ def lateness_observer(shared: runtime_metrics.SharedMetrics, role: str, samples:
             samples.append(seconds)
 
     return observe
+
+
+def step_clock(shared: runtime_metrics.SharedMetrics, role: str, clock: Clock | None,
+               shortest_step_wall_s: Callable[[], float | None]) -> tuple[Clock, list[float]]:
+    """The clock a stepping agent (prefill, decode) holds its steps on, and its wake-up lateness samples: `clock`
+    as injected (a ManualClock in tests), else the monotonic clock, its lateness fed to the histogram and to the
+    fidelity guard; the guard's timer share exported either way."""
+    lateness: list[float] = []
+    if clock is None:
+        clock = MonotonicClock(observe_lateness=lateness_observer(shared, role, lateness))
+    export_timer_share(shared, role, lateness, shortest_step_wall_s)
+    return clock, lateness
 
 
 # Set by the launcher in its children's environment: stop when the launcher is gone (its pid no longer our

@@ -31,11 +31,10 @@ from kvtransit.agents.common import kv_frames
 from kvtransit.agents.common.process import (
     Address,
     announce_ready,
-    export_timer_share,
-    lateness_observer,
     listen,
     new_registry,
     start_http,
+    step_clock,
 )
 from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.kernels.synthetic_kv import SyntheticKv
@@ -51,7 +50,7 @@ from kvtransit.model.prefill_plan import (
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import PrefillQueue, ServingRequest
 from kvtransit.runtime import metrics as runtime_metrics
-from kvtransit.runtime.clock import Clock, DeadlineSchedule, MonotonicClock
+from kvtransit.runtime.clock import Clock, DeadlineSchedule
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire.events import Bye, FirstToken, Hello, KvBegin, Request, Role
@@ -82,11 +81,8 @@ class PrefillAgent:
         self.listen_address, self.kv_to, self.metrics_listen = listen, kv_to, metrics_listen
         self.registry, shared = new_registry("prefill")
         self.metrics = runtime_metrics.prefill_metrics(self.registry)
-        self.lateness: list[float] = []
-        self.clock: Clock = clock if clock is not None else MonotonicClock(
-            observe_lateness=lateness_observer(shared, "prefill", self.lateness))
-        export_timer_share(shared, "prefill", self.lateness,
-                           lambda: self.shortest_step_wall_s if self.steps else None)
+        self.clock, self.lateness = step_clock(shared, "prefill", clock,
+                                               lambda: self.shortest_step_wall_s if self.steps else None)
         layout = scenario.kv_layout
         self.layout = layout
         self.kv = SyntheticKv(layout.layers, layout.kv_heads, layout.head_dim, scenario.seed,

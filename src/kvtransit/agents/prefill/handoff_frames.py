@@ -27,7 +27,7 @@ from functools import cached_property
 
 from kvtransit.agents.common import kv_frames
 from kvtransit.kernels.synthetic_kv import SyntheticKv
-from kvtransit.model.scenario import KvLayout
+from kvtransit.model.kv_scale import KvLayout
 from kvtransit.wire import crc32c
 from kvtransit.wire.events import KvChunk
 

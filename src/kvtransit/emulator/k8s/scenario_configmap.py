@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.scenario import SCENARIO_FIELDS, Scenario, field_from_text, flag_for
+from kvtransit.model.scenario import SCENARIO_FIELDS, Scenario, flag_for
+from kvtransit.model.scenario_text import field_from_text
 
 ENV_PREFIX = "KVTRANSIT_SCENARIO_"
 # Fields that name a file the processes read. A pod cannot read this host's files, so a scenario that sets one is

@@ -1,0 +1,123 @@
+"""The codec's real error, measured at decode on the first `size` hand-offs it takes (the accuracy sample).
+
+Each sampled request's chunks are inverted (the codec's decode) and compared with the same synthetic KV made
+again here from the scenario's seed, so the report carries the codec's measured reconstruction error. Beside it,
+the equal-bytes baseline quantiser (`model.five_tests.equal_bytes_baseline`: fp8 for ratio 2, fp4-block for
+about 3.76) runs on those very tensors: the five tests' precision test judges the codec against it (REFERENCE §6,
+§8). Raw KV (no codec) must arrive bit for bit; a difference is counted as corruption the wire's CRCs missed.
+
+`measure` is CPU work of milliseconds a layer: the agent runs it off the event loop (`asyncio.to_thread`)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from kvtransit.agents.common import kv_frames
+from kvtransit.kernels.accuracy import codec_roundtrip
+from kvtransit.kernels.registry import decode as codec_decode
+from kvtransit.kernels.synthetic_kv import SyntheticKv
+from kvtransit.model.five_tests import equal_bytes_baseline
+from kvtransit.model.scenario import Scenario
+
+from .incoming import Incoming
+
+log = logging.getLogger(__name__)
+
+
+class AccuracyMeter:
+    """Relative reconstruction error of K and V, over the sampled requests: ‖x̂ − x‖ / ‖x‖ over all values."""
+
+    def __init__(self) -> None:
+        self.err2 = {"k": 0.0, "v": 0.0}
+        self.ref2 = {"k": 0.0, "v": 0.0}
+        self.requests = 0
+
+    def add(self, reference: np.ndarray, decoded: np.ndarray, heads: int) -> None:
+        ref = reference.astype(np.float32).reshape(2, heads, *reference.shape[-2:])
+        got = decoded.astype(np.float32).reshape(ref.shape)
+        for i, part in enumerate(("k", "v")):
+            self.err2[part] += float(np.sum((got[i] - ref[i]) ** 2))
+            self.ref2[part] += float(np.sum(ref[i] ** 2))
+
+    def relative(self, part: str) -> float:
+        return (self.err2[part] / self.ref2[part]) ** 0.5 if self.ref2[part] else float("nan")
+
+
+class AccuracySample:
+    """The codec's and the equal-bytes baseline's error on the sampled hand-offs, and the raw-KV mismatch count.
+
+    `error_gauge`: the codec's relative error per (codec, stage = k | v), set after each sampled request."""
+
+    def __init__(self, scenario: Scenario, size: int, error_gauge) -> None:
+        self.size = size
+        self.layout = scenario.kv_layout
+        self._error_gauge = error_gauge
+        # The reference KV: built now, not on the first sampled request, so the bank's construction never delays
+        # a decode step.
+        self._kv = SyntheticKv(self.layout.layers, self.layout.kv_heads, self.layout.head_dim, scenario.seed,
+                               sample_path=scenario.kv_sample_path) if size else None
+        self.codec = AccuracyMeter()
+        # The equal-bytes baseline on the same sampled tensors (none without a codec: nothing to compare).
+        self.baseline_codec = None if scenario.codec == "none" else equal_bytes_baseline(
+            scenario.codec_declaration.ratio)
+        self.baseline = AccuracyMeter()
+        self.baseline_bytes = {"raw": 0, "wire": 0}
+        self.kv_content_mismatches = 0  # sampled raw KV that differed from what the prefill made, yet was used
+
+    def measure(self, item: Incoming) -> None:
+        """Invert a sampled hand-off's chunks and add its error (and the baseline's on the same tensors)."""
+        layout, tokens = self.layout, item.begin.prompt_tokens
+        assert self._kv is not None  # only sampled requests get here, and sampling is on only with the reference
+        raw = all(codec_id == kv_frames.IDENTITY_CODEC_ID for _, codec_id, *_ in item.chunks)
+        for layer, decoded in _decoded_layers(item, 2 * layout.kv_heads):
+            reference = kv_frames.as_rows(self._kv.layer(item.begin.request_id, layer, tokens))
+            if raw and decoded.tobytes() != np.ascontiguousarray(reference).tobytes():
+                # Raw KV must arrive bit for bit: a difference is corruption the wire's CRCs missed, and it was
+                # used. The ledger reports this count (model/ledger_check.py: corrupted), once per request.
+                raw = False
+                self.kv_content_mismatches += 1
+                log.error("request %d layer %d: raw KV differs from what the prefill made", item.begin.request_id,
+                          layer)
+            self.codec.add(reference, decoded, layout.kv_heads)
+            if self.baseline_codec is not None:
+                rows = np.ascontiguousarray(reference)
+                baseline, wire_bytes = codec_roundtrip(self.baseline_codec, rows)
+                self.baseline.add(reference, baseline, layout.kv_heads)
+                self.baseline_bytes["raw"] += rows.nbytes
+                self.baseline_bytes["wire"] += wire_bytes
+        self.codec.requests += 1
+        for part in ("k", "v"):
+            self._error_gauge.labels(codec=item.begin.codec, stage=part).set(self.codec.relative(part))
+
+    def stats(self) -> dict:
+        """The codec's error, and the equal-bytes baseline's with its measured ratio (raw / wire bytes)."""
+        measured = self.baseline_codec is not None and self.baseline_bytes["wire"] > 0
+        return {"sampled_requests": self.codec.requests,
+                "k_relative_error": self.codec.relative("k"),
+                "v_relative_error": self.codec.relative("v"),
+                "baseline_codec": self.baseline_codec,
+                "baseline_k_relative_error": self.baseline.relative("k") if measured else None,
+                "baseline_v_relative_error": self.baseline.relative("v") if measured else None,
+                "baseline_ratio": self.baseline_bytes["raw"] / self.baseline_bytes["wire"] if measured else None}
+
+
+def _decoded_layers(item: Incoming, rows_per_layer: int):
+    """Each layer's decoded rows, in layer order of first appearance: a layer's chunks are runs of rows that make
+    up its rows for one token segment (chunked prefill cuts along tokens too, prefill/handoff_frames.py), the
+    segments in token order, joined along tokens."""
+    layers: dict[int, list[list[np.ndarray]]] = {}
+    for layer, codec_id, header, payload, shape in item.chunks:
+        if codec_id == kv_frames.IDENTITY_CODEC_ID:
+            from ml_dtypes import bfloat16
+
+            decoded = np.frombuffer(payload, dtype=bfloat16).reshape(shape)
+        else:
+            decoded = codec_decode(header, payload)
+        segments = layers.setdefault(layer, [])
+        if not segments or sum(piece.shape[0] for piece in segments[-1]) == rows_per_layer:
+            segments.append([])
+        segments[-1].append(decoded)
+    for layer, segments in layers.items():
+        yield layer, np.concatenate([np.concatenate(pieces, axis=0) for pieces in segments], axis=1)
