@@ -199,6 +199,29 @@ class KernelDeclaration:
         return not self.unpublished_ops
 
 
+# Flows whose bytes must arrive bit for bit: "Weights need a lossless kernel" (REFERENCE §7); a LoRA adapter is
+# weights too. Any other flow (KV, activations, ciphertexts' transfer) is judged by its precision test instead.
+LOSSLESS_FLOWS = frozenset({"weights", "adapters"})
+WEIGHT_VALUE_BITS = 8 * BF16_BYTES  # a BF16 weight (REFERENCE §1)
+
+
+def flow_check(decl: KernelDeclaration, flow: str) -> None:
+    """Refuse, with a one-line ConfigError, a kernel declared lossy on a flow that needs lossless (REFERENCE §7).
+
+    `lossless` is the declaration's own claim (its consistency with the ratio is `_check_lossless`'s job); a
+    kernel that is not declared lossless may drop or round values, and a weight so changed is another model."""
+    if flow not in LOSSLESS_FLOWS:
+        return
+    if not decl.lossless:
+        raise ConfigError(f"kernel {decl.name!r} refused on flow {flow!r}: the flow needs a lossless kernel "
+                          f"(REFERENCE §7) and this one is not declared lossless (lossless=false)")
+    # An analogue path that delivers fewer bits than a BF16 value holds cannot give its 16 bits back exactly,
+    # whatever the kernel claims.
+    if decl.precision_bits is not None and decl.precision_bits < WEIGHT_VALUE_BITS:
+        raise ConfigError(f"kernel {decl.name!r} refused on flow {flow!r}: declared lossless, but its analogue path "
+                          f"delivers {decl.precision_bits} bits < the {WEIGHT_VALUE_BITS} bits of a BF16 weight")
+
+
 # The deck's name for a declaration (REFERENCE §5: "illustrative, not an existing API"). The class keeps the
 # name the code base uses everywhere (type hints, the middlebox's kernel stage, the hand-off model).
 LinkKernel = KernelDeclaration

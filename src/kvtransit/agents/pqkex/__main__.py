@@ -1,0 +1,39 @@
+"""`python -m kvtransit.agents.pqkex [--sessions N] [--link NAME | --rate-Bps R --latency-s L]`: ML-KEM-768
+handshakes across an emulated loopback link; prints the report as JSON (or the one-line "not installed")."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from kvtransit.model.link_catalog import link_by_name
+
+from .handshake import NotInstalled, run_handshakes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvtransit.agents.pqkex", description=__doc__)
+    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--link", help="a catalogued link (REFERENCE §2), e.g. eth-100g")
+    parser.add_argument("--rate-Bps", type=float, default=1e6)
+    parser.add_argument("--latency-s", type=float, default=0.002)
+    args = parser.parse_args(argv)
+    rate, latency = args.rate_Bps, args.latency_s
+    if args.link:
+        link = link_by_name(args.link)
+        rate, latency = link.bandwidth_Bps, link.latency_s
+    try:
+        report = asyncio.run(run_handshakes(args.sessions, rate_Bps=rate, latency_s=latency))
+    except NotInstalled as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    out = report.as_dict()
+    out["link_s_median"] = sorted(report.link_s_per_session)[len(report.link_s_per_session) // 2]
+    print(json.dumps(out, indent=1))
+    return 0 if report.all_secrets_equal and (report.ntt_check is None or report.ntt_check.ok) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
