@@ -18,6 +18,7 @@ import yaml
 from kvtransit.cli import build_parser
 from kvtransit.emulator.agent_commands import agent_commands
 from kvtransit.model.scenario import Scenario
+from kvtransit.shaping.commands import NAMESPACE_SYSCTLS
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = ("decode", "middlebox", "prefill", "loadgen")
@@ -113,3 +114,9 @@ def test_grafana_starts_by_default_provisioned_from_the_repository(compose):
     assert all("profiles" not in compose["services"][name] for name in (*AGENTS, "prometheus", "grafana"))
     mounts = {v.split(":")[1] if isinstance(v, str) else v["target"] for v in grafana["volumes"]}
     assert mounts == {"/etc/grafana/provisioning", "/var/lib/grafana/dashboards"}
+
+
+@pytest.mark.parametrize("role", AGENTS)
+def test_each_agent_container_keeps_its_tcp_window_over_idle_gaps_as_a_netns_run_does(compose, role):
+    sysctls = compose["services"][role].get("sysctls") or {}
+    assert {key: str(value) for key, value in sysctls.items()} == dict(NAMESPACE_SYSCTLS)

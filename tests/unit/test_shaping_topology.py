@@ -197,3 +197,13 @@ def test_cleanup_deletes_the_root_veth_ends_by_exact_name(tmp_path):
     assert not any("eth0" in c or "lo" in c for c in ran)
     assert ran[-2:] == [["ip", "netns", "del", "kvt000010-decode"], ["ip", "netns", "del", "kvt000010-middlebox"]]
     assert bed.run_id == "kvt000010-"
+
+
+def test_each_namespace_made_keeps_its_tcp_window_over_idle_gaps_and_the_root_namespace_is_left_alone(tmp_path):
+    runner = RecordingRunner()
+    build_testbed(["host", "middlebox", "decode"],
+                  [LinkPlan("host", "middlebox"), LinkPlan("middlebox", "decode", LinkSpec.parse(rate="200mbit"))],
+                  runner=runner, capabilities=CAPS, manifest_path=tmp_path / "m.json", run_id="kvtabc123-")
+    sysctls = [c for c in runner.calls if "sysctl" in c]
+    assert sysctls == [["ip", "netns", "exec", f"kvtabc123-{agent}", "sysctl", "-q", "-w",
+                        "net.ipv4.tcp_slow_start_after_idle=0"] for agent in ("middlebox", "decode")]

@@ -249,6 +249,8 @@ def build_testbed(
             runner(commands.netns_add_argv(new_ns))
             manifest.record("netns", name=new_ns)
             runner(commands.link_set_argv(new_ns, "lo", "up"))
+            for key, value in commands.NAMESPACE_SYSCTLS:
+                runner(commands.sysctl_argv(new_ns, key, value))
         for index, (link, link_plan) in enumerate(zip(links, plans, strict=True)):
             mtu = link.spec.mtu if link.spec else 1500
             dev_a, dev_b = f"{run_id}{index}a", f"{run_id}{index}b"

@@ -294,7 +294,9 @@ class Middlebox:
         return {
             "role": "middlebox", "name": self.name, **self.accounting.stats(),
             "open_handoffs": len(self._open),
-            "link": self.accounting.link_stats(self.chain.link),
+            "link": {**self.accounting.link_stats(self.chain.link),
+                     # Each decode link's TCP congestion controller (tcp_options.LINK_CONGESTION_CONTROL if allowed).
+                     "tcp_congestion_control": {p.name: p.congestion_control for p in self.decode_peers.peers}},
             "chain": self.describe_chain(),
             "faults": self.faults.describe(),
         }

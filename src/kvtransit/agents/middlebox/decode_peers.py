@@ -8,6 +8,10 @@ with the fewest not yet acked; each one is `unacked` on its peer until decode's 
 What decode says is handed to the owner (app.py) through two callbacks: `on_ack(ack, handoff)` for an Ack
 (`handoff` None when it is not one we are waiting for), `on_lost(handoff, reason)` for a hand-off decode
 refused with an Error or lost with its connection (the prefill still holds the KV and may send it again).
+
+Each connection is the hand-off link itself: its socket runs TCP CUBIC, as every kvtransit socket does, which
+leaves the pacing to the link's shaper (runtime/transport/tcp_options.py: LINK_CONGESTION_CONTROL says why); a host
+that refuses it is logged here and shown in /stats (`link.tcp_congestion_control`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from kvtransit.model.errors import ConfigError
 from kvtransit.runtime.redial import dial_within
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint, open_greeted
+from kvtransit.runtime.transport.tcp_options import LINK_CONGESTION_CONTROL, congestion_control
 from kvtransit.wire.errors import ProtocolError
 from kvtransit.wire.events import Ack, Bye, Error, Role
 
@@ -45,6 +50,7 @@ class DecodePeer:
     port: int
     endpoint: Endpoint | None = None
     unacked: dict[int, Handoff] = field(default_factory=dict)
+    congestion_control: str | None = None  # what the link's TCP socket runs (LINK_CONGESTION_CONTROL if allowed)
 
     @property
     def connected(self) -> bool:
@@ -105,6 +111,10 @@ class DecodePeers:
         # Refused, unreachable, or no Hello in time (TimeoutError is an OSError): retried until `timeout_s`.
         greeted = await dial_within(greet, within_s=timeout_s, retry_s=CONNECT_RETRY_S, retry_on=OSError,
                                     give_up=give_up)
+        peer.congestion_control = congestion_control(greeted.transport.get_extra_info("socket"))
+        if peer.congestion_control not in (None, LINK_CONGESTION_CONTROL):
+            log.warning("the link to %s runs TCP %s: this host refused %s (the hand-off may lag the model after "
+                        "idle gaps)", peer.name, peer.congestion_control, LINK_CONGESTION_CONTROL)
         # The faults sit in the write path of everything after the greeting (the hand-offs and their Errors).
         endpoint = FaultedEndpoint(greeted, self.faults)
         peer.endpoint = endpoint

@@ -25,7 +25,7 @@ from kvtransit.wire import Connection
 from kvtransit.wire.events import KvEnd, Role
 from kvtransit.wire.limits import DEFAULT_READ_SIZE
 
-from .tcp_options import keep_alive
+from .tcp_options import LINK_CONGESTION_CONTROL, keep_alive, use_congestion_control
 
 Part = bytes | bytearray | memoryview
 """One piece of an encoded frame, as `Connection.send_parts` returns it and `Endpoint.write_parts` takes it."""
@@ -115,7 +115,9 @@ class FramedProtocol(asyncio.BufferedProtocol):
         # surface, but uvloop's transports are not asyncio.Transport subclasses, so no isinstance check.
         self.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=self.limits.write_high_bytes, low=self.limits.write_low_bytes)
-        keep_alive(transport.get_extra_info("socket"))
+        sock = transport.get_extra_info("socket")
+        keep_alive(sock)
+        use_congestion_control(sock, LINK_CONGESTION_CONTROL)
         if self._on_made is not None:
             self._on_made(self)
 
