@@ -17,6 +17,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "calc",
     "kernels",
     "cost",
+    "collective",
     "accuracy",
     "links",
     "up",

@@ -2,6 +2,12 @@
 
     kvtransit cost --model llama3-8b --device h100 --gpus 1 --prefill 2048
     kvtransit cost --model llama3-70b --device h100 --gpus 4 --decode-batch 16 --context 2300
+    kvtransit cost --model llama3-70b --tp 4 --link nvlink4 --allreduce ring --decode-batch 1 --context 2048
+    kvtransit cost --model mixtral-8x7b --ep 2 --prefill 2048,2048,2048,2048
+
+With --tp N (or --ep N for a mixture of experts: EP = TP = N) the step is split (REFERENCE §7): roofline compute
+on N GPUs, then the collectives over the scale-up link, not overlapped: 2·L all-reduces (TP), or L all-reduces
+and L dispatch + combine all-to-alls (EP).
 """
 
 from __future__ import annotations
@@ -41,6 +47,20 @@ def register(subparsers) -> None:
                      help="context tokens of EACH decoding sequence (prompt + tokens so far)")
     ctx.add_argument("--context-total", type=int, default=None, metavar="C",
                      help="context tokens summed over the decode batch")
+    par = p.add_mutually_exclusive_group()
+    par.add_argument("--tp", type=int, default=None, metavar="N",
+                     help="tensor-parallel group of N GPUs: the step split into compute and all-reduces")
+    par.add_argument("--ep", type=int, default=None, metavar="N",
+                     help="expert-parallel group (EP = TP = N, a mixture-of-experts model): compute, all-reduces, "
+                          "all-to-alls")
+    p.add_argument("--link", default="nvlink4", metavar="LINK",
+                   help="the group's scale-up link (default nvlink4; nvlink3, nvlink5, or any catalogued link)")
+    p.add_argument("--allreduce", choices=("ring", "switch"), default="ring",
+                   help="ring over the link, or summed in the network by a switch (default ring)")
+    p.add_argument("--module-budget", choices=("low", "sim", "high"), default="sim",
+                   help="with --allreduce switch: the switch's ops per line byte (REFERENCE §5; default sim 1.6)")
+    p.add_argument("--expert-imbalance", type=float, default=1.0, metavar="X",
+                   help="the busiest rank's expert FLOPs over the mean, with --ep (default 1.0)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -60,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
 
     model = model_from_args(args)
     device = device_by_name(args.device)
+    group = args.tp or args.ep
+    if group is not None and args.gpus not in (1, group):
+        raise CliError(f"--gpus {args.gpus} disagrees with the group of {group}: give one of them")
+    if group is not None:
+        args.gpus = group
     steps = []
     if args.prefill is not None:
         steps.append(("prefill", f"prompts {','.join(map(str, args.prefill))}", prefill_work(model, args.prefill)))
@@ -77,9 +102,13 @@ def run(args: argparse.Namespace) -> int:
             "bound": timing.bound, "energy_j": step_energy_j(device, work),
         })
     capacity = kv_capacity_tokens(model, device, args.gpus)
+    split = _parallel_split(args, model, device) if group is not None else []
     if args.json:
-        print_json({"model": model.name, "device": device.name, "gpus": args.gpus,
-                    "kv_capacity_tokens": capacity, "steps": records})
+        data: dict[str, Any] = {"model": model.name, "device": device.name, "gpus": args.gpus,
+                                "kv_capacity_tokens": capacity, "steps": records}
+        if split:
+            data["parallel"] = split
+        print_json(data)
         return 0
     print_table(
         f"{model.name} on {args.gpus}×{device.name}",
@@ -92,4 +121,56 @@ def run(args: argparse.Namespace) -> int:
         ],
         caption=f"step = max(compute, memory) + 0.5 ms; KV capacity {capacity:,} tokens",
     )
+    if split:
+        _print_split(split)
     return 0
+
+
+def _parallel_split(args: argparse.Namespace, model, device) -> list[dict[str, Any]]:
+    """Each step split into compute and collectives on the TP/EP group (model/collectives.py)."""
+    from kvtransit.model.collectives import check_ep, check_tp, tp_decode_step, tp_prefill_step
+    from kvtransit.model.link_catalog import link_by_name
+
+    link = link_by_name(args.link)
+    if args.ep is not None:
+        check_ep(model, args.ep)
+    else:
+        check_tp(model, args.tp)
+    from kvtransit.model.module import MODULE_BUDGETS, Module
+
+    common = {"tp": args.tp or 1, "ep": args.ep or 0, "allreduce": args.allreduce,
+              "expert_imbalance": args.expert_imbalance,
+              "module": Module(ops_per_byte=MODULE_BUDGETS[args.module_budget])}
+    steps = []
+    if args.prefill is not None:
+        steps.append(("prefill", tp_prefill_step(model, device, link, args.prefill, **common)))
+    if args.decode_batch is not None:
+        total = args.context_total if args.context_total is not None else args.context * args.decode_batch
+        steps.append(("decode", tp_decode_step(model, device, link, batch=args.decode_batch, context_total=total,
+                                               **common)))
+    return [{
+        "step": kind, "group": step.n, "parallelism": "ep" if args.ep else "tp", "link": link.name,
+        "allreduce": step.allreduce_kind, "compute_s": step.compute_s,
+        "allreduces": step.allreduces, "allreduce_bytes": step.allreduce_bytes, "allreduce_s": step.allreduce_s,
+        "alltoalls": step.alltoalls, "alltoall_bytes": step.alltoall_bytes, "alltoall_s": step.alltoall_s,
+        "step_s": step.total_s, "compute_share": step.share(step.compute_s),
+        "allreduce_share": step.share(step.allreduce_s), "alltoall_share": step.share(step.alltoall_s),
+    } for kind, step in steps]
+
+
+def _print_split(split: list[dict[str, Any]]) -> None:
+    first = split[0]
+    print_table(
+        f"{first['parallelism'].upper()}{first['group']} over {first['link']}, all-reduce {first['allreduce']}",
+        ["Step", "Compute (ms)", "All-reduce (ms)", "All-to-all (ms)", "Step (ms)", "Compute %", "All-reduce %",
+         "All-to-all %"],
+        [
+            [r["step"], f"{r['compute_s'] * MS:,.3f}",
+             f"{r['allreduce_s'] * MS:,.3f} ({r['allreduces']}×)",
+             f"{r['alltoall_s'] * MS:,.3f} ({r['alltoalls']}×)" if r["alltoalls"] else "-",
+             f"{r['step_s'] * MS:,.3f}", f"{r['compute_share']:.1%}", f"{r['allreduce_share']:.1%}",
+             f"{r['alltoall_share']:.1%}" if r["alltoalls"] else "-"]
+            for r in split
+        ],
+        caption="step = compute on the group (roofline, REFERENCE §3) + collectives, not overlapped (REFERENCE §7)",
+    )

@@ -50,6 +50,10 @@ LINKS: dict[str, Link] = {
     link.name: link
     for link in (
         Link("nvlink4", 450 * GB, 5 * US, 5.0),
+        # REFERENCE §7, scale-up links (the TP group's): nvlink3 (A100) and nvlink5 (B200), 5 µs as nvlink4.
+        # §7 gives no energy for them; nvlink4's 5 pJ/bit (§2) stands in, a documented assumption.
+        Link("nvlink3", 300 * GB, 5 * US, 5.0),
+        Link("nvlink5", 900 * GB, 5 * US, 5.0),
         Link("ib-ndr", 50 * GB, 10 * US, 15.0),
         Link("eth-100g", 12.5 * GB, 20 * US, 15.0),
         Link("eth-25g", 3.125 * GB, 20 * US, 15.0),

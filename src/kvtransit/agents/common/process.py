@@ -33,6 +33,8 @@ from kvtransit.runtime.transport import Server, serve
 from kvtransit.wire.events import Role
 
 READY_PREFIX = "KVTRANSIT-READY "
+# A process that runs to an end of its own (a collective's rank, the switch) prints one result line last.
+RESULT_PREFIX = "KVTRANSIT-RESULT "
 DEFAULT_METRICS_LISTEN = "127.0.0.1:0"
 
 
@@ -127,6 +129,19 @@ def parse_ready_line(line: str) -> dict | None:
     if not line.startswith(READY_PREFIX):
         return None
     return json.loads(line[len(READY_PREFIX):])
+
+
+def announce_result(data: dict[str, Any]) -> None:
+    """Print the one result line of a process that runs to its own end, and flush."""
+    sys.stdout.write(RESULT_PREFIX + json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+def parse_result_line(line: str) -> dict | None:
+    """The JSON of a result line, or None for any other line."""
+    if not line.startswith(RESULT_PREFIX):
+        return None
+    return json.loads(line[len(RESULT_PREFIX):])
 
 
 def new_registry(role: str) -> tuple[CollectorRegistry, runtime_metrics.SharedMetrics]:

@@ -1,0 +1,78 @@
+"""A rank process: `python -m kvtransit.agents.collective --config JSON` (started by emulator/collective_run.py).
+
+Protocol with its launcher, over its standard streams:
+1. it binds (ring: its listening port) and prints the readiness line (agents/common/process.py);
+2. it reads one JSON line on stdin: {"next": [host, port]} (ring) or {"switch": [host, port]}, and
+   "start_ns" (the group's first step, on the host's monotonic clock, which every process here shares);
+3. it joins the group, runs its steps and prints one `KVTRANSIT-RESULT {json}` line (rank.RankResult), then exits
+   (0 whether or not the collective failed: a failed step is a result, with its reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from kvtransit.agents.common.process import announce_ready, announce_result, run_until_stopped
+from kvtransit.runtime.clock import MonotonicClock
+
+from .channel import PeerGone
+from .connect import RingMember, close_channels, switch_member
+from .rank import MODE_RING, RANK_SPIN_S, RankPlan, RankResult, run_steps
+
+
+async def _read_go_line() -> dict[str, Any]:
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    if not line:
+        raise PeerGone("the launcher closed stdin before the go line")
+    return dict(json.loads(line))
+
+
+async def rank_main(config: dict[str, Any], stop: asyncio.Event) -> None:
+    plan = RankPlan(**config["plan"])
+    clock = MonotonicClock(spin_s=RANK_SPIN_S)
+    rate_Bps, latency_s = float(config["rate_Bps"]), float(config["latency_s"])
+    member = RingMember(plan, clock, rate_Bps=rate_Bps, latency_s=latency_s) if plan.mode == MODE_RING else None
+    port = await member.listen() if member is not None else 0
+    announce_ready("rank", f"rank-{plan.rank}", listen_port=port)
+    algorithm = None
+    try:
+        go = await _read_go_line()
+        if member is not None:
+            algorithm = await member.connect(*go["next"])
+        else:
+            host, port = go["switch"]
+            algorithm = await switch_member(plan, clock, str(host), int(port), rate_Bps=rate_Bps, latency_s=latency_s)
+        work = asyncio.ensure_future(run_steps(plan, clock, algorithm, int(go["start_ns"])))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            work.cancel()
+            result = RankResult(plan.rank, ok=False, reason=f"rank {plan.rank} was stopped")
+        else:
+            result = work.result()
+        stopped.cancel()
+    except PeerGone as exc:
+        result = RankResult(plan.rank, ok=False, reason=f"rank {plan.rank}: {exc}")
+    finally:
+        if algorithm is not None:
+            await close_channels(algorithm)
+        if member is not None:
+            await member.close()
+    announce_result(result.to_json())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvtransit.agents.collective")
+    parser.add_argument("--config", required=True, help="JSON: plan (RankPlan fields), rate_Bps, latency_s")
+    args = parser.parse_args(argv)
+    config = json.loads(args.config)
+    asyncio.run(run_until_stopped(lambda stop: rank_main(config, stop)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

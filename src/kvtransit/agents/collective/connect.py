@@ -1,0 +1,87 @@
+"""Joining a group over TCP: a ring member listens for its previous rank and dials its next; a switch member
+dials the switch. Both say JOIN first, so a wrong peer is found before any step."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from kvtransit.runtime.clock import Clock
+
+from .channel import Channel, PeerGone
+from .rank import RankPlan, expect_join, join, ring, switch
+
+DIAL_RETRY_S = 0.05
+
+
+async def _dial(host: str, port: int, deadline_s: float, what: str) -> tuple[asyncio.StreamReader,
+                                                                               asyncio.StreamWriter]:
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + deadline_s
+    while True:
+        try:
+            return await asyncio.open_connection(host, port)
+        except OSError as exc:
+            if loop.time() >= give_up:
+                raise PeerGone(f"could not reach {what} at {host}:{port} within {deadline_s:g} s: {exc}") from None
+            await asyncio.sleep(DIAL_RETRY_S)  # a start-up retry, no model time
+
+
+class RingMember:
+    """Listen first (the port goes in the readiness line), then `connect` to the next rank."""
+
+    def __init__(self, plan: RankPlan, clock: Clock, *, rate_Bps: float, latency_s: float):
+        self.plan, self.clock = plan, clock
+        self.rate_Bps, self.latency_s = rate_Bps, latency_s
+        self._accepted: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] | None = None
+        self._server: asyncio.Server | None = None
+
+    async def listen(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        self._accepted = asyncio.get_running_loop().create_future()
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            assert self._accepted is not None
+            if self._accepted.done():
+                writer.close()  # one previous rank only
+                return
+            self._accepted.set_result((reader, writer))
+
+        self._server = await asyncio.start_server(accept, host, port)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def connect(self, next_host: str, next_port: int):  # -> the ring algorithm
+        assert self._accepted is not None, "listen() first"
+        plan = self.plan
+        nxt_rank, prev_rank = (plan.rank + 1) % plan.size, (plan.rank - 1) % plan.size
+        reader, writer = await _dial(next_host, next_port, plan.deadline_s, f"rank {nxt_rank}")
+        nxt = Channel(reader, writer, self.clock, rate_Bps=self.rate_Bps, latency_s=self.latency_s,
+                      peer=f"rank {nxt_rank}")
+        await join(plan, nxt)
+        try:
+            reader, writer = await asyncio.wait_for(self._accepted, plan.deadline_s)
+        except TimeoutError:
+            raise PeerGone(f"rank {prev_rank} did not connect within {plan.deadline_s:g} s") from None
+        prev = Channel(reader, writer, self.clock, rate_Bps=self.rate_Bps, latency_s=self.latency_s,
+                       peer=f"rank {prev_rank}")
+        await expect_join(plan, prev, prev_rank)
+        if self._server is not None:
+            self._server.close()  # the ring is made: no more connections
+        return ring(plan, prev, nxt)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+
+
+async def switch_member(plan: RankPlan, clock: Clock, host: str, port: int, *, rate_Bps: float, latency_s: float):
+    reader, writer = await _dial(host, port, plan.deadline_s, "the switch")
+    channel = Channel(reader, writer, clock, rate_Bps=rate_Bps, latency_s=latency_s, peer="the switch")
+    await join(plan, channel)
+    return switch(plan, channel)
+
+
+async def close_channels(algorithm) -> None:
+    for channel in algorithm.channels:
+        await channel.close()

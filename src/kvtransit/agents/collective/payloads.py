@@ -1,0 +1,49 @@
+"""Deterministic all-reduce payloads whose sums are exact, so every rank can check the sum it got back.
+
+A rank's part for (step, collective) is a window of the repeating cycle −4, −3, …, 4 (nine small integers),
+shifted by (5·step + 7·collective + 3·rank) mod 9. Every value and every partial sum of up to 8 ranks lies in
+[−32, 32]: integers that bfloat16 holds exactly, so a ring's partial sums (rounded to BF16 at every hop) and a
+switch's float32 accumulation both give the exact sum, and any other result is a wrong sum, found.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+CYCLE = 9  # values −4..4
+# The largest group whose sums stay within BF16's exact integers at |value| ≤ 4: 2^8 / 4 = 64 ranks; 8 is plenty.
+MAX_RANKS = 64
+
+
+def _offset(step: int, collective: int) -> int:
+    return (5 * step + 7 * collective) % CYCLE
+
+
+class Payloads:
+    """Parts and expected sums of `values` BF16 values for a group of `size` ranks (views, no copies)."""
+
+    def __init__(self, values: int, size: int):
+        if not 1 <= size <= MAX_RANKS:
+            raise ValueError(f"group size must be in 1..{MAX_RANKS}, got {size}")
+        self.values = values
+        self.size = size
+        index = np.arange(values + CYCLE) % CYCLE
+        self._part = (index - CYCLE // 2).astype(np.float32).astype(BF16)
+        # Σ over ranks of the part at phase m: the same cycle shifted by 3·rank.
+        table = np.array([sum((m + 3 * r) % CYCLE - CYCLE // 2 for r in range(size)) for m in range(CYCLE)])
+        self._sum = table[index].astype(np.float32).astype(BF16)
+
+    def part(self, rank: int, step: int, collective: int) -> np.ndarray:
+        start = (_offset(step, collective) + 3 * rank) % CYCLE
+        return self._part[start:start + self.values]
+
+    def expected(self, step: int, collective: int) -> np.ndarray:
+        start = _offset(step, collective)
+        return self._sum[start:start + self.values]
+
+    def is_exact_sum(self, result: np.ndarray, step: int, collective: int) -> bool:
+        expected = self.expected(step, collective)
+        return result.shape == expected.shape and bool(np.array_equal(result.view(np.uint16),
+                                                                      expected.view(np.uint16)))

@@ -1,0 +1,361 @@
+"""`kvtransit collective`: a TP-n group as n rank processes (+ a switch process) doing real all-reduces.
+
+Plan (pure arithmetic over model/collectives.py): what each rank holds and sends, at the run's scale and
+dilation. Run: start the switch (if any) and the n ranks as child processes (`python -m
+kvtransit.agents.collective` / `kvtransit.agents.switch`), read each one's readiness line, tell each rank its
+peer and the group's start time on stdin, collect one result line from each, and compare the measured decode
+step and all-reduce share with the model's. Every child is killed by its pid at the end, on error and on a
+timeout. One OS process per rank for n = 2, 4 and 8 on this 2-core box: the ranks mostly sleep (held compute,
+held link time), so 8 (+ the switch) fit; it is the message rate, not the process count, that the host must
+carry, and the granularity below is chosen for that.
+
+Granularity: per layer, every all-reduce of every layer (2·L a step) is real bytes; per step, one all-reduce of
+all the step's activations (2·L × S) is real bytes and the other 2·L − 1 all-reduces' latency terms are held on
+the clock (the model's figure), so the step's modelled time is the same. Per layer is chosen ("auto") when a
+modelled hop at the chosen dilation is at least the host's cost of a hop (HOST_HOP_S, × ranks per core).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import statistics
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtransit.agents.common.process import parse_ready_line, parse_result_line
+from kvtransit.model.catalog import ModelSpec
+from kvtransit.model.collectives import (
+    ALLREDUCE_RING,
+    ALLREDUCE_SWITCH,
+    ParallelStep,
+    allreduce_s,
+    check_ep,
+    check_tp,
+    tp_decode_step,
+    tp_prefill_step,
+)
+from kvtransit.model.devices import Device
+from kvtransit.model.errors import ConfigError
+from kvtransit.model.link_catalog import Link
+from kvtransit.model.module import Module
+
+# What one hop of a collective costs this host in Python (frame, write, loopback, read, parse, wake), per rank
+# process sharing a core. Measured on the 2-core dev box: llama3-70b TP4 ring per layer (960 hops a step a
+# rank) at dilation 100 (a modelled hop of 501 µs) came within 4.4 % of the model; 4 ranks on 2 cores is 2 a
+# core, so 250 µs a hop per rank a core.
+HOST_HOP_S = 250e-6
+GRANULARITIES = ("auto", "layer", "step")
+GROUP_ID = 1
+READY_TIMEOUT_S = 30.0
+STDERR_TAIL_LINES = 8  # what a process that ended without a result is reported with (as the launcher does)
+# The start of step 0 is this far after the last rank's readiness: time to dial the ring or the switch.
+START_MARGIN_S = 1.0
+# A collective that hears nothing from a peer for this long, or this many modelled steps, fails (not hangs).
+MIN_DEADLINE_S = 5.0
+DEADLINE_STEPS = 5
+
+
+@dataclass(frozen=True)
+class CollectivePlan:
+    model: ModelSpec
+    device: Device
+    link: Link
+    allreduce: str
+    n: int
+    ep: bool  # EP = TP = n (a MoE model): L all-reduces and L dispatch + combine a step
+    step_kind: str  # "decode" or "prefill"
+    tokens: int  # decode: sequences (one token each); prefill: Σ prompt tokens
+    context: int  # decode: per sequence
+    steps: int
+    dilation: float
+    modelled: ParallelStep  # the model's step (dilation 1)
+    values: int  # BF16 values in one real all-reduce
+    alltoall_values: int  # BF16 values a hop of a real all-to-all carries (0: none)
+    effective_scale: float  # values / (tokens × d) per all-reduce
+    granularity: str  # "layer" or "step"
+    why: str
+    collectives: int  # real all-reduces a step
+    compute_s: float  # held, × dilation
+    held_s: float  # latency held by the model a step (per-step granularity), × dilation
+    rate_Bps: float  # the link at scale and dilation
+    latency_s: float  # × dilation
+    module: Module  # the switch's, its added latency × dilation
+    deadline_s: float
+
+    def rank_plan(self, rank: int) -> dict[str, Any]:
+        return {"group": GROUP_ID, "rank": rank, "size": self.n, "mode": self.allreduce, "steps": self.steps,
+                "collectives": self.collectives, "values": self.values, "compute_s": self.compute_s,
+                "held_s": self.held_s, "deadline_s": self.deadline_s, "per_layer": 1 if self.ep else 2,
+                "alltoall_values": self.alltoall_values}
+
+
+def _check_emulation(allreduce: str, granularity: str, scale: float, dilation: float, steps: int) -> None:
+    if allreduce not in (ALLREDUCE_RING, ALLREDUCE_SWITCH):
+        raise ConfigError(f"unknown all-reduce {allreduce!r} (choose from: ring, switch)")
+    if granularity not in GRANULARITIES:
+        raise ConfigError(f"unknown granularity {granularity!r} (choose from: {', '.join(GRANULARITIES)})")
+    if not 0 < scale <= 1:
+        raise ConfigError(f"scale must be in (0, 1], got {scale!r}")
+    if not dilation >= 1:
+        raise ConfigError(f"dilation must be >= 1, got {dilation!r}")
+    if steps < 1:
+        raise ConfigError(f"steps must be >= 1, got {steps}")
+
+
+def plan_collective(model: ModelSpec, device: Device, link: Link, *, tp: int = 0, ep: int = 0,
+                    allreduce: str = ALLREDUCE_RING, tokens: int = 1, context: int = 2048,
+                    prompts: Sequence[int] | None = None, steps: int = 5, scale: float = 1.0, dilation: float = 1.0,
+                    granularity: str = "auto", module: Module = Module(), cores: int | None = None) -> CollectivePlan:
+    """A decode step of `tokens` sequences at `context` each, or with `prompts` a prefill step, on a TP-`tp`
+    group, or with `ep` an EP = TP = `ep` group of a MoE model (ring only: the all-to-all goes between ranks)."""
+    _check_emulation(allreduce, granularity, scale, dilation, steps)
+    n = ep or tp
+    if ep:
+        check_ep(model, ep)
+        if allreduce != ALLREDUCE_RING:
+            raise ConfigError("with --ep the live group is a ring (its all-to-all goes between ranks): "
+                              "--allreduce ring (valid: ring)")
+    else:
+        check_tp(model, tp)
+    if n < 2:
+        raise ConfigError(f"a collective needs a group of at least 2 (valid: 2, 4, 8), got {n}")
+    if prompts is None and (tokens < 1 or context < 0):
+        raise ConfigError(f"tokens must be >= 1 and context >= 0, got {tokens}, {context}")
+    cores = cores or os.cpu_count() or 1
+    processes = n + (1 if allreduce == ALLREDUCE_SWITCH else 0)
+    if processes > 4 * cores + 1:
+        raise ConfigError(f"a group of {n} needs {processes} processes; this host has {cores} cores "
+                          f"(valid: a group of up to {4 * cores})")
+    if prompts is not None:
+        modelled = tp_prefill_step(model, device, link, list(prompts), tp=tp, ep=ep, allreduce=allreduce,
+                                   module=module)
+        step_kind, tokens, context = "prefill", sum(prompts), 0
+    else:
+        modelled = tp_decode_step(model, device, link, tp=tp, ep=ep, batch=tokens, context_total=context * tokens,
+                                  allreduce=allreduce, module=module)
+        step_kind = "decode"
+    per_reduce = tokens * model.d_model
+    values = max(n, math.ceil(per_reduce * scale / n) * n)  # whole chunks of a ring, ≥ one value each
+    effective = values / per_reduce
+    nbytes = modelled.allreduce_bytes  # S, model bytes
+    hop_s = (link.latency_s + (nbytes / n if allreduce == ALLREDUCE_RING else nbytes) / link.bandwidth_Bps) * dilation
+    floor_s = HOST_HOP_S * max(1.0, processes / cores)
+    per_layer_fits = hop_s >= floor_s
+    if granularity == "auto":
+        granularity = "layer" if per_layer_fits else "step"
+        why = (f"auto: a modelled hop at dilation {dilation:g} is {hop_s * 1e6:.0f} µs, "
+               + (f"at least the host's {floor_s * 1e6:.0f} µs" if per_layer_fits else
+                  f"under the host's {floor_s * 1e6:.0f} µs (per-layer messages could not keep up)"))
+    else:
+        why = f"asked for per {granularity} (a modelled hop is {hop_s * 1e6:.0f} µs, the host's {floor_s * 1e6:.0f} µs)"
+    # EP's all-to-all as 2(n − 1) ring hops of 1/n of the tokens' k activations each (rank.py: _Ring.alltoall).
+    a2a_hop = max(1, round(tokens * model.experts_active * model.d_model / n * effective)) if ep else 0
+    reduces = modelled.allreduces
+    if granularity == "layer":
+        collectives, held = reduces, 0.0
+    else:
+        collectives = 1
+        values *= reduces
+        a2a_hop *= modelled.alltoalls
+        held = reduces * modelled.allreduce_each_s - allreduce_s(allreduce, reduces * nbytes, n, link, module)
+        if ep:  # the real all-to-all carries every layer's bytes with one set of latencies
+            held += (modelled.alltoalls - 1) * 2 * (n - 1) * link.latency_s
+    rate = link.bandwidth_Bps * effective / dilation
+    deadline = max(MIN_DEADLINE_S, DEADLINE_STEPS * modelled.total_s * dilation)
+    return CollectivePlan(
+        model, device, link, allreduce, n, bool(ep), step_kind, tokens, context, steps, dilation, modelled, values,
+        a2a_hop, effective, granularity, why, collectives, modelled.compute_s * dilation, max(0.0, held) * dilation,
+        rate, link.latency_s * dilation,
+        Module(module.name, module.line_rate_Bps, module.ops_per_byte, module.pj_per_input_bit,
+               module.added_latency_s * dilation),
+        deadline)
+
+
+@dataclass
+class CollectiveReport:
+    plan: CollectivePlan
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    switch: dict[str, Any] | None = None
+    failures: list[str] = field(default_factory=list)  # every rank's reason, in rank order
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and len(self.ranks) == self.plan.n and all(r["ok"] for r in self.ranks)
+
+    def _steps(self) -> list[tuple[float, float]]:
+        """Per step (warm-up step 0 left out when there are more): the slowest rank's step (the group's) and the
+        ranks' median all-reduce share (a rank's compute wake-up lateness moves time between its two parts)."""
+        if not self.ranks or not all(r["steps"] for r in self.ranks):
+            return []
+        count = min(len(r["steps"]) for r in self.ranks)
+        first = 1 if count > 1 else 0
+        rows = []
+        for k in range(first, count):
+            steps = [r["steps"][k] for r in self.ranks]
+            rows.append((max(s["step_s"] for s in steps),
+                         statistics.median(s["collective_s"] / s["step_s"] for s in steps)))
+        return rows
+
+    def summary(self) -> dict[str, Any]:
+        p, m = self.plan, self.plan.modelled
+        rows = self._steps()
+        d = p.dilation
+        # Steps are held on absolute deadlines, so a late step is followed by a short one: the mean is the rate.
+        measured_step = statistics.fmean(s for s, _ in rows) / d if rows else math.nan
+        measured_share = statistics.median(share for _, share in rows) if rows else math.nan
+        return {
+            "model": p.model.name, "device": p.device.name, "parallelism": "ep" if p.ep else "tp", "group": p.n,
+            "step": p.step_kind, "allreduce": p.allreduce, "link": p.link.name,
+            "tokens": p.tokens, "context": p.context, "steps": p.steps, "dilation": p.dilation,
+            "scale": p.effective_scale, "granularity": p.granularity, "granularity_why": p.why,
+            "real_allreduces_per_step": p.collectives, "values_per_allreduce": p.values,
+            "processes": p.n + (1 if p.allreduce == ALLREDUCE_SWITCH else 0),
+            "model_step_s": m.total_s, "model_compute_s": m.compute_s, "model_allreduce_s": m.allreduce_s,
+            "model_alltoall_s": m.alltoall_s, "model_collective_share": m.collective_share,
+            "measured_step_s": measured_step, "measured_collective_share": measured_share,
+            "step_error": measured_step / m.total_s - 1 if rows else math.nan,
+            "share_error_points": (measured_share - m.collective_share) * 100 if rows else math.nan,
+            "sums_checked": sum(r.get("sums_checked", 0) for r in self.ranks),
+            "late_s": max((r.get("late_s", 0.0) for r in self.ranks), default=0.0),
+            "ok": self.ok, "failures": self.failures, "switch": self.switch,
+        }
+
+
+class _Child:
+    """One rank or switch process: its readiness line, its result line, and the last lines it wrote to stderr
+    (what a process that dies without a result is reported with)."""
+
+    def __init__(self, name: str, proc: asyncio.subprocess.Process):
+        self.name, self.proc = name, proc
+        self.result: dict[str, Any] | None = None
+        self.ready: dict[str, Any] | None = None
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self.stderr_reader = asyncio.get_running_loop().create_task(self._read_stderr())
+
+    async def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        while line := await self.proc.stderr.readline():
+            self.stderr_tail.append(line.decode(errors="replace").rstrip())
+
+    def describe_exit(self) -> str:
+        """How it ended, with its last stderr lines (a result-less end is a crash or a kill)."""
+        code = self.proc.returncode
+        how = ("is still running" if code is None else f"was killed by signal {-code}" if code < 0
+               else f"exited with status {code}")
+        tail = " | ".join(self.stderr_tail) or "no stderr output"
+        return f"{self.name} {how} without a result (last stderr: {tail})"
+
+    async def read_ready(self, timeout_s: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(timeout_s):
+            while True:
+                line = await self.proc.stdout.readline()
+                if not line:
+                    await self.proc.wait()
+                    await self.stderr_reader
+                    raise ConfigError(f"{self.name} did not start: {self.describe_exit()}")
+                ready = parse_ready_line(line.decode())
+                if ready is not None:
+                    self.ready = ready
+                    return ready
+
+    async def read_result(self) -> dict[str, Any] | None:
+        assert self.proc.stdout is not None
+        while True:
+            line = (await self.proc.stdout.readline()).decode()
+            if not line:
+                await self.proc.wait()
+                await self.stderr_reader  # the pipe is at its end once the process is gone
+                return None
+            result = parse_result_line(line)
+            if result is not None:
+                self.result = result
+                return result
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+
+
+async def _spawn(name: str, module: str, config: dict[str, Any]) -> _Child:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, "--config", json.dumps(config),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    return _Child(name, proc)
+
+
+async def run_collective(plan: CollectivePlan, *, kill_rank: int | None = None, kill_after_s: float = 0.0,
+                         timeout_s: float | None = None) -> CollectiveReport:
+    """Start the group, run it, collect every result. `kill_rank` is SIGKILLed `kill_after_s` after step 0
+    starts (the dead-rank test). Every child is gone when this returns."""
+    report = CollectiveReport(plan)
+    children: list[_Child] = []
+    killer: asyncio.Task[None] | None = None
+    link = {"rate_Bps": plan.rate_Bps, "latency_s": plan.latency_s}
+    try:
+        switch: _Child | None = None
+        if plan.allreduce == ALLREDUCE_SWITCH:
+            switch = await _spawn("switch", "kvtransit.agents.switch", {
+                "group": GROUP_ID, "size": plan.n, **link, "module_ops_per_byte": plan.module.ops_per_byte,
+                "module_latency_s": plan.module.added_latency_s, "scale": plan.effective_scale,
+                "deadline_s": plan.deadline_s, "collectives": plan.collectives})
+            children.append(switch)
+            switch_port = (await switch.read_ready(READY_TIMEOUT_S))["listen_port"]
+        ranks = [await _spawn(f"rank {r}", "kvtransit.agents.collective", {"plan": plan.rank_plan(r), **link})
+                 for r in range(plan.n)]
+        children += ranks
+        ports = [(await rank.read_ready(READY_TIMEOUT_S))["listen_port"] for rank in ranks]
+        start_ns = time.monotonic_ns() + round(START_MARGIN_S * 1e9)
+        for r, rank in enumerate(ranks):
+            go: dict[str, Any] = {"start_ns": start_ns}
+            if switch is not None:
+                go["switch"] = ["127.0.0.1", switch_port]
+            else:
+                go["next"] = ["127.0.0.1", ports[(r + 1) % plan.n]]
+            assert rank.proc.stdin is not None
+            rank.proc.stdin.write((json.dumps(go) + "\n").encode())
+            await rank.proc.stdin.drain()
+        if kill_rank is not None:
+            async def kill_later() -> None:
+                await asyncio.sleep(max(0.0, (start_ns - time.monotonic_ns()) / 1e9 + kill_after_s))
+                ranks[kill_rank].kill()
+            killer = asyncio.get_running_loop().create_task(kill_later())
+        budget = timeout_s if timeout_s is not None else (
+            START_MARGIN_S + plan.steps * plan.modelled.total_s * plan.dilation * 3 + 2 * plan.deadline_s + 10)
+        async with asyncio.timeout(budget):
+            results = await asyncio.gather(*(rank.read_result() for rank in ranks))
+            if switch is not None:
+                report.switch = await switch.read_result()
+        for r, result in enumerate(results):
+            if result is None:
+                report.failures.append(ranks[r].describe_exit())
+                continue
+            report.ranks.append(result)
+            if not result["ok"]:
+                report.failures.append(f"rank {r} failed: {result['reason']}")
+    except TimeoutError:
+        report.failures.append("the group did not finish within its time budget")
+    finally:
+        if killer is not None:
+            killer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await killer
+        for child in children:
+            child.kill()
+        for child in children:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(child.proc.wait(), 5.0)
+            child.stderr_reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await child.stderr_reader
+    return report

@@ -1,0 +1,176 @@
+"""TP all-reduce over real loopback sockets (issue 17): ring and switch give the exact sum for n = 2, 4, 8; a rank
+that dies fails the step for every rank with a reason naming the rank, step and layer, within a deadline; the
+switch rejects a stream from an unknown group or step; and a real process group (the harness) runs end to end."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvtransit.agents.collective.channel import Channel
+from kvtransit.agents.collective.connect import RingMember, close_channels, switch_member
+from kvtransit.agents.collective.rank import RankPlan, run_steps
+from kvtransit.agents.switch.server import SwitchServer
+from kvtransit.emulator.collective_run import plan_collective, run_collective
+from kvtransit.model.catalog import MODELS
+from kvtransit.model.devices import DEVICES
+from kvtransit.model.link_catalog import LINKS
+from kvtransit.runtime.clock import MonotonicClock
+from kvtransit.wire.collective import Frame, Kind
+
+RATE = 45e9  # nvlink4 at dilation 10, scale 1
+LATENCY = 50e-6
+DEADLINE_S = 3.0
+
+
+def _plans(mode: str, n: int, *, steps: int = 2, collectives: int = 6, values: int = 1024) -> list[RankPlan]:
+    return [RankPlan(1, r, n, mode, steps, collectives, values, compute_s=0.001, held_s=0.0, deadline_s=DEADLINE_S)
+            for r in range(n)]
+
+
+async def _group(mode: str, plans: list[RankPlan], clock: MonotonicClock):
+    """Connect the ranks (tasks on this loop, real TCP); returns (algorithms, switch server or None)."""
+    n = len(plans)
+    if mode == "ring":
+        members = [RingMember(p, clock, rate_Bps=RATE, latency_s=LATENCY) for p in plans]
+        ports = [await m.listen() for m in members]
+        algorithms = await asyncio.gather(*(m.connect("127.0.0.1", ports[(i + 1) % n]) for i, m in enumerate(members)))
+        return list(algorithms), None
+    server = SwitchServer(clock, group=1, size=n, rate_Bps=RATE, latency_s=LATENCY, deadline_s=DEADLINE_S)
+    port = await server.start("127.0.0.1", 0)
+    algorithms = await asyncio.gather(*(switch_member(p, clock, "127.0.0.1", port, rate_Bps=RATE, latency_s=LATENCY)
+                                        for p in plans))
+    return list(algorithms), server
+
+
+@pytest.mark.parametrize("mode", ["ring", "switch"])
+@pytest.mark.parametrize("n", [2, 4, 8])
+async def test_allreduce_gives_the_exact_sum_on_every_rank(mode, n):
+    clock = MonotonicClock()
+    plans = _plans(mode, n)
+    algorithms, server = await _group(mode, plans, clock)
+    try:
+        start = clock.now_ns() + 5_000_000
+        results = await asyncio.gather(*(run_steps(p, clock, a, start) for p, a in zip(plans, algorithms, strict=True)))
+    finally:
+        for a in algorithms:
+            await close_channels(a)
+        if server is not None:
+            await server.close()
+    assert [(r.ok, r.reason) for r in results] == [(True, "")] * n
+    assert all(r.sums_checked == 2 * 6 for r in results)  # every sum of every step checked exact
+    if server is not None:
+        assert server.reducer.sums == 12 and not server.failure
+
+
+@pytest.mark.parametrize("n", [2, 4])
+async def test_ep_ring_runs_each_layers_allreduce_and_alltoall_with_every_chunk_checked(n):
+    clock = MonotonicClock()
+    plans = [RankPlan(1, r, n, "ring", 2, 4, 64 * n, compute_s=0.001, held_s=0.0, deadline_s=DEADLINE_S,
+                      per_layer=1, alltoall_values=256) for r in range(n)]
+    algorithms, _ = await _group("ring", plans, clock)
+    try:
+        start = clock.now_ns() + 5_000_000
+        results = await asyncio.gather(*(run_steps(p, clock, a, start)
+                                         for p, a in zip(plans, algorithms, strict=True)))
+    finally:
+        for a in algorithms:
+            await close_channels(a)
+    assert [(r.ok, r.reason, r.sums_checked) for r in results] == [(True, "", 2 * 4)] * n
+    # 2 steps × 4 layers × (2(n−1) all-reduce hops of 64 values + 2(n−1) all-to-all hops of 256) × 2 B
+    sent = sum(c.bytes_sent for c in algorithms[0].channels)
+    assert sent == 2 * 4 * 2 * (n - 1) * (64 + 256) * 2
+
+
+@pytest.mark.parametrize("mode", ["ring", "switch"])
+async def test_a_rank_that_dies_mid_collective_fails_the_step_for_every_rank_with_a_reason(mode):
+    n, dead = 4, 2
+    clock = MonotonicClock()
+    plans = _plans(mode, n, steps=50, collectives=20)
+    algorithms, server = await _group(mode, plans, clock)
+    start = clock.now_ns() + 5_000_000
+    tasks = [asyncio.ensure_future(run_steps(p, clock, a, start)) for p, a in zip(plans, algorithms, strict=True)]
+    await asyncio.sleep(0.1)
+    tasks[dead].cancel()  # the rank stops mid-run and its sockets close, as a killed process's do
+    await close_channels(algorithms[dead])
+    try:
+        async with asyncio.timeout(2 * DEADLINE_S):
+            results = [await t for i, t in enumerate(tasks) if i != dead]
+    finally:
+        for a in algorithms:
+            await close_channels(a)
+        if server is not None:
+            await server.close()
+    for result in results:
+        assert not result.ok
+        assert f"rank {dead}" in result.reason
+        assert "step" in result.reason and ("layer" in result.reason or "all-reduce" in result.reason)
+
+
+async def test_the_switch_rejects_a_stream_from_an_unknown_group():
+    clock = MonotonicClock()
+    server = SwitchServer(clock, group=1, size=2, rate_Bps=RATE, latency_s=LATENCY, deadline_s=DEADLINE_S)
+    port = await server.start("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    channel = Channel(reader, writer, clock, rate_Bps=RATE, latency_s=LATENCY, peer="the switch")
+    try:
+        await channel.send(Frame(Kind.JOIN, 99, rank=0, chunk=2), shaped=False)
+        frame = await channel.receive(DEADLINE_S, "the switch's answer")
+    finally:
+        await channel.close()
+        await server.close()
+    assert frame.kind is Kind.ABORT
+    assert "unknown group 99 (this switch serves group 1)" in frame.reason
+
+
+async def test_the_switch_rejects_a_part_for_an_unknown_step_and_tells_every_rank():
+    clock = MonotonicClock()
+    server = SwitchServer(clock, group=1, size=2, rate_Bps=RATE, latency_s=LATENCY, deadline_s=DEADLINE_S)
+    port = await server.start("127.0.0.1", 0)
+    channels = []
+    try:
+        for rank in range(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            channel = Channel(reader, writer, clock, rate_Bps=RATE, latency_s=LATENCY, peer="the switch")
+            await channel.send(Frame(Kind.JOIN, 1, rank=rank, chunk=2), shaped=False)
+            channels.append(channel)
+        await asyncio.sleep(0.05)
+        await channels[0].send(Frame(Kind.PART, 1, step=7, layer=0, rank=0, payload=b"\0" * 8), shaped=False)
+        answers = [await c.receive(DEADLINE_S, "the switch's answer") for c in channels]
+    finally:
+        for c in channels:
+            await c.close()
+        await server.close()
+    for frame in answers:
+        assert frame.kind is Kind.ABORT
+        assert "step 7 from rank 0: unknown step" in frame.reason
+
+
+@pytest.mark.slow
+async def test_a_process_group_steps_with_exact_sums_near_the_model():
+    # Light load: TP2 through a switch (3 processes), per-step granularity, dilation 10, activations at 1/100.
+    plan = plan_collective(MODELS["llama3-70b"], DEVICES["h100"], LINKS["nvlink4"], tp=2, allreduce="switch",
+                           steps=4, scale=0.01, dilation=10)
+    report = await run_collective(plan)
+    summary = report.summary()
+    assert report.ok, report.failures
+    assert summary["sums_checked"] == 2 * 4
+    assert summary["switch"]["sums"] == 4 and summary["switch"]["budget_verdict"] == "fits"
+    # Tolerances for a noisy, shared 2-core box (the issue's targets, 5 % and 3 points, are RESULTS.md's).
+    assert abs(summary["step_error"]) < 0.15
+    assert abs(summary["share_error_points"]) < 8
+
+
+@pytest.mark.slow
+async def test_a_killed_rank_process_fails_the_step_for_every_rank_within_the_deadline():
+    plan = plan_collective(MODELS["llama3-70b"], DEVICES["h100"], LINKS["nvlink4"], tp=4, allreduce="ring",
+                           steps=20, scale=0.01, dilation=10)
+    report = await run_collective(plan, kill_rank=1, kill_after_s=0.4, timeout_s=plan.deadline_s * 3 + 20)
+    assert not report.ok
+    assert any(f.startswith("rank 1 was killed by signal 9 without a result") for f in report.failures)
+    survivors = [r for r in report.ranks if r["rank"] != 1]
+    assert len(survivors) == 3
+    for rank in survivors:
+        assert not rank["ok"]
+        assert "rank 1" in rank["reason"] and "step" in rank["reason"] and "layer" in rank["reason"]
