@@ -102,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
         sw = report.switch
         print(f"switch: {sw['sums']} sums, {sw['input_bytes']:,} B in, {sw['energy_j']:.3g} J (module, model scale), "
               f"kernel {sw['budget']}")
+        test = sw.get("placement_test")
+        if test:
+            verdict = {True: "pass", False: "FAIL", None: "not measured"}[test["passed"]]
+            print(f"placement test: {verdict}: streams needed {sw['streams_declared']}, merged per sum "
+                  f"{sw['streams_per_sum']} ({test['reason']})")
     for failure in report.failures:
         print(f"FAILED: {failure}")
     return 0 if report.ok else 1

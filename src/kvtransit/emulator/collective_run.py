@@ -2,7 +2,8 @@
 
 Plan (pure arithmetic over model/collectives.py): what each rank holds and sends, at the run's scale and
 dilation. Run: start the switch (if any) and the n ranks as child processes (`python -m
-kvtransit.agents.collective` / `kvtransit.agents.switch`), read each one's readiness line, tell each rank its
+kvtransit.agents.collective`; the switch through the middlebox's own entry point, `kvtransit middlebox --placement
+switch --ranks N --switch-config JSON`, as a user starts one), read each one's readiness line, tell each rank its
 peer and the group's start time on stdin, collect one result line from each, and compare the measured decode
 step and all-reduce share with the model's. Every child is killed by its pid at the end, on error and on a
 timeout. One OS process per rank for n = 2, 4 and 8 on this 2-core box: the ranks mostly sleep (held compute,
@@ -288,10 +289,24 @@ class _Child:
 
 
 async def _spawn(name: str, module: str, config: dict[str, Any]) -> _Child:
+    return await _spawn_argv(name, ["-m", module, "--config", json.dumps(config)])
+
+
+async def _spawn_argv(name: str, argv: list[str]) -> _Child:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, "--config", json.dumps(config),
+        sys.executable, *argv,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     return _Child(name, proc)
+
+
+def switch_argv(plan: CollectivePlan) -> list[str]:
+    """The switch's command line: the middlebox at placement switch serving the plan's group (cli/middlebox.py),
+    its ports and module at the plan's scale and dilation. Plain asyncio, as the ranks run."""
+    config = {"rate_Bps": plan.rate_Bps, "latency_s": plan.latency_s, "module_ops_per_byte": plan.module.ops_per_byte,
+              "module_latency_s": plan.module.added_latency_s, "module_pj_per_bit": plan.module.pj_per_input_bit,
+              "scale": plan.effective_scale, "deadline_s": plan.deadline_s, "collectives": plan.collectives}
+    return ["-m", "kvtransit.cli", "middlebox", "--placement", "switch", "--ranks", str(plan.n), "--group",
+            str(GROUP_ID), "--name", "switch", "--loop", "asyncio", "--switch-config", json.dumps(config)]
 
 
 async def run_collective(plan: CollectivePlan, *, kill_rank: int | None = None, kill_after_s: float = 0.0,
@@ -305,10 +320,7 @@ async def run_collective(plan: CollectivePlan, *, kill_rank: int | None = None, 
     try:
         switch: _Child | None = None
         if plan.allreduce == ALLREDUCE_SWITCH:
-            switch = await _spawn("switch", "kvtransit.agents.switch", {
-                "group": GROUP_ID, "size": plan.n, **link, "module_ops_per_byte": plan.module.ops_per_byte,
-                "module_latency_s": plan.module.added_latency_s, "scale": plan.effective_scale,
-                "deadline_s": plan.deadline_s, "collectives": plan.collectives})
+            switch = await _spawn_argv("switch", switch_argv(plan))
             children.append(switch)
             switch_port = (await switch.read_ready(READY_TIMEOUT_S))["listen_port"]
         ranks = [await _spawn(f"rank {r}", "kvtransit.agents.collective", {"plan": plan.rank_plan(r), **link})

@@ -422,6 +422,22 @@ def frontend_metrics(registry: CollectorRegistry) -> FrontendMetrics:
     )
 
 
+@dataclass(frozen=True)
+class SwitchMetrics:
+    """The switch middlebox (`kvtransit middlebox --placement switch`, agents/switch/): the streams it merged."""
+
+    merged_streams: Counter
+
+
+def switch_metrics(registry: CollectorRegistry) -> SwitchMetrics:
+    return SwitchMetrics(
+        merged_streams=_counter(
+            registry, "switch_merged_streams",
+            "Ingress streams the switch summed into one: n for each sum of a group of n (REFERENCE §5: a kernel "
+            "that combines streams needs a switch; the placement test's streams seen)."),
+    )
+
+
 # Every role's metric factory, for METRICS.md's check (add each new role's here).
 METRIC_FACTORIES = {
     "shared": shared_metrics,
@@ -433,4 +449,5 @@ METRIC_FACTORIES = {
     "prefix_cache": prefix_cache_metrics,
     "pool_relay": pool_relay_metrics,
     "frontend": frontend_metrics,
+    "switch": switch_metrics,
 }

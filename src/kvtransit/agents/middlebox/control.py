@@ -10,6 +10,11 @@
     PUT  /faults/NAME       {"type": "corrupt", "probability": 0.2}   add or replace a fault
     DELETE /faults/NAME     remove it (404 if there is none)
 
+`PUT /kernel` may say how many streams the kernel combines (`"streams": N`, default 1; not stored: every
+codec here takes one). This middlebox carries the KV hand-off, one stream per hand-off, so a kernel of N > 1 is
+refused with a 400: on a pluggable with placement_check's reason (a pluggable sees one stream), on a switch
+because the sum of N streams runs on the switch role (`kvtransit middlebox --placement switch --ranks N`).
+
 JSON in and out. A bad body is a 400 that names the field and the value; an unknown kernel is a 400 with
 the valid choices; the chain is unchanged after any error. `PUT /kernel` and `PUT /link` change the stage of
 that name in the chain (stages/chain.py), and answer with the chain as `GET /chain` shows it. A kernel change
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+from kvtransit.model.module import KernelDeclaration, placement_check
 from kvtransit.runtime.http import HttpError, HttpRequest, HttpServer
 
 from .app import Middlebox
@@ -30,7 +36,7 @@ FAULTS_PREFIX = "/faults/"
 
 KERNEL_FIELDS: dict[str, type | tuple[type, ...]] = {
     "codec": str, "keep": (int, float), "block": int, "sinks": int, "variant": str,
-    "precision_bits": (int, type(None)), "transform_charged": bool, "placement": str}
+    "precision_bits": (int, type(None)), "transform_charged": bool, "placement": str, "streams": int}
 # Integer kernel fields beyond the longest prompt (REFERENCE §4: lengths are capped at 32,768 tokens) mean
 # nothing, and a huge transform block would make the kernel allocate without bound: refused at the API.
 MAX_KERNEL_TOKENS = 32_768
@@ -55,11 +61,29 @@ def _kernel_update(body: dict) -> dict:
         expected = KERNEL_FIELDS[name]
         if (isinstance(value, bool) and expected is not bool) or not isinstance(value, expected):
             raise HttpError(400, f"kernel field {name!r}: bad value {value!r}")
+        if name == "streams" and isinstance(value, int) and value < 1:
+            raise HttpError(400, f"kernel field 'streams' must be an integer >= 1, got {value!r}")
         if name in ("block", "sinks"):
             assert isinstance(value, int)  # KERNEL_FIELDS: block and sinks are ints, checked just above
             if not 0 <= value <= MAX_KERNEL_TOKENS:
                 raise HttpError(400, f"kernel field {name!r} must be in 0..{MAX_KERNEL_TOKENS}, got {value!r}")
     return body
+
+
+def _refuse_combining(update: dict, middlebox: Middlebox) -> dict:
+    """`update` without `streams`, after refusing a kernel that combines streams (module docstring). The
+    placement judged is the process's (`--placement`), not the body's: it is where this middlebox sits."""
+    streams = update.pop("streams", 1)
+    if streams == 1:
+        return update
+    placement = middlebox.scenario.placement
+    name = update.get("codec") or middlebox.kernel.name
+    placed = placement_check(KernelDeclaration(name, streams=streams, placement=placement))
+    if not placed.ok:
+        raise HttpError(400, f"kernel {name!r} refused: {placed.describe()}; this middlebox is a {placement}")
+    raise HttpError(400, f"kernel {name!r} refused: it combines {streams} streams, and this middlebox carries the KV "
+                         f"hand-off, one stream per hand-off; a sum of {streams} streams runs on the switch role "
+                         f"(kvtransit middlebox --placement switch --ranks {streams})")
 
 
 def _link_update(body: dict) -> dict:
@@ -88,7 +112,7 @@ def register_control_routes(http: HttpServer, middlebox: Middlebox) -> None:
 
     async def put_kernel(request: HttpRequest) -> list:
         # ConfigError / KernelInputError are ValueErrors: the HTTP layer answers 400 with their message.
-        return middlebox.reconfigure("kernel", _kernel_update(_object_body(request)))
+        return middlebox.reconfigure("kernel", _refuse_combining(_kernel_update(_object_body(request)), middlebox))
 
     async def put_link(request: HttpRequest) -> list:
         return middlebox.reconfigure("link", _link_update(_object_body(request)))

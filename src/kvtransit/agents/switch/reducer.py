@@ -6,9 +6,10 @@ in progress, or, when none is, for one after the last completed within the next 
 already summed, a step from the future, another collective while one is open, a rank twice, a group this switch
 does not serve) is rejected with a reason naming it.
 
-The sum is the module kernel `kernels/stream_sum.py` declares (0.50 op/B, placement switch), judged once against
-the module's budget (`model.module.budget_check`) and charged its energy (`model.energy.module_energy_j`) per
-input byte at model scale.
+The sum is the module kernel `kernels/stream_sum.py` declares (0.50 op/B, placement switch), or a kernel file's
+declaration of it (checked by `kernel_check.py`), judged once against the module's budget
+(`model.module.budget_check`) and charged its energy (`model.energy.module_energy_j`) per input byte at model
+scale. Each sum counts the streams it merged (`streams_merged`: the placement test's streams seen).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvtransit.kernels.stream_sum import BF16, declaration, sum_streams
+from kvtransit.kernels.stream_sum import BF16, sum_streams
+from kvtransit.kernels.stream_sum import declaration as sum_declaration
 from kvtransit.model.energy import module_energy_j
-from kvtransit.model.module import BudgetResult, Module, budget_check
+from kvtransit.model.module import BudgetResult, KernelDeclaration, Module, budget_check
 
 # The sum goes through the kernel a block of values at a time: its float32 accumulator then stays in cache
 # (256 Ki values = 1 MiB) instead of a copy as large as the stream (64 MiB for 16 Mi values). Measured,
@@ -62,8 +64,11 @@ class GroupReducer:
     module: Module = field(default_factory=Module)
     scale: float = 1.0  # bytes here are model bytes × scale: energy is charged at model scale
     collectives: int = 0  # all-reduces a step, to name the next one (2 a layer; 1: one a step); 0: unknown
+    # The kernel declared for the sum (None: the stream sum's own, `kernels/stream_sum.declaration(size)`).
+    declaration: KernelDeclaration | None = None
     completed: tuple[int, int] | None = None
     sums: int = 0
+    streams_merged: int = 0  # ingress streams summed into one, over every sum (size per sum)
     input_bytes: int = 0
     energy_j: float = 0.0
     _open: tuple[int, int] | None = None
@@ -73,7 +78,9 @@ class GroupReducer:
     def __post_init__(self) -> None:
         if self.size < 2:
             raise ValueError(f"a switch sums at least 2 ranks, got a group of {self.size}")
-        self.budget: BudgetResult = budget_check(declaration(self.size), self.module)
+        if self.declaration is None:
+            self.declaration = sum_declaration(self.size)
+        self.budget: BudgetResult = budget_check(self.declaration, self.module)
 
     @property
     def in_progress(self) -> tuple[int, int] | None:
@@ -139,6 +146,7 @@ class GroupReducer:
         reduction = Reduction(step, collective, total, self._last_due_ns, nbytes)
         self.completed, self._open, self._parts, self._last_due_ns = key, None, {}, 0
         self.sums += 1
+        self.streams_merged += len(parts)
         self.input_bytes += nbytes
         self.energy_j += module_energy_j(self.module, nbytes / self.scale)
         return reduction

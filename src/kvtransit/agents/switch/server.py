@@ -6,6 +6,10 @@ arithmetic at 0.50 op/B, `model.collectives.switch_sum_s`) from the last part's 
 down every port (each port its own shaper). A connection from an unknown group is refused with an ABORT; a
 part for an unknown step, a rank's ABORT, or a rank that leaves mid-run fails the collective for every rank,
 with a reason naming the rank, the step and the all-reduce.
+
+Every sum merges one stream from each rank: `switch_merged_streams_total` (runtime/metrics.py) and `/stats` count
+them, and `stats()` judges the placement test (REFERENCE §8, `model/five_tests.placement_test`) from the streams
+the switch measured merging per sum against those the kernel declared.
 """
 
 from __future__ import annotations
@@ -16,20 +20,28 @@ from typing import Any
 
 from kvtransit.agents.collective.channel import Channel, PeerGone
 from kvtransit.model.collectives import switch_sum_s
+from kvtransit.model.five_tests import placement_test
 from kvtransit.model.link_catalog import Link
-from kvtransit.model.module import Module
+from kvtransit.model.module import KernelDeclaration, Module
 from kvtransit.runtime.clock import Clock
+from kvtransit.runtime.metrics import SwitchMetrics
 from kvtransit.wire.collective import Frame, Kind, abort
 
 from .reducer import GroupReducer, Reduction, Rejected
 
+# How the placement test's streams were measured here (the report's words, as the hand-off's are in five_tests.py).
+SWITCH_STREAMS_MEASURED_AS = "ingress streams the switch merged per sum"
+
 
 class SwitchServer:
     def __init__(self, clock: Clock, *, group: int, size: int, rate_Bps: float, latency_s: float,
-                 module: Module = Module(), scale: float = 1.0, deadline_s: float = 60.0, collectives: int = 0):
-        """`rate_Bps`, `latency_s` and `module.added_latency_s`: already scaled and stretched by the dilation."""
+                 module: Module = Module(), scale: float = 1.0, deadline_s: float = 60.0, collectives: int = 0,
+                 declaration: KernelDeclaration | None = None, metrics: SwitchMetrics | None = None):
+        """`rate_Bps`, `latency_s` and `module.added_latency_s`: already scaled and stretched by the dilation.
+        `declaration`: the kernel the sum runs as (checked by kernel_check.py; None: the stream sum's own)."""
         self.clock = clock
-        self.reducer = GroupReducer(group, size, module, scale, collectives)
+        self.reducer = GroupReducer(group, size, module, scale, collectives, declaration)
+        self.metrics = metrics
         self.port_link = Link("switch-port", rate_Bps, latency_s, 0.0)
         self.rate_Bps, self.latency_s, self.deadline_s = rate_Bps, latency_s, deadline_s
         self.channels: dict[int, Channel] = {}
@@ -104,6 +116,8 @@ class SwitchServer:
                 await self._fail(f"switch rejected a part: {exc}", None)
                 return
             if reduction is not None:
+                if self.metrics is not None:
+                    self.metrics.merged_streams.inc(self.reducer.size)
                 await self._send_sum(reduction)
 
     async def _send_sum(self, reduction: Reduction) -> None:
@@ -133,8 +147,15 @@ class SwitchServer:
 
     def stats(self) -> dict[str, Any]:
         r = self.reducer
+        decl = r.declaration
+        assert decl is not None  # GroupReducer sets the stream sum's own when none was declared
+        per_sum = r.streams_merged / r.sums if r.sums else None
         return {"group": r.group, "ranks": r.size, "sums": r.sums, "input_bytes": r.input_bytes,
                 "energy_j": r.energy_j, "budget": r.budget.describe(), "budget_verdict": r.budget.verdict.value,
+                "kernel": decl.name, "placement": decl.placement, "streams_declared": decl.streams,
+                "ingress_streams": len(self.channels), "streams_merged": r.streams_merged,
+                "streams_per_sum": per_sum,
+                "placement_test": placement_test(decl, per_sum, measured_as=SWITCH_STREAMS_MEASURED_AS).as_dict(),
                 "failure": self.failure, "rejected": self.rejected}
 
     async def close(self) -> None:
