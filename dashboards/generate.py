@@ -6,7 +6,8 @@
 
 Every query reads metrics declared in src/kvtransit/runtime/metrics.py (listed in METRICS.md) or the recording
 rules in prometheus/rules/recording.yml; tests/unit/test_dashboards_metric_names.py checks each one, and
-tests/system/test_dashboards_queries.py runs each against a real Prometheus scraping a real run. Rate windows
+tests/system/test_dashboards_queries.py runs each against a real Prometheus scraping a real run (one with the
+shared KV pool, so the KV pool row has data). Rate windows
 are fixed (30 s, like the recording rules) rather than $__rate_interval, so the very same text can be sent to
 Prometheus' HTTP API by the tests.
 """
@@ -198,7 +199,8 @@ def link_and_module():
 def agents():
     return _dashboard(
         "kvtransit-agents", "kvtransit / Agents",
-        "Prefill and decode instances: batches, queues, step times, KV occupancy (REFERENCE §3, §4).",
+        "Prefill and decode instances: batches, queues, step times, KV occupancy (REFERENCE §3, §4); the shared KV "
+        "pool, with --kv-pool pool.",
         [("Prefill", [
             PanelSpec("Prefill batch size", "Requests per prefill step (finished requests / steps).",
                       (Query(f"{_rate('kvtransit_prefill_requests_total')} / "
@@ -226,7 +228,37 @@ def agents():
             PanelSpec("GPU energy", "Modelled dynamic GPU energy, joules per second.",
                       (Query(_rate("kvtransit_prefill_gpu_energy_joules_total"), "prefill"),
                        Query(_rate("kvtransit_decode_gpu_energy_joules_total"), "decode")), unit="watt"),
-        ])])
+        ]), ("KV pool", kv_pool_panels())])
+
+
+def kv_pool_panels() -> list[PanelSpec]:
+    """The shared KV tier (`--kv-pool pool`: the kvpool process, the middlebox's pool path, the prefill's prefix
+    cache); empty without it. Byte figures are model bytes, as the run report's `kv_pool` block gives them."""
+    return [
+        PanelSpec("Pool occupancy", "Bytes the pool holds per tier (the stored form: compact when the link "
+                  "compresses), against each tier's capacity.",
+                  (Query("sum by (stage) (kvtransit_kvpool_stored_bytes)", "{{stage}} held"),
+                   Query("sum by (stage) (kvtransit_kvpool_capacity_bytes)", "{{stage}} capacity")), unit="bytes"),
+        PanelSpec("Pool lookups and evictions", "Fetches answered by outcome (hit: every block asked for, partial: "
+                  "a leading run, miss: none) and blocks evicted (least recently used first) by tier, per second.",
+                  (Query(_rate("kvtransit_kvpool_lookups_total", "outcome"), "{{outcome}}"),
+                   Query(_rate("kvtransit_kvpool_evictions_total", "stage"), "{{stage}} evictions")), unit="ops"),
+        PanelSpec("Prefix hit rate", "Prompt tokens whose KV came from the cache (not recomputed) over the prompt "
+                  "tokens that looked up a prefix, last 30 s (the run report's token hit rate).",
+                  (Query(f"{_rate('kvtransit_prefix_cached_tokens_total')} / "
+                         f"{_rate('kvtransit_prefix_prompt_tokens_total')}", "hit rate"),), unit="percentunit"),
+        PanelSpec("Pool link bytes, raw vs wire", "KV bytes on the pool path through the middlebox, by phase "
+                  "(fetch, put) and stage (raw: before the codec, wire: on the link), per second.",
+                  (Query(_rate("kvtransit_pool_relay_bytes_total", "phase, stage"), "{{phase}} {{stage}}"),),
+                  unit="Bps"),
+        PanelSpec("Pool transfer and fetch p99", "Time a fetch or put held the pool link (middlebox), and a "
+                  "prefill's fetch from request to last block (part of its TTFT); model seconds.",
+                  (Query(_quantile(0.99, "kvtransit_pool_relay_transfer_seconds", "phase"), "{{phase}} on the link"),
+                   Query(_quantile(0.99, "kvtransit_prefix_fetch_seconds"), "prefill fetch")), unit="s"),
+        PanelSpec("Pool relays by outcome", "Fetches and puts the middlebox relayed, by outcome, per second.",
+                  (Query(_rate("kvtransit_pool_relay_requests_total", "phase, outcome"), "{{phase}} {{outcome}}"),),
+                  unit="reqps"),
+    ]
 
 
 def fidelity():

@@ -1,4 +1,5 @@
-"""Every query of every dashboard panel returns data from a real Prometheus scraping a real `kvtransit up` run.
+"""Every query of every dashboard panel returns data from a real Prometheus scraping a real `kvtransit up` run
+(with the shared KV pool: its row reads the pool's, the middlebox's pool path's and the prefix cache's series).
 
 The run is short and the queries are polled while it runs (its Prometheus stops with it): a query passes once
 it has returned at least one real number (not an empty result, not only NaN). Skips only when `prometheus` is
@@ -32,8 +33,12 @@ pytestmark = [
                        reason="prometheus not on PATH (apt-get install prometheus)"),
 ]
 
-# A short run at a rate the 2-core box carries (about 15 s of arrivals, 1 s scrapes, 30 s rate windows).
-RUN_FLAGS = ["--requests", "40", "--rate", "3", "--prompt-mean", "512", "--output-mean", "32", "--seed", "7"]
+# A short run at a rate the 2-core box carries (about 15 s of arrivals, 1 s scrapes, 30 s rate windows), with the
+# shared KV pool, so the KV pool row's panels have data too: prompts share one of two 1,024-token system prompts
+# (two 512-token blocks each), written back by the first request that computes them and fetched by the rest.
+RUN_FLAGS = ["--requests", "40", "--rate", "3", "--prompt-mean", "512", "--output-mean", "32", "--seed", "7",
+             "--kv-pool", "pool", "--prefix-workload", "system-prompts", "--system-prompts", "2",
+             "--system-prompt-tokens", "1024"]
 RUN_TIMEOUT_S = 240.0
 POLL_INTERVAL_S = 1.0
 

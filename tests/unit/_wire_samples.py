@@ -17,7 +17,8 @@ def kv_stream(request_id=7, n_chunks=2):
 HOP_EVENTS = {
     (Role.LOADGEN, Role.PREFILL): [events.Request(1, prompt_tokens=2048, output_tokens=256, sent_ns=10**15),
                                    events.Request(2, prompt_tokens=1100, output_tokens=8, sent_ns=10**15 + 1,
-                                                  hash_ids=(2**63 - 1, 0))],
+                                                  hash_ids=(2**63 - 1, 0)),
+                                   events.Error(ErrorCode.REQUEST_FAILED, "client gone", request_id=1)],
     (Role.PREFILL, Role.LOADGEN): [events.FirstToken(1, t_ns=10**15 + 5),
                                    events.Error(ErrorCode.REQUEST_FAILED, "queue full", request_id=1)],
     (Role.PREFILL, Role.MIDDLEBOX): kv_stream(),
@@ -26,7 +27,7 @@ HOP_EVENTS = {
     (Role.MIDDLEBOX, Role.DECODE): [*kv_stream(), events.Error(ErrorCode.INTERNAL, "kernel failed", None)],
     (Role.DECODE, Role.MIDDLEBOX): [events.Ack(7, AckStatus.OK)],
     (Role.DECODE, Role.LOADGEN): [events.Tokens((events.TokenEntry(1, 1, 50), events.TokenEntry(2, 5, 51)))],
-    (Role.LOADGEN, Role.DECODE): [],
+    (Role.LOADGEN, Role.DECODE): [events.Error(ErrorCode.REQUEST_FAILED, "client gone", request_id=1)],
     (Role.PREFILL, Role.DECODE): kv_stream(3, 1),
     (Role.DECODE, Role.PREFILL): [events.Ack(3, AckStatus.OK)],
     # The pool path: fetch and write-back through the middlebox, and the pool's answers.

@@ -4,6 +4,9 @@
 - `PrefillRouter`: the instance with the fewest queued prompt tokens.
 - `DecodeBatcher`: one decode instance's continuous batch (≤ 256 running, KV reserved up front, admission
   FIFO at a step boundary, stopping at the first request that does not fit; one token per sequence a step).
+
+A request whose client went away is `cancel`led: out of a prefill queue before its step, out of the decode batch
+with its KV reservation freed (the simulator has no cancellation; this is the live testbed's).
 - `DecodeRouter`: the instance with the smallest queue + running.
 
 Everything follows the public simulator `Disaggregated_Inference_Sim` (REFERENCE §4) so a live run and a
@@ -75,6 +78,30 @@ class PromptFifo(Generic[Entry]):
     def queued_tokens(self) -> int:
         """Prompt tokens still to compute (the router's load figure)."""
         return self._queued_tokens
+
+    def cancel(self, request_id: Hashable) -> bool:
+        """Drop the queued request `request_id` (its client went away), with the prompt tokens it still had to
+        compute. False when it is not queued: never pushed, cancelled already, or its (last) chunk was taken into
+        a step, which runs whole. The others keep their order."""
+        for entry in self._queue:
+            request, pending_tokens = _pending(entry)
+            if request.request_id == request_id:
+                self._queue.remove(entry)
+                self._queued_tokens -= pending_tokens
+                return True
+        return False
+
+
+def _pending(entry: object) -> tuple[ServingRequest, int]:
+    """A queued entry's request and the prompt tokens it still has to compute. The two queues' entries: a whole
+    request (`PrefillQueue`), or a request and the tokens of it computed so far (`prefill_plan.ChunkedPrefillQueue`:
+    its queued tokens went down by each chunk taken)."""
+    if isinstance(entry, ServingRequest):
+        return entry, entry.prompt_tokens
+    if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], ServingRequest):
+        request, computed = entry
+        return request, request.prompt_tokens - computed
+    raise TypeError(f"a prefill queue entry is a ServingRequest or (ServingRequest, tokens computed), got {entry!r}")
 
 
 class PrefillQueue(PromptFifo[ServingRequest]):
@@ -250,6 +277,21 @@ class DecodeBatcher:
                 self._reserved += request.kv_reservation_tokens
                 self._running.append(seq)
         return admitted
+
+    def cancel(self, request_id: Hashable) -> bool:
+        """Take `request_id` out (its client went away): waiting, it leaves the queue; running, it leaves the batch
+        and frees its KV reservation, so no later step makes a token for it and the next admission may use the
+        room. False when it is neither (its KV has not arrived, it finished, or it was cancelled already)."""
+        for waiting in self._waiting:
+            if waiting.request_id == request_id:
+                self._waiting.remove(waiting)
+                return True
+        for index, seq in enumerate(self._running):
+            if seq.request.request_id == request_id:
+                del self._running[index]
+                self._reserved -= seq.request.kv_reservation_tokens
+                return True
+        return False
 
     def step(self) -> StepResult:
         """One decode step: a token for every running sequence; the finished leave and free their KV."""

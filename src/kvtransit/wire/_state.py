@@ -18,7 +18,8 @@ _POOL_ASK = {F.POOL_FETCH, F.POOL_PUT}  # a pool client's requests (a put's KV s
 
 # (sender, receiver) → frame types the sender may send on that hop. A pair not listed has no connection.
 ROLE_FRAMES: dict[tuple[Role, Role], frozenset[FrameType]] = {
-    (Role.LOADGEN, Role.PREFILL): frozenset({F.HELLO, F.REQUEST, F.BYE}),
+    # The client's Error naming a request withdraws it (its own client went away): on both of its hops.
+    (Role.LOADGEN, Role.PREFILL): frozenset({F.HELLO, F.REQUEST, F.ERROR, F.BYE}),
     (Role.PREFILL, Role.LOADGEN): frozenset({F.HELLO, F.FIRST_TOKEN, F.ERROR, F.BYE}),
     # The same hop carries the prefill's pool traffic (on its own connection to the middlebox's pool port):
     # fetches and write-backs out, PoolHit and the fetched blocks' KV stream back.
@@ -32,8 +33,8 @@ ROLE_FRAMES: dict[tuple[Role, Role], frozenset[FrameType]] = {
     # Direct hand-off without a module (the baseline): prefill speaks to decode as it would to a middlebox.
     (Role.PREFILL, Role.DECODE): frozenset({F.HELLO, *_KV, F.ERROR, F.BYE}),
     (Role.DECODE, Role.PREFILL): frozenset({F.HELLO, F.ACK, F.ERROR, F.BYE}),
-    # The loadgen connects to decode only to receive tokens: it says hello and, at the end, goodbye.
-    (Role.LOADGEN, Role.DECODE): frozenset({F.HELLO, F.BYE}),
+    # The loadgen connects to decode to receive tokens (Hello, at the end Bye), and to withdraw a request (Error).
+    (Role.LOADGEN, Role.DECODE): frozenset({F.HELLO, F.ERROR, F.BYE}),
     (Role.DECODE, Role.LOADGEN): frozenset({F.HELLO, F.TOKENS, F.ERROR, F.BYE}),
 }
 

@@ -11,6 +11,10 @@ dilation on absolute deadlines, and streams the step's tokens to every connected
 token 0 is the prefill's first token, and this entry says when decode came to hold it (with the KV behind
 it). Entries with index ≥ 1 are decode's own tokens.
 
+A request the load generator withdraws (an Error naming it: its client went away) is `cancel`led: out of the
+batch, its KV reservation freed and no more tokens made for it; if its KV has not arrived yet, the id is
+remembered and that KV is dropped when it does, with a FAILED Ack so the hops behind release theirs.
+
 What to do with each arriving hand-off (take it, re-ack a duplicate, drop it, refuse it) is decided by the pure
 `model.kv_arrival.KvArrivals`; this file does the I/O. Steps are held on the injected `clock` (a ManualClock in
 tests).
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from dataclasses import asdict
 
 from kvtransit.agents.common.process import (
@@ -39,7 +44,7 @@ from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, QueueWaits, ha
 from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.model.decode_plan import plan_decode_step
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
-from kvtransit.model.kv_arrival import NO_CLIENT_MESSAGE, KvArrivals, KvEndDecision, Verdict
+from kvtransit.model.kv_arrival import KNOWN_REQUESTS, NO_CLIENT_MESSAGE, KvArrivals, KvEndDecision, Verdict
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import DecodeBatcher, ServingRequest
 from kvtransit.runtime import metrics as runtime_metrics
@@ -96,6 +101,11 @@ class DecodeAgent:
         self._stopping = False
         self.arrivals = KvArrivals(accuracy_sample)  # which hand-offs were taken (dedup), the accuracy sample
         self.handoffs = {"taken": 0, "duplicate": 0, "aborted": 0}
+        # Withdrawn by their client: by where each was (in the batch, or its KV not here yet: with several decodes
+        # the client tells each, as it cannot know which one the KV goes to), and the ids of the latter, whose KV is
+        # dropped when it comes (bounded as KvArrivals' memory is, oldest forgotten first).
+        self.cancelled = {"batch": 0, "before_kv": 0}
+        self._withdrawn: OrderedDict[int, str] = OrderedDict()
         # Where hand-off time goes, summed (wall seconds): first token → KvBegin here (sender side and link
         # queue), KvBegin → KvEnd here (the transfer).
         self.phase_s = {"first_token_to_begin": 0.0, "begin_to_end": 0.0, "handoffs": 0}
@@ -113,10 +123,25 @@ class DecodeAgent:
         self._clients.add(endpoint)
         try:
             while (event := await endpoint.next_event()) is not None:
-                if isinstance(event, Bye):
+                if isinstance(event, Error) and event.request_id is not None:
+                    self.cancel(event.request_id, event.message)
+                elif isinstance(event, Bye):
                     break
         finally:
             self._clients.discard(endpoint)
+
+    def cancel(self, request_id: int, reason: str) -> None:
+        """The client withdrew the request (module docstring): no token is made for it from the next step on."""
+        if self.batcher.cancel(request_id):
+            self.cancelled["batch"] += 1
+            self.metrics.waiting.set(self.batcher.waiting)
+            self.metrics.running.set(self.batcher.running)
+            self.metrics.kv_reserved_tokens.set(self.batcher.reserved_tokens)
+        elif request_id not in self.arrivals:  # its KV is not here yet (or never comes: dropped at prefill)
+            self.cancelled["before_kv"] += 1
+            self._withdrawn[request_id] = reason or "cancelled by its client"
+            while len(self._withdrawn) > KNOWN_REQUESTS:
+                self._withdrawn.popitem(last=False)
 
     async def _to_clients(self, event) -> None:
         for client in list(self._clients):
@@ -179,6 +204,13 @@ class DecodeAgent:
     async def _kv_end(self, endpoint: Endpoint, item: Incoming) -> None:
         """The whole KV is here: act on what `KvArrivals.end` decides (model/kv_arrival.py says why each)."""
         begin = item.begin
+        if (withdrawn := self._withdrawn.get(begin.request_id)) is not None:
+            # Its client went away before it came: never decoded (kept in mind, so a resend is dropped too). The
+            # FAILED Ack ends it for the middlebox and the prefill (which released it already: it ignores it).
+            self._abort(item, withdrawn)
+            await endpoint.send(Ack(request_id=begin.request_id, status=AckStatus.FAILED, t_ns=self.clock.now_ns(),
+                                    detail=clip_reason(withdrawn)))
+            return
         request = ServingRequest(begin.request_id, begin.prompt_tokens, begin.output_tokens)
         decision = self.arrivals.end(request, self.batcher, began_duplicate=item.duplicate, stopping=self._stopping,
                                      has_clients=bool(self._clients))
@@ -310,6 +342,10 @@ class DecodeAgent:
             "gpu_energy_j": self.gpu_energy_j,
             "requests": dict(self.outcomes),
             "kv_handoffs": dict(self.handoffs),
+            "cancelled": dict(self.cancelled),
+            # The batch now: a withdrawn request's reservation is gone from it at once.
+            "batch": {"waiting": self.batcher.waiting, "running": self.batcher.running,
+                      "kv_reserved_tokens": self.batcher.reserved_tokens},
             "kv_content_mismatches": self.sample.kv_content_mismatches,
             "failed_reasons": dict(self.failed_reasons),
             "link": self.link.stats(),

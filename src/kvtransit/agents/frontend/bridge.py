@@ -16,9 +16,9 @@ How a run ends (whichever comes first):
 With neither limit it serves until stopped, as an inference server does.
 
 A client that goes away mid-answer is `cancel`led: the request fails with the reason "client gone" (ledger and
-report). Its KV is released when decode finishes the request: the wire has no frame yet by which a load
-generator withdraws a request from prefill or decode (ROLE_FRAMES: loadgen → decode carries only Hello and
-Bye), so the tokens decode still sends for it are counted as the ledger's `late_tokens` and dropped.
+report, once), and is withdrawn from the testbed (`LoadGenerator.withdraw`: an Error naming it to its prefill and
+decode), which drop it from the queue, release its KV and make no more tokens for it. A token already on its way
+when it was withdrawn still arrives, and is counted as the ledger's `late_tokens` and dropped.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class FrontendGenerator(LoadGenerator):
         """The client went away before its answer was complete: the request fails as "client gone"."""
         if request_id in self._open:
             self.client_gone += 1
-            self._fail(request_id, CLIENT_GONE)
+            self.withdraw(request_id, CLIENT_GONE)
 
     def _count_reached(self) -> bool:
         return bool(self.max_requests) and len(self.workload) >= self.max_requests

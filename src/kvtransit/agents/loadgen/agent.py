@@ -8,6 +8,8 @@
   generator knows what it sent where.
 - Every request ends with an outcome: ok, slo-miss, failed (with the reason a peer gave, or the connection
   that was lost), or timed out (the drain deadline passed). None vanish.
+- A request can be `withdraw`n (the OpenAI front end's client went away): it fails with the reason at once, and
+  an Error naming it tells its prefill and decode to drop it (docs/WIRE.md), so its KV is released early.
 
 Times: token arrivals are stamped on receipt at the client; "KV ready" is decode's stamp (a Tokens entry
 with index 0); the first token's producer stamp (prefill) is kept for the hand-off. All on the host's shared
@@ -19,6 +21,7 @@ CLOCK_MONOTONIC (the injected `clock`: a MonotonicClock, or a ManualClock in tes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,7 +40,9 @@ from kvtransit.runtime.http_client import get_json
 from kvtransit.runtime.redial import redial
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint, open_greeted
+from kvtransit.wire.errors import ErrorCode, ProtocolError
 from kvtransit.wire.events import Bye, Error, FirstToken, Request, Role, Tokens
+from kvtransit.wire.limits import clip_message
 
 from . import report as run_report
 from .ledger_writer import LedgerWriter
@@ -95,6 +100,9 @@ class LoadGenerator:
                                                  if scenario.max_concurrency else None)
         self._prefill_of: dict[int, int] = {}
         self._decode_of: dict[int, int] = {}
+        # The connections of the run being driven (`drive`), and the withdrawals going out on them.
+        self._links: tuple[list[Endpoint], list[Endpoint]] = ([], [])
+        self._withdrawals = TaskSet("withdrawals")
 
     # -- times ---------------------------------------------------------------------------------------------
 
@@ -149,6 +157,27 @@ class LoadGenerator:
         record.failure = reason
         self.router.complete(request_id)
         self._settle(request_id)
+
+    def withdraw(self, request_id: int, reason: str) -> None:
+        """Fail an open request as `reason` and tell its prefill and decode (the one holding its KV, or every
+        decode while none has said so) to drop it: an Error naming it. Called where nothing may wait (a client's
+        connection closing), so the Errors go out in the background, before the run's Byes."""
+        if request_id not in self._open:
+            return
+        self._fail(request_id, reason)
+        prefills, decodes = self._links
+        targets = [prefills[self._prefill_of[request_id]]] if prefills else []
+        held_by = self._decode_of.get(request_id)
+        targets += [decodes[held_by]] if held_by is not None else list(decodes)
+        error = Error(code=ErrorCode.REQUEST_FAILED, message=clip_message(reason), request_id=request_id)
+        for endpoint in targets:
+            self._withdrawals.spawn(self._tell(endpoint, error), f"withdraw request {request_id}")
+
+    @staticmethod
+    async def _tell(endpoint: Endpoint, error: Error) -> None:
+        # Best effort: a peer that is gone has dropped the request with its connection.
+        with contextlib.suppress(ConnectionError, ProtocolError, RuntimeError):
+            await endpoint.send(error)
 
     def _token(self, request_id: int, index: int, t_ns: int) -> None:
         record = self.records.get(request_id)
@@ -351,6 +380,7 @@ class LoadGenerator:
         `decodes` is updated in place when a decode instance is dialled again; the caller closes the connections."""
         self._running = True
         self._t0_ns = self.clock.now_ns()
+        self._links = (prefills, decodes)
         readers = TaskSet(f"{self.name} readers")
         for i, endpoint in enumerate(prefills):
             readers.spawn(self._read_prefill(i, endpoint), f"prefill {i}")
@@ -377,6 +407,7 @@ class LoadGenerator:
             for rid in list(self._open):  # the deadline passed (or the run was stopped) with these unfinished
                 self.records[rid].timed_out = True
                 self._settle(rid)
+            await self._withdrawals.close(grace_s=1.0)  # an Error cannot follow the Bye
             for endpoint in [*prefills, *decodes]:
                 await endpoint.goodbye("run over")
             await readers.close()

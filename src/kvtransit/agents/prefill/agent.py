@@ -17,6 +17,10 @@ chunk a step (`model.prefill_plan.ChunkedPrefillQueue`), each chunk's KV release
 staged with the request's first chunk and each later chunk's step is added to its `ReleaseSchedule` as it is
 planned; the first token still comes at the end of the request's last chunk.
 
+A request the client withdraws (an Error naming it: its own client went away) is `cancel`led: queued, it leaves
+the queue and is never computed; in a step, the step runs whole (a batch on the GPU is not taken apart) and its
+hand-off is released, a stream going out aborted (handoffs.py).
+
 Steps are held on the injected `clock` (a ManualClock in tests).
 """
 
@@ -53,7 +57,7 @@ from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock, DeadlineSchedule
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint
-from kvtransit.wire.events import Bye, FirstToken, Hello, KvBegin, Request, Role
+from kvtransit.wire.events import Bye, Error, FirstToken, Hello, KvBegin, Request, Role
 from kvtransit.wire.limits import WIRE_VERSION
 
 from .handoff_frames import HandoffFrames
@@ -104,6 +108,7 @@ class PrefillAgent:
         # stats for /stats and the report
         self.steps = 0
         self.shortest_step_wall_s = float("inf")
+        self.cancelled = {"queued": 0, "handoff": 0}  # withdrawn by their client, by where they were
         self.gpu_energy_j = 0.0
 
     # -- the loadgen side --------------------------------------------------------------------------------
@@ -121,8 +126,29 @@ class PrefillAgent:
                 self.queue.push(ServingRequest(event.request_id, event.prompt_tokens, event.output_tokens))
                 self.metrics.queued_tokens.set(self.queue.queued_tokens)
                 self._work.set()
+            elif isinstance(event, Error) and event.request_id is not None:
+                self.cancel(event.request_id, event.message)
             elif isinstance(event, Bye):
                 break
+
+    def cancel(self, request_id: int, reason: str) -> str:
+        """Withdraw a request whose client went away (the module docstring); returns where it was: "queued" (or
+        its prefix lookup still running), "handoff" (its KV held), or "" (done, or never here)."""
+        where = ""
+        if self.admitted.pop(request_id, None) is not None:
+            # Not queued yet (its lookup is running: it is not queued after it) or queued: never computed. A
+            # request whose earlier chunk is in the running step is queued too, for its next chunk.
+            self.queue.cancel(request_id)
+            self.metrics.queued_tokens.set(self.queue.queued_tokens)
+            self._lookups.pop(request_id, None)
+            self._schedules.pop(request_id, None)
+            where = "queued"
+        if self.handoffs.cancel(request_id, reason):  # staged by its first chunk's step, or its whole step
+            where = "handoff"
+        if where:
+            self.cancelled[where] += 1
+            log.info("request %d withdrawn by its client (%s): %s", request_id, where, reason)
+        return where
 
     async def _admit_after_lookup(self, prefix: PrefixReuse, request: Request) -> None:
         try:
@@ -130,6 +156,8 @@ class PrefillAgent:
         except Exception:  # a bug in the lookup must cost the request its reuse, never the request itself
             log.exception("prefix lookup of request %d failed; computing it whole", request.request_id)
             lookup = prefix.recompute(request)
+        if request.request_id not in self.admitted:
+            return  # withdrawn by its client while it was looked up
         self._lookups[request.request_id] = lookup
         # The batch budget counts the tokens the step computes (the cached ones are only re-read).
         self.queue.push(ServingRequest(request.request_id, request.prompt_tokens - lookup.cached_tokens,
@@ -262,6 +290,7 @@ class PrefillAgent:
             "steps": self.steps,
             "gpu_energy_j": self.gpu_energy_j,
             **self.handoffs.stats(),
+            "cancelled": dict(self.cancelled),
             "timer_lateness_p99_s": lateness_p99(self.lateness),
             "timer_lateness_mean_s": lateness_mean(self.lateness),
             "timer_wakeups": len(self.lateness),

@@ -11,6 +11,10 @@ Its frames go out one hand-off after another, FIFO (the hand-off link is a FIFO,
   held, unacked hand-off goes again, oldest first; decode drops and re-acks a KV it already has.
 - A hand-off still unacked at its deadline (HANDOFF_DEADLINE_S after its first token) is given up: its KV is
   released, it counts as failed, and the client is told why. No KV is held forever.
+- A hand-off whose client went away (`cancel`: the client's Error naming the request) is released at once: no
+  Ack is waited for and no retry made. If its frames are going out, the stream stops at the next chunk and is
+  aborted with an Error naming the request (the middlebox and decode drop what they had, as for any source that
+  gave up); one already sent whole is dropped by decode, which the client told too.
 
 Deadlines are read on the injected clock; the housekeeping waits (backoff, the expiry poll) stay on the loop's
 own timer, so the fidelity guard's wake-up figures count model-time holds only.
@@ -28,7 +32,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,6 +89,7 @@ class ReleaseSchedule:
         self.mode, self.layers, self.stops = mode, layers, stops
         self.windows: list[StepWindow | None] = [None] * len(stops)
         self._planned = asyncio.Event()
+        self.cancelled = False  # its request was cancelled: the segments not planned yet never will be
 
     def plan(self, stop: int, window: StepWindow) -> None:
         """The prefill chunk ending at token `stop` runs in `window`; a chunk merged into the segment after it
@@ -97,9 +102,14 @@ class ReleaseSchedule:
         return self.windows[segment] is not None
 
     async def wait(self, segment: int) -> None:
-        while not self.planned(segment):
+        """Until `segment` is planned, or the request is cancelled (then it never will be: the caller checks)."""
+        while not self.planned(segment) and not self.cancelled:
             self._planned.clear()
             await self._planned.wait()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._planned.set()
 
     def release_ns(self, segment: int, layer: int) -> int:
         window = self.windows[segment]
@@ -131,6 +141,7 @@ class HeldHandoff:
     made: list[KvChunk] | None = None  # its chunks, made at `hold` when the link was idle; dropped once sent
     # Streamed (layer-wise, chunked prefill): when each segment's KV exists; None: whole, ready at the first token.
     schedule: ReleaseSchedule | None = None
+    cancelled: str = ""  # why its client withdrew it (`HandoffLink.cancel`); its frames stop going out
 
     @property
     def request_id(self) -> int:
@@ -154,6 +165,7 @@ class HandoffLink:
         self.given_up = 0
         self.kv_sent_bytes = 0
         self.acked = {"ok": 0, "failed": 0}
+        self.cancelled = 0  # hand-offs released because their client went away
         self.begin_lag_s = 0.0  # first token → KvBegin written, summed: the sender's share of the hand-off
         self.make_s = 0.0  # real time spent making (and, on the GPU side, encoding) KV frames
 
@@ -174,6 +186,19 @@ class HandoffLink:
                             else _segment_chunks(handoff.frames, schedule, 0))
             self.make_s += time.perf_counter() - started
         self._enqueue(handoff)
+
+    def cancel(self, request_id: int, reason: str) -> bool:
+        """The request's client went away (`reason`, the client's words): release its KV now (module docstring).
+        False when nothing is held for it."""
+        handoff = self.held.get(request_id)
+        if handoff is None:
+            return False
+        handoff.cancelled = reason or "cancelled by its client"
+        if handoff.schedule is not None:
+            handoff.schedule.cancel()  # a sender waiting for its next segment's step stops waiting
+        self._release(request_id)
+        self.cancelled += 1
+        return True
 
     def _enqueue(self, handoff: HeldHandoff) -> None:
         if not handoff.queued:
@@ -218,21 +243,34 @@ class HandoffLink:
     async def _send_frames(self, link: Endpoint, handoff: HeldHandoff) -> None:
         first = handoff.attempts == 1
         rid = handoff.request_id
+        if handoff.cancelled:  # withdrawn since the sender took it: nothing of it went out
+            return
         await link.send(handoff.begin)
         if first and handoff.begin.first_token_ns:  # 0: chunked prefill, its first token not planned yet
             self.begin_lag_s += (self.clock.now_ns() - handoff.begin.first_token_ns) / 1e9
         self._held_bytes[rid] = 0
-        async for chunks in self._chunk_batches(handoff):
-            for chunk in chunks:
-                await link.send(chunk)
-                self._held_bytes[rid] += len(chunk.payload)
-                if first:
-                    self.kv_sent_bytes += len(chunk.payload)
-                    self.metrics.kv_sent_bytes.labels(codec=handoff.begin.codec).inc(len(chunk.payload))
-            self.metrics.kv_held_bytes.set(sum(self._held_bytes.values()))
+        async with contextlib.aclosing(self._chunk_batches(handoff)) as batches:
+            async for chunks in batches:
+                for chunk in chunks:
+                    if handoff.cancelled:
+                        break
+                    await link.send(chunk)
+                    if rid in self._held_bytes:  # (released by a cancel while that chunk was going out)
+                        self._held_bytes[rid] += len(chunk.payload)
+                    if first:
+                        self.kv_sent_bytes += len(chunk.payload)
+                        self.metrics.kv_sent_bytes.labels(codec=handoff.begin.codec).inc(len(chunk.payload))
+                self.metrics.kv_held_bytes.set(sum(self._held_bytes.values()))
+                if handoff.cancelled:
+                    break
+        if handoff.cancelled:  # the client went away mid-stream: abort it, the hops behind drop what they had
+            self._release(rid)  # (done by the cancel already; a no-op kept so this path never leaves KV counted)
+            await link.send(Error(code=ErrorCode.REQUEST_FAILED, message=clip_message(handoff.cancelled),
+                                  request_id=rid))
+            return
         await link.send(link.connection.kv_end(rid))
 
-    async def _chunk_batches(self, handoff: HeldHandoff) -> AsyncIterator[list[KvChunk]]:
+    async def _chunk_batches(self, handoff: HeldHandoff) -> AsyncGenerator[list[KvChunk], None]:
         """The hand-off's chunks: the ones made at `hold` on an idle link (dropped once taken: a resend makes
         them again), else a layer at a time off the loop, which the step timers share (handoff_frames.py). A
         streamed hand-off's segments each wait for their step to be planned (their KV exists from then on)."""
@@ -245,6 +283,8 @@ class HandoffLink:
         for segment in range(1 if made is not None else 0, frames.n_segments):
             if schedule is not None:
                 await schedule.wait(segment)
+            if handoff.cancelled:
+                return
             for layer in range(frames.n_layers):
                 release = schedule.release_ns(segment, layer) if schedule is not None else 0
                 started = time.perf_counter()
@@ -376,5 +416,6 @@ class HandoffLink:
             "held_requests": len(self._held_bytes),
             "handoff_retries": self.retries,
             "handoffs_given_up": self.given_up,
+            "handoffs_cancelled": self.cancelled,
             "first_token_to_kv_begin_s": self.begin_lag_s,
         }
