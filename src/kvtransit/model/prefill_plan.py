@@ -129,6 +129,10 @@ class ChunkedPrefillQueue(PromptFifo[tuple[ServingRequest, int]]):
     def push(self, request: ServingRequest) -> None:
         self._append((request, 0), request.prompt_tokens)
 
+    def _pending(self, entry: tuple[ServingRequest, int]) -> tuple[ServingRequest, int]:
+        request, computed = entry  # its queued tokens went down by each chunk taken
+        return request, request.prompt_tokens - computed
+
     def take_batch(self) -> list[PrefillChunk]:
         """The next batch of chunks (empty when the queue is)."""
         batch: list[PrefillChunk] = []

@@ -79,29 +79,21 @@ class PromptFifo(Generic[Entry]):
         """Prompt tokens still to compute (the router's load figure)."""
         return self._queued_tokens
 
+    def _pending(self, entry: Entry) -> tuple[ServingRequest, int]:
+        """A queued entry's request and the prompt tokens it still has to compute (each queue says, by its entry)."""
+        raise NotImplementedError
+
     def cancel(self, request_id: Hashable) -> bool:
         """Drop the queued request `request_id` (its client went away), with the prompt tokens it still had to
         compute. False when it is not queued: never pushed, cancelled already, or its (last) chunk was taken into
         a step, which runs whole. The others keep their order."""
         for entry in self._queue:
-            request, pending_tokens = _pending(entry)
+            request, pending_tokens = self._pending(entry)
             if request.request_id == request_id:
                 self._queue.remove(entry)
                 self._queued_tokens -= pending_tokens
                 return True
         return False
-
-
-def _pending(entry: object) -> tuple[ServingRequest, int]:
-    """A queued entry's request and the prompt tokens it still has to compute. The two queues' entries: a whole
-    request (`PrefillQueue`), or a request and the tokens of it computed so far (`prefill_plan.ChunkedPrefillQueue`:
-    its queued tokens went down by each chunk taken)."""
-    if isinstance(entry, ServingRequest):
-        return entry, entry.prompt_tokens
-    if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], ServingRequest):
-        request, computed = entry
-        return request, request.prompt_tokens - computed
-    raise TypeError(f"a prefill queue entry is a ServingRequest or (ServingRequest, tokens computed), got {entry!r}")
 
 
 class PrefillQueue(PromptFifo[ServingRequest]):
@@ -117,6 +109,9 @@ class PrefillQueue(PromptFifo[ServingRequest]):
 
     def push(self, request: ServingRequest) -> None:
         self._append(request, request.prompt_tokens)
+
+    def _pending(self, entry: ServingRequest) -> tuple[ServingRequest, int]:
+        return entry, entry.prompt_tokens
 
     def take_batch(self) -> list[ServingRequest]:
         """The next batch (empty when the queue is)."""
