@@ -22,6 +22,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "links",
     "up",
     "verdict",
+    "candidates",
     "chaos",
     "sweep",
     "k8s",

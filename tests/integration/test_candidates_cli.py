@@ -1,0 +1,73 @@
+"""`kvtransit candidates` for real on its two cheapest rows (PQ key exchange over a shaped loopback link, weight
+streaming), its files, a row whose extra is missing, and bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from kvtransit.agents.pqkex.handshake import NOT_INSTALLED as PQ_NOT_INSTALLED
+from kvtransit.cli import main
+from kvtransit.model.candidates import VERDICTS
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_two_cheap_rows_run_for_real_and_write_the_table(tmp_path, capsys):
+    pytest.importorskip("kyber_py", reason=PQ_NOT_INSTALLED)
+    out = tmp_path / "table"
+    rc = main(["candidates", "--only", "pq-key-exchange,weight-streaming", "--out", str(out), "--json"])
+    assert rc == 0
+    table = json.loads(capsys.readouterr().out)
+    assert [r["candidate"] for r in table["rows"]] == ["weight-streaming", "pq-key-exchange"]  # table order
+    assert all(r["verdict"] in VERDICTS for r in table["rows"])
+    pq = table["rows"][1]
+    precision = next(t for t in pq["tests"] if t["test"] == "precision")
+    assert precision["passed"] is True  # both sides' secrets equal, the module's NTT equal to the library's
+    assert pq["run"]["run_dir"] and (out / "runs" / "pq-key-exchange" / "pqkex.json").exists()
+    assert "python -m kvtransit.agents.pqkex" in pq["run"]["command"]
+    weights = table["rows"][0]
+    assert "not a live flow" in weights["run"]["modelled"]  # the row says its bottleneck is the model's
+    assert weights["tests"][0]["measured"].endswith("(modelled)")
+    markdown = (out / "candidates.md").read_text()
+    assert "kvtransit candidates --only pq-key-exchange,weight-streaming" in markdown
+    assert "## What would flip each verdict" in markdown
+    assert json.loads((out / "candidates.json").read_text())["rows"][1]["candidate"] == "pq-key-exchange"
+
+
+def test_a_row_whose_extra_is_missing_says_not_run_with_the_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tenseal", None)  # import of it now raises ImportError
+    rc = main(["candidates", "--only", "fhe-inference", "--out", str(tmp_path), "--json"])
+    assert rc == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["verdict"] == "not run" and row["why"] == "not run: pip install .[fhe]"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--only", "kv-handof"], "unknown candidate 'kv-handof' (choose from: "),
+    (["--precision-bits", "0"], "precision bits must be an integer in 1..32"),
+    (["--link", "eth-400g"], "unknown link 'eth-400g'"),
+    (["--module-budget", "lots"], "lots"),
+])
+def test_bad_input_is_one_line_before_anything_runs(tmp_path, capsys, argv, message):
+    rc = main(["candidates", *argv, "--out", str(tmp_path / "never")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "never").exists()
+
+
+def test_the_unknowns_change_the_table_the_way_they_would(tmp_path, capsys):
+    def weights(*flags: str) -> dict:
+        assert main(["candidates", "--only", "weight-streaming", "--out", str(tmp_path), "--json", *flags]) == 0
+        (row,) = json.loads(capsys.readouterr().out)["rows"]
+        return row
+
+    assert weights()["verdict"] == "candidate"
+    narrow = weights("--precision-bits", "8")  # an 8-bit analogue path cannot carry a BF16 weight exactly
+    assert narrow["verdict"] == "not a candidate"
+    assert next(t for t in narrow["tests"] if t["test"] == "precision")["passed"] is False
+    fast = weights("--link", "nvlink4")  # adapters paged over NVLink take too little of TTFT to matter
+    assert next(t for t in fast["tests"] if t["test"] == "bottleneck")["passed"] is False
