@@ -281,7 +281,7 @@ def row_tp_all_reduce(ctx: RowContext) -> RowRun:
         precision=PrecisionFigure(0.0 if exact else (None if not report.ranks else 1.0), 0.0,
                                   f"sums not equal to the reference sum ({s['sums_checked']} checked by the ranks)",
                                   required_bits=16),
-        streams=seen, streams_as="rank streams the switch summed per all-reduce",
+        streams=seen, streams_as="rank streams the switch summed per all-reduce", share_whole="the step",
         notes=("required bits 16: the sum's output is a BF16 value (kernels/stream_sum.py)",))
     return RowRun(row, s["scale"], s["dilation"], _collective_faithful(s), _collective_command(ctx, TP_RUN, "switch"),
                   str(ctx.run_dir), measured_what="the step's all-reduce share, every sum's exactness, the streams "
@@ -316,6 +316,7 @@ def row_moe_all_to_all(ctx: RowContext) -> RowRun:
         precision=PrecisionFigure(err, fp8_bound, "relative L2 error of FP8 on the real model's activations "
                                   "(SmolLM2 queries) vs FP8's own rounding bound 2^-4"),
         streams=1.0 if report.ok else None, streams_as="streams per hop (each rank sends to its ring neighbour)",
+        share_whole="the step",
         notes=("the live all-to-all carries BF16: the FP8 kernel's error is measured offline on real activations",))
     return RowRun(row, s["scale"], s["dilation"], _collective_faithful(s), _collective_command(ctx, EP_RUN, "ring"),
                   str(ctx.run_dir), measured_what="the collective share of the step (ranks exchanging real bytes), "
@@ -358,7 +359,7 @@ def row_pq_key_exchange(ctx: RowContext) -> RowRun:
         line=LINE_INPUT, precision=PrecisionFigure(
             float(wrong), 0.0, "sessions whose secrets differ + an NTT check that failed (kyber-py's arithmetic)",
             required_bits=((ntt.Q - 1) ** 2).bit_length()),
-        streams=1.0, streams_as="connections a handshake uses (one client to one server)",
+        streams=1.0, streams_as="connections a handshake uses (one client to one server)", share_whole="a handshake",
         notes=((f"required bits {((ntt.Q - 1) ** 2).bit_length()}: a product of two coefficients mod q = {ntt.Q} "
                "before its reduction"),))
     return RowRun(row, 1.0, 1.0, faithful, command, str(ctx.run_dir),
@@ -392,7 +393,7 @@ def row_fhe_inference(ctx: RowContext) -> RowRun:
         link_bytes=float(rep.input_ciphertext_bytes + rep.output_ciphertext_bytes), link_messages=2, line=LINE_INPUT,
         precision=PrecisionFigure(rep.max_abs_error, ERROR_TOLERANCE, "largest |decrypted − float64| of the layer",
                                   required_bits=max(COEFF_MOD_BIT_SIZES)),
-        streams=1.0, streams_as="connections a request uses (one client to one server)",
+        streams=1.0, streams_as="connections a request uses (one client to one server)", share_whole="a request",
         notes=(("the kernel is the NTT declaration of kernels/ntt.py (ML-KEM's), a proxy for CKKS's NTTs over "
                f"{max(COEFF_MOD_BIT_SIZES)}-bit primes: the same butterflies, wider moduli"),
                f"required bits {max(COEFF_MOD_BIT_SIZES)}: CKKS's largest coefficient modulus"))

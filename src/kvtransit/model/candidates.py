@@ -155,7 +155,7 @@ class RowMeasured:
 
     name: str
     decl: KernelDeclaration  # as run: its transform_charged and precision_bits are the run's
-    share: float | None  # the flow's share of E2E (or of a step)
+    share: float | None  # the flow's share of `share_whole`
     share_of: str
     # The same kernel with the transform the other way, where its cost is counted in ops_per_byte rather than by a
     # transform_length (kernels/ntt.py: declaration(transform_charged)); None: the flag alone says it.
@@ -180,6 +180,7 @@ class RowMeasured:
     streams_as: str = "streams the kernel combined"
     streams_modelled: bool = False
     not_run: str | None = None  # why the row could not run (e.g. "not installed: pip install .[fhe]")
+    share_whole: str = "E2E"  # what the share is of: E2E for a request's flows, "the step" for a collective
     notes: tuple[str, ...] = ()
 
 
@@ -281,7 +282,8 @@ def judge_row(row: RowMeasured, u: Unknowns) -> FiveTests:
         else:
             share = None
             share_of = f"{share_of} (measured on {row.link}; no bytes to rescale it to {u.link})"
-    bottleneck = _modelled(bottleneck_test(share, share_of=share_of, busy=row.link_busy), row.share_modelled)
+    bottleneck = _modelled(bottleneck_test(share, share_of=share_of, busy=row.link_busy, whole=row.share_whole),
+                           row.share_modelled)
     same_module = (row.budget_ops_per_byte == u.module_budget and decl.transform_charged == row.decl.transform_charged)
     if row.frames is not None and same_module:
         budget = budget_test(decl, u.module_budget, transit_bound_frames=row.transit_bound_frames, frames=row.frames)

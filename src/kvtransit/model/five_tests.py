@@ -151,19 +151,20 @@ def _not_measured(test: str, what: str, target: str, **values: Any) -> Judgement
 
 # --- the five tests, for any flow ---------------------------------------------------------------------------
 
-def bottleneck_test(share: float | None, *, share_of: str, busy: float | None = None) -> Judgement:
-    """The flow's measured share of E2E (`share_of` says what it sums) ≥ BOTTLENECK_MIN_SHARE; the link's busy
-    fraction is reported beside it, not judged (a busy link with a small share still cannot move E2E)."""
+def bottleneck_test(share: float | None, *, share_of: str, busy: float | None = None, whole: str = "E2E") -> Judgement:
+    """The flow's measured share of `whole` (E2E for a request's flows; the step for a collective) ≥
+    BOTTLENECK_MIN_SHARE (`share_of` says what it sums); the link's busy fraction is reported beside it, not judged
+    (a busy link with a small share still cannot move E2E)."""
     target = f">= {_pct(BOTTLENECK_MIN_SHARE)}"
     busy_text = "link busy " + ("not measured" if busy is None else _pct(busy))
     values = {"share": share, "min_share": BOTTLENECK_MIN_SHARE, "link_busy": busy}
     if share is None or not math.isfinite(share):
-        return _not_measured("bottleneck", f"no request had a share of E2E ({share_of}); {busy_text}", target,
+        return _not_measured("bottleneck", f"no share of {whole} was measured ({share_of}); {busy_text}", target,
                              **values)
     passed = share >= BOTTLENECK_MIN_SHARE
     verdict = "link-bound enough to matter" if passed else "too small a share for a kernel to move E2E"
-    return Judgement("bottleneck", passed, f"{_pct(share)} of E2E", target,
-                      f"{share_of} = {_pct(share)} of E2E {'>=' if passed else '<'} {_pct(BOTTLENECK_MIN_SHARE)}: "
+    return Judgement("bottleneck", passed, f"{_pct(share)} of {whole}", target,
+                      f"{share_of} = {_pct(share)} of {whole} {'>=' if passed else '<'} {_pct(BOTTLENECK_MIN_SHARE)}: "
                       f"{verdict} ({busy_text})", values)
 
 
@@ -316,7 +317,7 @@ def placement_test(decl: KernelDeclaration, streams_measured: float | None, *, m
     combined = round(streams_measured)
     measured_ok = seen is None or combined <= seen
     passed = check.ok and measured_ok
-    measured_text = f"{streams_measured:.2f} stream(s) per hand-off"
+    measured_text = f"{streams_measured:.2f} stream(s)"
     return Judgement("placement", passed, f"declared {decl.streams}, measured {streams_measured:.2f}", target,
                       f"declared: {check.describe()}; measured: {measured_text} ({measured_as})"
                       + ("" if measured_ok else f", more than a {decl.placement} sees"), values)
