@@ -10,7 +10,12 @@ GuideLLM (`guidellm run`, chat completions, streaming), each with synthetic prom
 beside the run report, for the same requests: the tool's TTFT and ITL (AIPerf's inter_token_latency and
 GuideLLM's inter_token_latency_ms are both (latency − TTFT) / (output tokens − 1) per request, the report's
 TPOT) against the report's (model seconds × the run's dilation: wall time, as the tool sees it). Prints mean,
-median and p99 of each, and the tool/testbed ratio.
+median and p99 of each, the tool/testbed ratio, and the row for benchmarks/RESULTS.md.
+
+What separates the two TTFTs is the client's side only: the front end keeps connections open (HTTP/1.1 keep-alive,
+runtime/http.py), so a tool's pool reuses one and pays no TCP connect per request, and the testbed's TTFT starts
+when a request's first byte reached the front end, so receiving its body, parsing and tokenizing it are in both.
+What is left is the tool's own: building and sending the request, and reading the SSE event.
 
 Offline: both tools need a Hugging Face tokenizer, and neither may reach the Hub here. The script exports
 SmolLM2-135M's tokenizer (the realkv extra's GGUF, read by transformers) to a local folder and hands the tools
@@ -161,6 +166,19 @@ def main() -> None:
             ours, theirs = testbed[figure][stat], tool[figure][stat]
             print(f"{figure[:-3]:<10} {stat:<5} {theirs:>12.2f} {ours:>12.2f} {theirs / ours:>7.3f} "
                   f"{theirs - ours:>8.2f}")
+    print(results_row(args, tool, testbed))
+
+
+def results_row(args: argparse.Namespace, tool: dict, testbed: dict) -> str:
+    """The run as a row of RESULTS.md's table (tool | prompt | TTFT mean, p50 | TTFT gap | ITL mean, p50)."""
+    def pair(figure: str, stat: str, digits: int) -> str:
+        theirs, ours = tool[figure][stat], testbed[figure][stat]
+        return f"{theirs:.{digits}f} / {ours:.{digits}f} ms ({theirs / ours:.3f})"
+
+    gap = tool["ttft_ms"]["mean"] - testbed["ttft_ms"]["mean"]
+    return (f"| {args.tool} | {args.input_tokens:,} | {pair('ttft_ms', 'mean', 1)}, {pair('ttft_ms', 'p50', 1)} | "
+            f"{gap:+.1f} ms | {pair('itl_ms', 'mean', 2)}, "
+            f"{tool['itl_ms']['p50'] / testbed['itl_ms']['p50']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ class Session:
 async def _raw_post(url: str, path: str, body: bytes) -> tuple[int, dict]:
     host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
                  f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     await writer.drain()
     raw = await reader.read()

@@ -1,19 +1,34 @@
 """A tiny asyncio HTTP/1.1 server: `/metrics` for Prometheus and JSON control routes (toxiproxy's api.go).
 
-No dependency beyond the stdlib and prometheus_client. One request per connection (`Connection: close`):
-scrapes and control calls are rare, so keep-alive is not worth its state. Binds 127.0.0.1 by default; an
-optional bearer token guards every route not registered `public=True`.
+No dependency beyond the stdlib and prometheus_client. Binds 127.0.0.1 by default; an optional bearer token
+guards every route not registered `public=True`.
 
     http = HttpServer(registry=registry, token=None)
     http.route("POST", "/link/rate", set_rate)     # async def set_rate(request) -> JSON-able | HttpResponse
     await http.start(port=9100)
 
+Connections: by default one request per connection (`Connection: close`): the agents' scrapes and control calls
+are rare, and the house client (runtime/http_client.py) reads an answer to the server's close. `keep_alive=True`
+(the OpenAI front end, agents/frontend/serving.py) makes connections persistent as HTTP/1.1 says: an HTTP/1.1
+request keeps its connection unless it says `Connection: close`, an HTTP/1.0 one only if it says `Connection:
+keep-alive`; requests on one connection (sequential or pipelined) are answered in order; a connection idle for
+`idle_timeout_s` between requests is closed; a request the server cannot read (a bad head, a body too large or
+too slow) is answered and its connection closed, since what follows it on the stream cannot be trusted. A load
+tool's connection pool then reuses one connection, as it does against vLLM, instead of paying a TCP connect per
+request inside its TTFT.
+
+Each request carries `arrived_ns`: when its first byte arrived (on the server's `now_ns` clock, the testbed's
+injected clock for the front end), so the time spent receiving its body, parsing and tokenizing it counts in
+the latency a handler measures from it, as it does in a tool's TTFT.
+
 Long answers (the OpenAI front end, agents/frontend/): a handler may return an `HttpStream`, whose chunks are
-sent as they come (chunked transfer encoding: server-sent events need no Content-Length up front). A route
-registered `cancel_on_disconnect=True` has its handler, and the stream it returns, cancelled when the client
-closes its side of the connection, so the work behind an abandoned request stops (the handler sees
-CancelledError). `error_body(status, message)` shapes every error the server itself answers (404, 405, bad
-head, ...) for APIs with their own error shape; by default {"error": message}.
+sent as they come (chunked transfer encoding: server-sent events need no Content-Length up front; to an HTTP/1.0
+client, which knows no chunked encoding, the body is close-delimited). A route registered
+`cancel_on_disconnect=True` has its handler, and the stream it returns, cancelled when the client closes its
+side of the connection, so the work behind an abandoned request stops (the handler sees CancelledError); bytes
+the client sends meanwhile (its next request, pipelined) are kept for after the answer. `error_body(status,
+message)` shapes every error the server itself answers (404, 405, bad head, ...) for APIs with their own error
+shape; by default {"error": message}.
 """
 
 from __future__ import annotations
@@ -23,6 +38,8 @@ import errno
 import hmac
 import json
 import logging
+import time
+from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -37,8 +54,18 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 # Request line + headers; anything larger is not a control call.
 MAX_HEAD_BYTES = 16 * 1024
-# A client that connects and says nothing is dropped after this.
+# A client that connects and says nothing is dropped after this; a head (or a body) begun must be whole within it.
 HEAD_TIMEOUT_S = 10.0
+# A persistent connection idle this long between requests is closed. Longer than the pools of the clients that drive
+# the front end keep an idle connection (httpx's keepalive_expiry 5 s: the openai client, GuideLLM; aiohttp's
+# keepalive_timeout 15 s), so the client lets a connection go first and a request never crosses the server's close
+# on the wire (vLLM's uvicorn closes at 5 s, VLLM_HTTP_TIMEOUT_KEEP_ALIVE, where that race is open to httpx).
+IDLE_TIMEOUT_S = 20.0
+# close() waits this long for the idle connections it closed to end: each ends within a loop turn or two (it reads
+# its own end of stream); the bound only keeps a stuck handler from holding a shutdown.
+CLOSE_WAIT_S = 1.0
+# One read off the socket: a 64 KiB read takes a long prompt's body in a few reads (the kernel's loopback segments).
+READ_BYTES = 64 * 1024
 
 
 class HttpError(Exception):
@@ -57,6 +84,8 @@ class HttpRequest:
     query: dict[str, list[str]]
     headers: dict[str, str]  # lower-case names
     body: bytes
+    version: str = "HTTP/1.1"
+    arrived_ns: int = 0  # when the request's first byte arrived, on the server's `now_ns` clock
 
     def json(self) -> Any:
         """The body as JSON (an empty body is None); bad JSON is a 400 naming where it broke."""
@@ -105,15 +134,109 @@ class ClientGone(Exception):
     """The client closed the connection before its answer was complete."""
 
 
+class _Incoming:
+    """One connection's received bytes, read by the request parser and, while a watched answer is made, by the
+    disconnect watcher: what the watcher reads (a pipelined next request) stays here for the parser, and each
+    read remembers when it came, so a request's arrival is its first byte's even when it was read early."""
+
+    def __init__(self, reader: asyncio.StreamReader, now_ns: Callable[[], int]):
+        self._reader = reader
+        self._now_ns = now_ns
+        self._buffer = bytearray()
+        self._consumed = 0  # bytes of the stream taken out of the buffer so far
+        self._arrivals: deque[tuple[int, int]] = deque()  # (stream offset of a read's first byte, when it came)
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    async def _fill(self) -> bool:
+        """One read into the buffer; False at end of stream (the client closed its side)."""
+        data = await self._reader.read(READ_BYTES)
+        if not data:
+            return False
+        if not self._buffer:  # every byte read before was taken: their arrivals say nothing of these
+            self._arrivals.clear()
+        self._arrivals.append((self._consumed + len(self._buffer), self._now_ns()))
+        self._buffer += data
+        return True
+
+    def _take(self, size: int) -> bytes:
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        self._consumed += size
+        while len(self._arrivals) > 1 and self._arrivals[1][0] <= self._consumed:
+            self._arrivals.popleft()
+        return data
+
+    def next_byte_arrived_ns(self) -> int:
+        """When the next unread byte arrived (call with bytes buffered)."""
+        return self._arrivals[0][1]
+
+    async def next_request_begins(self) -> bool:
+        """Wait for a request's first byte, skipping the empty lines a client may send between requests
+        (RFC 9112 §2.2); False if the client closed the connection first."""
+        while True:
+            while self._buffer.startswith(b"\r\n"):
+                self._take(2)
+            if self._buffer and self._buffer != b"\r":
+                return True
+            if not await self._fill():
+                return False
+
+    async def read_line(self, limit: int) -> bytes:
+        """The next line without its CRLF; HttpError 431 past `limit` bytes."""
+        searched = 0
+        while True:
+            end = self._buffer.find(b"\r\n", searched)
+            if end >= 0:
+                return self._take(end + 2)[:-2]
+            if len(self._buffer) > limit:
+                raise HttpError(431, f"request head over {MAX_HEAD_BYTES} bytes")
+            searched = max(0, len(self._buffer) - 1)
+            if not await self._fill():
+                raise asyncio.IncompleteReadError(bytes(self._buffer), None)
+
+    async def read_exactly(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            if not await self._fill():
+                raise asyncio.IncompleteReadError(bytes(self._buffer), size)
+        return self._take(size)
+
+    async def until_closed(self, keep_at_most: int) -> None:
+        """Return when the client closed its side (EOF) or reset the connection. What it sends meanwhile is kept
+        for the parser, up to `keep_at_most` bytes; past that no more is read (the socket's flow control holds
+        the client back) and a close is no longer seen until the answer is done."""
+        try:
+            while len(self._buffer) < keep_at_most:
+                if not await self._fill():
+                    return
+        except ConnectionError:
+            return
+        await asyncio.Future()  # nothing more to watch for: wait to be cancelled when the answer is done
+
+
 class HttpServer:
     def __init__(self, *, registry: CollectorRegistry | None = None, token: str | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, error_body: ErrorBody = default_error_body):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, error_body: ErrorBody = default_error_body,
+                 keep_alive: bool = False, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 now_ns: Callable[[], int] = time.monotonic_ns):
+        """`keep_alive`: persistent connections (module docstring), each closed after `idle_timeout_s` idle.
+        `now_ns`: the clock requests' `arrived_ns` is read on (a monotonic one unless the caller's differs)."""
+        if not idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s must be > 0, got {idle_timeout_s!r}")
         self._routes: dict[str, dict[str, tuple[Handler, bool]]] = {}
         self._watched: set[tuple[str, str]] = set()  # (METHOD, path) cancelled when their client goes away
         self._token = token
         self.max_body_bytes = max_body_bytes
         self._error_body = error_body
+        self.keep_alive = keep_alive
+        self.idle_timeout_s = idle_timeout_s
+        self._now_ns = now_ns
         self._server: asyncio.AbstractServer | None = None
+        # Connections waiting for their next request, and the tasks serving them (close() ends them).
+        self._idle: dict[asyncio.StreamWriter, asyncio.Task[Any]] = {}
+        self._closing = False
         self.host = ""
         self.port = 0
         if registry is not None:
@@ -148,6 +271,13 @@ class HttpServer:
         self.host, self.port = self._server.sockets[0].getsockname()[:2]
 
     async def close(self) -> None:
+        """Stop accepting; close the connections idle between requests (one mid-answer closes after it)."""
+        self._closing = True
+        idle = list(self._idle.items())
+        for writer, _task in idle:
+            writer.close()  # its handler reads the end of the stream and returns
+        if idle:
+            await asyncio.wait([task for _writer, task in idle], timeout=CLOSE_WAIT_S)
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -161,39 +291,63 @@ class HttpServer:
     # -- one connection -------------------------------------------------------------------------
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer the connection's requests in order until one does not keep it (or the client leaves)."""
+        incoming = _Incoming(reader, self._now_ns)
+        wait_s = HEAD_TIMEOUT_S  # for the first request; then the idle timeout between requests
         try:
-            try:
-                response = await self._respond(reader)
-            except HttpError as exc:
-                response = HttpResponse.json(self._error_body(exc.status, exc.message), exc.status)
-            if isinstance(response, HttpStream):
-                await self._write_stream(writer, response, reader if response.cancel_on_disconnect else None)
-            else:
-                await self._write(writer, response)
+            while True:
+                task = asyncio.current_task()
+                if task is not None:
+                    self._idle[writer] = task
+                try:
+                    if self._closing or not await asyncio.wait_for(incoming.next_request_begins(), wait_s):
+                        return  # the client closed the connection, or the server is stopping
+                finally:
+                    self._idle.pop(writer, None)
+                wait_s = self.idle_timeout_s
+                if not await self._serve_request(incoming, writer):
+                    return
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, ClientGone):
-            pass
+            pass  # silent or gone: nothing to answer
         finally:
             writer.close()
 
-    async def _respond(self, reader: asyncio.StreamReader) -> HttpResponse | HttpStream:
+    async def _serve_request(self, incoming: _Incoming, writer: asyncio.StreamWriter) -> bool:
+        """Read, dispatch and answer the request whose first byte is in; True if the connection stays open."""
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
-        except asyncio.LimitOverrunError:
-            raise HttpError(431, f"request head over {MAX_HEAD_BYTES} bytes") from None
-        lines = head.decode("latin-1").split("\r\n")
+            request = await self._read_request(incoming, writer)
+        except HttpError as exc:  # the stream is out of step with its requests from here: answer and close
+            await self._write(writer, HttpResponse.json(self._error_body(exc.status, exc.message), exc.status),
+                              persist=False, version="HTTP/1.1")
+            return False
+        persist = self._persists(request)
         try:
-            method, target, version = lines[0].split(" ")
-        except ValueError:
-            raise HttpError(400, f"malformed request line {lines[0][:100]!r}") from None
-        if not version.startswith("HTTP/1."):
-            raise HttpError(505, f"unsupported protocol {version[:20]!r} (HTTP/1.x only)")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            if line:
-                name, sep, value = line.partition(":")
-                if not sep:
-                    raise HttpError(400, f"malformed header line {line[:100]!r}")
-                headers[name.strip().lower()] = value.strip()
+            response = await self._dispatch(request, incoming)
+        except HttpError as exc:  # the request was read whole: the connection is still in step
+            response = HttpResponse.json(self._error_body(exc.status, exc.message), exc.status)
+        persist = persist and not self._closing
+        if isinstance(response, HttpStream):
+            if request.version == "HTTP/1.0":
+                persist = False  # its body ends at the close: HTTP/1.0 has no chunked encoding
+            await self._write_stream(writer, response, incoming if response.cancel_on_disconnect else None,
+                                     persist=persist, version=request.version,
+                                     keep_at_most=MAX_HEAD_BYTES + self.max_body_bytes)
+        else:
+            await self._write(writer, response, persist=persist, version=request.version)
+        return persist
+
+    def _persists(self, request: HttpRequest) -> bool:
+        """Whether the connection stays open after this request's answer (RFC 9112 §9.3)."""
+        if not self.keep_alive:
+            return False
+        options = {option.strip().lower() for option in request.headers.get("connection", "").split(",")}
+        if request.version == "HTTP/1.0":
+            return "keep-alive" in options
+        return "close" not in options
+
+    async def _read_request(self, incoming: _Incoming, writer: asyncio.StreamWriter) -> HttpRequest:
+        arrived_ns = incoming.next_byte_arrived_ns()
+        method, target, version, headers = await asyncio.wait_for(self._read_head(incoming), HEAD_TIMEOUT_S)
         if "chunked" in headers.get("transfer-encoding", "").lower():
             raise HttpError(411, "chunked bodies are not supported: send Content-Length")
         try:
@@ -204,17 +358,44 @@ class HttpServer:
             raise HttpError(400, f"bad Content-Length {headers.get('content-length')!r}") from None
         if length > self.max_body_bytes:
             raise HttpError(413, f"request body of {length} bytes is over the {self.max_body_bytes}-byte limit")
+        if length and headers.get("expect", "").lower() == "100-continue":
+            # curl asks before sending a body over 1 KiB and waits a second for the answer: do not make it wait.
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
         try:  # a client that announces a body and never sends it is dropped like one that sends no head
-            body = await asyncio.wait_for(reader.readexactly(length), HEAD_TIMEOUT_S) if length else b""
+            body = await asyncio.wait_for(incoming.read_exactly(length), HEAD_TIMEOUT_S) if length else b""
         except TimeoutError:
             raise HttpError(408, f"request body of {length} bytes did not arrive within "
                                  f"{HEAD_TIMEOUT_S:.0f} s") from None
         url = urlsplit(target)
-        request = HttpRequest(method.upper(), url.path, parse_qs(url.query), headers, body)
-        return await self._dispatch(request, reader)
+        return HttpRequest(method.upper(), url.path, parse_qs(url.query), headers, body, version, arrived_ns)
 
-    async def _dispatch(self, request: HttpRequest,
-                        reader: asyncio.StreamReader | None = None) -> HttpResponse | HttpStream:
+    @staticmethod
+    async def _read_head(incoming: _Incoming) -> tuple[str, str, str, dict[str, str]]:
+        """The request line and the headers (lower-case names), within MAX_HEAD_BYTES in all."""
+        budget = MAX_HEAD_BYTES
+        request_line = (await incoming.read_line(budget)).decode("latin-1")
+        budget -= len(request_line) + 2
+        if budget < 0:
+            raise HttpError(431, f"request head over {MAX_HEAD_BYTES} bytes")
+        try:
+            method, target, version = request_line.split(" ")
+        except ValueError:
+            raise HttpError(400, f"malformed request line {request_line[:100]!r}") from None
+        if version not in ("HTTP/1.0", "HTTP/1.1"):
+            raise HttpError(505, f"unsupported protocol {version[:20]!r} (HTTP/1.x only)")
+        headers: dict[str, str] = {}
+        while line := (await incoming.read_line(budget)).decode("latin-1"):
+            budget -= len(line) + 2
+            if budget < 0:
+                raise HttpError(431, f"request head over {MAX_HEAD_BYTES} bytes")
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise HttpError(400, f"malformed header line {line[:100]!r}")
+            headers[name.strip().lower()] = value.strip()
+        return method, target, version, headers
+
+    async def _dispatch(self, request: HttpRequest, incoming: _Incoming | None = None) -> HttpResponse | HttpStream:
         methods = self._routes.get(request.path)
         if methods is None:
             methods = self._subtree_routes(request.path)
@@ -234,11 +415,11 @@ class HttpServer:
                 response = HttpResponse.json(self._error_body(401, "missing or wrong bearer token"), 401)
                 response.headers["WWW-Authenticate"] = "Bearer"
                 return response
-        watched = reader is not None and self._is_watched(request)
+        watched = incoming is not None and self._is_watched(request)
         try:
             if watched:
-                assert reader is not None  # narrowed for mypy: `watched` implies it
-                result = await _unless_client_leaves(reader, handler(request))
+                assert incoming is not None  # narrowed for mypy: `watched` implies it
+                result = await _unless_client_leaves(incoming, handler(request), MAX_HEAD_BYTES + self.max_body_bytes)
             else:
                 result = await handler(request)
         except (HttpError, ClientGone):
@@ -265,28 +446,38 @@ class HttpServer:
         return self._routes[max(prefixes, key=len)] if prefixes else None
 
     @staticmethod
-    async def _write(writer: asyncio.StreamWriter, response: HttpResponse) -> None:
+    def _connection_header(persist: bool, version: str) -> list[str]:
+        """What the answer says of its connection: closing, or kept (said aloud only to HTTP/1.0, whose default
+        is to close)."""
+        if not persist:
+            return ["Connection: close"]
+        return ["Connection: keep-alive"] if version == "HTTP/1.0" else []
+
+    @staticmethod
+    async def _write(writer: asyncio.StreamWriter, response: HttpResponse, *, persist: bool, version: str) -> None:
         try:
             reason = HTTPStatus(response.status).phrase
         except ValueError:  # a status code the standard library does not name
             reason = ""
         head = [f"HTTP/1.1 {response.status} {reason}", f"Content-Type: {response.content_type}",
-                f"Content-Length: {len(response.body)}", "Connection: close"]
+                f"Content-Length: {len(response.body)}", *HttpServer._connection_header(persist, version)]
         head += [f"{k}: {v}" for k, v in response.headers.items()]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + response.body)
         await writer.drain()
 
     @staticmethod
-    async def _write_stream(writer: asyncio.StreamWriter, stream: HttpStream,
-                            watch: asyncio.StreamReader | None) -> None:
-        """The head, then each chunk as it comes (chunked encoding), then the last chunk. With `watch`, a client
-        that closes the connection meanwhile stops the stream (ClientGone)."""
+    async def _write_stream(writer: asyncio.StreamWriter, stream: HttpStream, watch: _Incoming | None, *,
+                            persist: bool, version: str, keep_at_most: int) -> None:
+        """The head, then each chunk as it comes (chunked encoding; raw to HTTP/1.0, ended by the close), then the
+        last chunk. With `watch`, a client that closes the connection meanwhile stops the stream (ClientGone)."""
         try:
             reason = HTTPStatus(stream.status).phrase
         except ValueError:
             reason = ""
+        chunked = version != "HTTP/1.0"
         head = [f"HTTP/1.1 {stream.status} {reason}", f"Content-Type: {stream.content_type}",
-                "Transfer-Encoding: chunked", "Cache-Control: no-cache", "Connection: close"]
+                *(["Transfer-Encoding: chunked"] if chunked else []), "Cache-Control: no-cache",
+                *HttpServer._connection_header(persist, version)]
         head += [f"{k}: {v}" for k, v in stream.headers.items()]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
 
@@ -294,31 +485,23 @@ class HttpServer:
             await writer.drain()
             async for chunk in stream.chunks:
                 if chunk:  # an empty chunk would end the body
-                    writer.write(f"{len(chunk):x}\r\n".encode("latin-1") + chunk + b"\r\n")
+                    writer.write(f"{len(chunk):x}\r\n".encode("latin-1") + chunk + b"\r\n" if chunked else chunk)
                     await writer.drain()
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
+            if chunked:
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
 
         try:
-            await (_unless_client_leaves(watch, pump()) if watch is not None else pump())
+            await (_unless_client_leaves(watch, pump(), keep_at_most) if watch is not None else pump())
         finally:
             await stream.chunks.aclose()  # a generator left mid-way runs its cleanup now (the client is gone)
 
 
-async def _client_left(reader: asyncio.StreamReader) -> None:
-    """Return when the client closed its side (EOF) or reset the connection; bytes it sends meanwhile (a
-    pipelined request we will not serve: one request per connection) are read and dropped."""
-    try:
-        while await reader.read(64 * 1024):
-            pass
-    except ConnectionError:
-        pass
-
-
-async def _unless_client_leaves(reader: asyncio.StreamReader, work: Awaitable[Any]) -> Any:
-    """`work`'s result, or ClientGone (with `work` cancelled and awaited) if the client leaves first."""
+async def _unless_client_leaves(incoming: _Incoming, work: Awaitable[Any], keep_at_most: int) -> Any:
+    """`work`'s result, or ClientGone (with `work` cancelled and awaited) if the client leaves first. Bytes the
+    client sends meanwhile stay in `incoming` (up to `keep_at_most`) for the next request."""
     task = asyncio.ensure_future(work)
-    left = asyncio.ensure_future(_client_left(reader))
+    left = asyncio.ensure_future(incoming.until_closed(keep_at_most))
     try:
         await asyncio.wait([task, left], return_when=asyncio.FIRST_COMPLETED)
     finally:  # also when we are cancelled ourselves (the server stopping): neither task outlives this call

@@ -5,11 +5,13 @@
     POST /v1/chat/completions   the same, in chat's shape
     GET  /health                200 once the port is open (vLLM's readiness probe, which tools poll)
 
-A request is parsed by `openai_protocol` (pure), handed to the testbed (`Testbed.submit`: bridge.py) and
-answered from the tokens it delivers: a streamed chunk is written the moment its token reached the front end,
-so what a client measures is the emulated TTFT and ITL. The completion routes are registered
-`cancel_on_disconnect`: a client that closes the connection mid-answer cancels its handler, which tells the
-testbed the client is gone (`Testbed.cancel`: the ledger's reason "client gone").
+Connections are persistent (HTTP/1.1 keep-alive, runtime/http.py), as against vLLM. A request is stamped when its
+first byte arrives, on the testbed's clock: that is its arrival, where its TTFT starts. It is parsed by
+`openai_protocol` (pure), handed to the testbed (`Testbed.submit`: bridge.py) and answered from the tokens it
+delivers: a streamed chunk is written the moment its token reached the front end, so what a client measures is
+the emulated TTFT and ITL. The completion routes are registered `cancel_on_disconnect`: a client that closes the
+connection mid-answer cancels its handler, which tells the testbed the client is gone (`Testbed.cancel`: the
+ledger's reason "client gone").
 """
 
 from __future__ import annotations
@@ -73,7 +75,10 @@ class OpenAIServer:
         self.limits = limits
         self.name = name
         self.on_response = on_response or (lambda _route, _status: None)
-        self.http = HttpServer(max_body_bytes=MAX_BODY_BYTES, error_body=api.http_error_body)
+        # Persistent connections, as vLLM's server keeps them: a tool's pool reuses one, so no TCP connect lands
+        # in its TTFT. Requests are stamped on the testbed's clock when their first byte arrives (arrived_ns).
+        self.http = HttpServer(max_body_bytes=MAX_BODY_BYTES, error_body=api.http_error_body, keep_alive=True,
+                               now_ns=lambda: self.testbed.clock.now_ns())
         self.http.route("GET", "/v1/models", self._models, public=True)
         self.http.route("GET", "/health", self._health, public=True)
         self.http.route("POST", "/v1/completions", self._completions, public=True, cancel_on_disconnect=True)
@@ -107,7 +112,9 @@ class OpenAIServer:
 
     async def _answer(self, route: str, request: HttpRequest,
                       parse: Callable[[bytes, TokenCounter, Limits], Job]) -> HttpResponse | HttpStream:
-        arrival_ns = self.testbed.clock.now_ns()  # the client's request is in: its TTFT starts here
+        # Its TTFT starts when its first byte arrived, so receiving the body, parsing and tokenizing it count in it,
+        # as they do in vLLM's and in a load tool's (a tool's clock starts before it sends).
+        arrival_ns = request.arrived_ns
         try:
             job = parse(request.body, self.counter, self.limits)
         except OpenAIError as exc:
