@@ -39,7 +39,6 @@ import hmac
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -47,6 +46,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from .http_incoming import ClientGone, HeadTooLong, IncomingBytes, unless_client_leaves
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,7 @@ IDLE_TIMEOUT_S = 20.0
 # close() waits this long for the idle connections it closed to end: each ends within a loop turn or two (it reads
 # its own end of stream); the bound only keeps a stuck handler from holding a shutdown.
 CLOSE_WAIT_S = 1.0
-# One read off the socket: a 64 KiB read takes a long prompt's body in a few reads (the kernel's loopback segments).
-READ_BYTES = 64 * 1024
+
 
 
 class HttpError(Exception):
@@ -128,92 +128,6 @@ ErrorBody = Callable[[int, str], Any]
 
 def default_error_body(_status: int, message: str) -> Any:
     return {"error": message}
-
-
-class ClientGone(Exception):
-    """The client closed the connection before its answer was complete."""
-
-
-class _Incoming:
-    """One connection's received bytes, read by the request parser and, while a watched answer is made, by the
-    disconnect watcher: what the watcher reads (a pipelined next request) stays here for the parser, and each
-    read remembers when it came, so a request's arrival is its first byte's even when it was read early."""
-
-    def __init__(self, reader: asyncio.StreamReader, now_ns: Callable[[], int]):
-        self._reader = reader
-        self._now_ns = now_ns
-        self._buffer = bytearray()
-        self._consumed = 0  # bytes of the stream taken out of the buffer so far
-        self._arrivals: deque[tuple[int, int]] = deque()  # (stream offset of a read's first byte, when it came)
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)
-
-    async def _fill(self) -> bool:
-        """One read into the buffer; False at end of stream (the client closed its side)."""
-        data = await self._reader.read(READ_BYTES)
-        if not data:
-            return False
-        if not self._buffer:  # every byte read before was taken: their arrivals say nothing of these
-            self._arrivals.clear()
-        self._arrivals.append((self._consumed + len(self._buffer), self._now_ns()))
-        self._buffer += data
-        return True
-
-    def _take(self, size: int) -> bytes:
-        data = bytes(self._buffer[:size])
-        del self._buffer[:size]
-        self._consumed += size
-        while len(self._arrivals) > 1 and self._arrivals[1][0] <= self._consumed:
-            self._arrivals.popleft()
-        return data
-
-    def next_byte_arrived_ns(self) -> int:
-        """When the next unread byte arrived (call with bytes buffered)."""
-        return self._arrivals[0][1]
-
-    async def next_request_begins(self) -> bool:
-        """Wait for a request's first byte, skipping the empty lines a client may send between requests
-        (RFC 9112 §2.2); False if the client closed the connection first."""
-        while True:
-            while self._buffer.startswith(b"\r\n"):
-                self._take(2)
-            if self._buffer and self._buffer != b"\r":
-                return True
-            if not await self._fill():
-                return False
-
-    async def read_line(self, limit: int) -> bytes:
-        """The next line without its CRLF; HttpError 431 past `limit` bytes."""
-        searched = 0
-        while True:
-            end = self._buffer.find(b"\r\n", searched)
-            if end >= 0:
-                return self._take(end + 2)[:-2]
-            if len(self._buffer) > limit:
-                raise HttpError(431, f"request head over {MAX_HEAD_BYTES} bytes")
-            searched = max(0, len(self._buffer) - 1)
-            if not await self._fill():
-                raise asyncio.IncompleteReadError(bytes(self._buffer), None)
-
-    async def read_exactly(self, size: int) -> bytes:
-        while len(self._buffer) < size:
-            if not await self._fill():
-                raise asyncio.IncompleteReadError(bytes(self._buffer), size)
-        return self._take(size)
-
-    async def until_closed(self, keep_at_most: int) -> None:
-        """Return when the client closed its side (EOF) or reset the connection. What it sends meanwhile is kept
-        for the parser, up to `keep_at_most` bytes; past that no more is read (the socket's flow control holds
-        the client back) and a close is no longer seen until the answer is done."""
-        try:
-            while len(self._buffer) < keep_at_most:
-                if not await self._fill():
-                    return
-        except ConnectionError:
-            return
-        await asyncio.Future()  # nothing more to watch for: wait to be cancelled when the answer is done
 
 
 class HttpServer:
@@ -292,7 +206,7 @@ class HttpServer:
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer the connection's requests in order until one does not keep it (or the client leaves)."""
-        incoming = _Incoming(reader, self._now_ns)
+        incoming = IncomingBytes(reader, self._now_ns)
         wait_s = HEAD_TIMEOUT_S  # for the first request; then the idle timeout between requests
         try:
             while True:
@@ -312,7 +226,7 @@ class HttpServer:
         finally:
             writer.close()
 
-    async def _serve_request(self, incoming: _Incoming, writer: asyncio.StreamWriter) -> bool:
+    async def _serve_request(self, incoming: IncomingBytes, writer: asyncio.StreamWriter) -> bool:
         """Read, dispatch and answer the request whose first byte is in; True if the connection stays open."""
         try:
             request = await self._read_request(incoming, writer)
@@ -345,7 +259,7 @@ class HttpServer:
             return "keep-alive" in options
         return "close" not in options
 
-    async def _read_request(self, incoming: _Incoming, writer: asyncio.StreamWriter) -> HttpRequest:
+    async def _read_request(self, incoming: IncomingBytes, writer: asyncio.StreamWriter) -> HttpRequest:
         arrived_ns = incoming.next_byte_arrived_ns()
         method, target, version, headers = await asyncio.wait_for(self._read_head(incoming), HEAD_TIMEOUT_S)
         if "chunked" in headers.get("transfer-encoding", "").lower():
@@ -371,8 +285,15 @@ class HttpServer:
         return HttpRequest(method.upper(), url.path, parse_qs(url.query), headers, body, version, arrived_ns)
 
     @staticmethod
-    async def _read_head(incoming: _Incoming) -> tuple[str, str, str, dict[str, str]]:
+    async def _read_head(incoming: IncomingBytes) -> tuple[str, str, str, dict[str, str]]:
         """The request line and the headers (lower-case names), within MAX_HEAD_BYTES in all."""
+        try:
+            return await HttpServer._read_head_lines(incoming)
+        except HeadTooLong:
+            raise HttpError(431, f"request head over {MAX_HEAD_BYTES} bytes") from None
+
+    @staticmethod
+    async def _read_head_lines(incoming: IncomingBytes) -> tuple[str, str, str, dict[str, str]]:
         budget = MAX_HEAD_BYTES
         request_line = (await incoming.read_line(budget)).decode("latin-1")
         budget -= len(request_line) + 2
@@ -395,7 +316,7 @@ class HttpServer:
             headers[name.strip().lower()] = value.strip()
         return method, target, version, headers
 
-    async def _dispatch(self, request: HttpRequest, incoming: _Incoming | None = None) -> HttpResponse | HttpStream:
+    async def _dispatch(self, request: HttpRequest, incoming: IncomingBytes | None = None) -> HttpResponse | HttpStream:
         methods = self._routes.get(request.path)
         if methods is None:
             methods = self._subtree_routes(request.path)
@@ -419,7 +340,7 @@ class HttpServer:
         try:
             if watched:
                 assert incoming is not None  # narrowed for mypy: `watched` implies it
-                result = await _unless_client_leaves(incoming, handler(request), MAX_HEAD_BYTES + self.max_body_bytes)
+                result = await unless_client_leaves(incoming, handler(request), MAX_HEAD_BYTES + self.max_body_bytes)
             else:
                 result = await handler(request)
         except (HttpError, ClientGone):
@@ -466,7 +387,7 @@ class HttpServer:
         await writer.drain()
 
     @staticmethod
-    async def _write_stream(writer: asyncio.StreamWriter, stream: HttpStream, watch: _Incoming | None, *,
+    async def _write_stream(writer: asyncio.StreamWriter, stream: HttpStream, watch: IncomingBytes | None, *,
                             persist: bool, version: str, keep_at_most: int) -> None:
         """The head, then each chunk as it comes (chunked encoding; raw to HTTP/1.0, ended by the close), then the
         last chunk. With `watch`, a client that closes the connection meanwhile stops the stream (ClientGone)."""
@@ -492,24 +413,6 @@ class HttpServer:
                 await writer.drain()
 
         try:
-            await (_unless_client_leaves(watch, pump(), keep_at_most) if watch is not None else pump())
+            await (unless_client_leaves(watch, pump(), keep_at_most) if watch is not None else pump())
         finally:
             await stream.chunks.aclose()  # a generator left mid-way runs its cleanup now (the client is gone)
-
-
-async def _unless_client_leaves(incoming: _Incoming, work: Awaitable[Any], keep_at_most: int) -> Any:
-    """`work`'s result, or ClientGone (with `work` cancelled and awaited) if the client leaves first. Bytes the
-    client sends meanwhile stay in `incoming` (up to `keep_at_most`) for the next request."""
-    task = asyncio.ensure_future(work)
-    left = asyncio.ensure_future(incoming.until_closed(keep_at_most))
-    try:
-        await asyncio.wait([task, left], return_when=asyncio.FIRST_COMPLETED)
-    finally:  # also when we are cancelled ourselves (the server stopping): neither task outlives this call
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        left.cancel()
-        await asyncio.gather(left, return_exceptions=True)
-    if task.cancelled():
-        raise ClientGone("the client closed the connection")
-    return task.result()
