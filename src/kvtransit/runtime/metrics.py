@@ -5,6 +5,9 @@ Rules: namespace "kvtransit"; base units in names (_seconds, _bytes, _joules, _t
 CollectorRegistry (client_python style: a fresh registry per test) and returns a frozen dataclass of the
 metric objects. METRICS.md at the repo root documents every metric; tests/unit/test_runtime_metrics.py
 checks it against what these functions declare, both ways.
+
+Why one file of ~450 lines: it is declarations only, one factory per role, and one place to read every series
+from is the point (the design card's rule); splitting it by role would scatter what METRICS.md mirrors.
 """
 
 from __future__ import annotations
