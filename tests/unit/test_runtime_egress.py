@@ -181,3 +181,32 @@ async def test_a_burst_does_not_shorten_a_modules_hold():
     record, chunk_ready_ns = await task
     # The chunk's bytes finish no sooner than its hold after it was ready (KvBegin took the burst before it).
     assert record.ended_ns - chunk_ready_ns >= hold_s * 1e9 - 1000
+
+
+async def test_a_handoff_held_for_its_first_token_is_on_the_link_only_from_then():
+    """A hand-off may get its channel before its first token (the prefill sends its KV during its step, the
+    middlebox holds it until the step's end): that hold is neither a wait for the link nor time on it, so the
+    achieved rate and the link's busy time count from the first frame's ready time."""
+    clock = ManualClock()
+    shaper = EgressShaper(rate_Bps=RATE, latency_s=LATENCY, clock=clock, slice_bytes=4096)
+    endpoint, _ = await link(clock)
+    first_token_ns = 30_000_000  # 30 ms after the channel was free and taken
+
+    async def held_handoff():
+        async with shaper.transfer(endpoint, "held") as tx:
+            await tx.send(KvBegin(request_id=1, prompt_tokens=1, output_tokens=1, n_layers=1, n_chunks=1,
+                                  raw_bytes=PAYLOAD, codec="none", first_token_ns=first_token_ns),
+                          ready_ns=first_token_ns)
+            await tx.send(KvChunk(request_id=1, layer=0, chunk=0, dtype=DType.U8, shape=(PAYLOAD,), codec_id=0,
+                                  codec_header=b"", payload=bytes(PAYLOAD), raw_bytes=PAYLOAD), ready_ns=first_token_ns)
+            await tx.send(endpoint.connection.kv_end(1), ready_ns=first_token_ns)
+        return tx.record
+
+    task = asyncio.create_task(held_handoff())
+    await clock.advance(1.0)
+    record = await task
+    assert record.started_ns == 0 and record.ready_ns == first_token_ns
+    assert record.queue_s == 0.0  # it had its channel before it was ready
+    assert record.transfer_s * 1e9 == pytest.approx(modelled_ns(record), abs=1000)  # not + the 30 ms hold
+    assert shaper.achieved_rate_Bps == pytest.approx(RATE, rel=1e-4)
+    assert shaper.busy_s == pytest.approx(modelled_ns(record) / 1e9, abs=1e-6)

@@ -48,7 +48,11 @@ class TransferRecord:
     label: str
     channel: int = -1
     queued_ns: int = 0
-    started_ns: int | None = None
+    started_ns: int | None = None  # when it got its channel
+    # When its first frame was ready to go (the first `Transfer.send`'s ready_ns; None: when it was queued): a
+    # hand-off may get its channel before its first token and be held until then, and that hold is neither a wait
+    # for the link nor time on it.
+    ready_ns: int | None = None
     ended_ns: int | None = None
     wire_bytes: int = 0
     frames: int = 0
@@ -57,13 +61,17 @@ class TransferRecord:
 
     @property
     def queue_s(self) -> float:
-        return 0.0 if self.started_ns is None else (self.started_ns - self.queued_ns) / 1e9
+        """How long it waited for a channel after it was queued and ready (REFERENCE §4: the link's FIFO)."""
+        if self.started_ns is None:
+            return 0.0
+        return max(0, self.started_ns - max(self.queued_ns, self.ready_ns or self.queued_ns)) / 1e9
 
     @property
     def transfer_s(self) -> float:
+        """Its time on the link: from when it had both its channel and its first frame ready to its last write."""
         if self.started_ns is None or self.ended_ns is None:
             return 0.0
-        return (self.ended_ns - self.started_ns) / 1e9
+        return max(0, self.ended_ns - max(self.started_ns, self.ready_ns or self.started_ns)) / 1e9
 
     @property
     def modelled_s(self) -> float:
@@ -232,6 +240,8 @@ class Transfer:
         self._raise_if_writer_failed()
         parts = self._endpoint.connection.send_parts(event)
         ready_s = (self._clock.now_ns() if ready_ns is None else ready_ns) / 1e9
+        if self.record.ready_ns is None and ready_ns is not None:  # without one, it was ready when it queued
+            self.record.ready_ns = ready_ns
         bucket, delay = self._channel.bucket, self._channel.delay
         if min_serialise_s > 0:
             # A burst (burst_bytes) would let the frame's first bytes through at once and shorten the module's
