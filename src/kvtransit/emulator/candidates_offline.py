@@ -64,6 +64,7 @@ def row_query_aware_selection(ctx: RowContext) -> RowRun:
         ctx.name, scoring_declaration(model, "mean"), shares[ctx.link],
         f"fetching the context's KV each decode step / (fetch + step), {model.name} at {context} tokens",
         share_by_link=shares, link=ctx.link, link_bytes=float(everything.all_kv_bytes), share_modelled=True,
+        share_whole="a decode step",
         line=LINE_INPUT, precision=PrecisionFigure(
             quality.output_error, base_err, f"attention-output error, budget {SELECTION_BUDGET:g} of the pages "
             f"(sink page kept) vs {baseline} at equal bytes (ratio {ratio:.2f})", at_bits=u.precision_bits),
@@ -106,7 +107,7 @@ def row_ring_attention(ctx: RowContext) -> RowRun:
     row = RowMeasured(
         ctx.name, decl, shares[ctx.link], f"a hop's link time the block's attention does not hide, ring of {n}, "
         f"{tokens}-token blocks of {model.name}", share_by_link=shares, link=ctx.link,
-        link_bytes=float(ring.block_bytes(model, tokens)), share_modelled=True,
+        link_bytes=float(ring.block_bytes(model, tokens)), share_modelled=True, share_whole="a hop",
         precision=PrecisionFigure(err, base, f"attention-output error of the ring of {n} (each block as far as it "
                                   "travelled) vs fp8's at equal bytes", at_bits=u.precision_bits),
         streams=1.0, streams_modelled=True, streams_as="streams per hop (a rank sends to its neighbour)")
@@ -157,7 +158,7 @@ def row_weight_streaming(ctx: RowContext) -> RowRun:
     row = RowMeasured(
         ctx.name, replace(decl, precision_bits=None), shares[ctx.link],
         f"adapter paging: load waits / (waits + TTFT), {ADAPTERS} rank-{ADAPTER_RANK} "
-        f"adapters, Zipf, {ADAPTERS_RESIDENT} resident", share_by_link=shares, link=ctx.link,
+        f"adapters, Zipf, {ADAPTERS_RESIDENT} resident", share_by_link=shares, link=ctx.link, share_whole="TTFT",
         link_bytes=float(shape.nbytes), share_modelled=True, line=LINE_INPUT,
         precision=PrecisionFigure(error, 0.0, measured_as, required_bits=16),
         streams=1.0, streams_modelled=True, streams_as="streams (one adapter to one instance)",
