@@ -14,7 +14,6 @@ Measured per request on the injected clock: encrypt, up (client's ciphertext rea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvtransit.agents.common.message_framing import HEADER_BYTES, frame, read_message
-from kvtransit.agents.common.shaped_stream import ShapedStreamWriter
+from kvtransit.agents.common.shaped_stream import ShapedStreamWriter, shaped_loopback
 from kvtransit.runtime.clock import Clock, MonotonicClock
 
 NOT_INSTALLED = "not installed: pip install .[fhe]"
@@ -119,47 +118,33 @@ async def run_encrypted_layer(requests: int = 3, *, rate_Bps: float, latency_s: 
     # What the server measures, read by the client after each reply (one process, one clock).
     server_times: dict[str, int] = {}
     context_arrived = asyncio.Event()
-    served = asyncio.get_running_loop().create_future()
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        link = ShapedStreamWriter(writer, rate_Bps=rate_Bps, latency_s=latency_s, clock=clock)
-        try:
-            _, blob = await read_message(reader, {KIND_CONTEXT: None}, "fhe server")
-            server_times["context_received"] = clock.now_ns()
-            context_arrived.set()
-            context = await asyncio.to_thread(ts.context_from, blob)
-            if context.has_secret_key():
-                raise RuntimeError("fhe server: the client sent its secret key")
-            while True:
-                kind, payload = await read_message(reader, {KIND_INPUT: None, KIND_BYE: 0}, "fhe server")
-                if kind == KIND_BYE:
-                    break
-                server_times["received"] = start = clock.now_ns()
+    async def serve(reader: asyncio.StreamReader, link: ShapedStreamWriter) -> None:
+        _, blob = await read_message(reader, {KIND_CONTEXT: None}, "fhe server")
+        server_times["context_received"] = clock.now_ns()
+        context_arrived.set()
+        context = await asyncio.to_thread(ts.context_from, blob)
+        if context.has_secret_key():
+            raise RuntimeError("fhe server: the client sent its secret key")
+        while True:
+            kind, payload = await read_message(reader, {KIND_INPUT: None, KIND_BYE: 0}, "fhe server")
+            if kind == KIND_BYE:
+                break
+            server_times["received"] = start = clock.now_ns()
 
-                def layer(data: bytes = payload) -> bytes:
-                    x = ts.ckks_vector_from(context, data)
-                    return bytes(x.mm(weights.tolist()).add(bias.tolist()).serialize())
+            def layer(data: bytes = payload) -> bytes:
+                x = ts.ckks_vector_from(context, data)
+                return bytes(x.mm(weights.tolist()).add(bias.tolist()).serialize())
 
-                out = await asyncio.to_thread(layer)
-                server_times["computed"] = clock.now_ns()
-                server_times["compute_ns"] = server_times["computed"] - start
-                await link.send(frame(KIND_OUTPUT, out))
-        except BaseException as exc:
-            if not served.done():
-                served.set_exception(exc)
-            raise
-        finally:
-            writer.close()
-        if not served.done():
-            served.set_result(None)
+            out = await asyncio.to_thread(layer)
+            server_times["computed"] = clock.now_ns()
+            server_times["compute_ns"] = server_times["computed"] - start
+            await link.send(frame(KIND_OUTPUT, out))
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    link = ShapedStreamWriter(writer, rate_Bps=rate_Bps, latency_s=latency_s, clock=clock)
     report = FheReport(requests, width, rate_Bps, latency_s, context_bytes=len(public_context), setup_s=0.0,
                        input_ciphertext_bytes=0, output_ciphertext_bytes=0)
-    try:
+    async with shaped_loopback(serve, rate_Bps=rate_Bps, latency_s=latency_s, clock=clock) as connection:
+        reader, link = connection.reader, connection.link
         sent = clock.now_ns()
         await link.send(frame(KIND_CONTEXT, public_context))
         await context_arrived.wait()
@@ -183,11 +168,5 @@ async def run_encrypted_layer(requests: int = 3, *, rate_Bps: float, latency_s: 
             report.request_s.append((done - start) / 1e9)
             report.max_abs_error = max(report.max_abs_error, float(np.abs(y - (x @ weights + bias)).max()))
         await link.send(frame(KIND_BYE, b""))
-        await served
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-        server.close()
-        await server.wait_closed()
+        await connection.served
     return report

@@ -12,12 +12,11 @@ first session's key pair as the server received it (`ntt_check.py`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvtransit.agents.common.message_framing import HEADER_BYTES, frame, read_message
-from kvtransit.agents.common.shaped_stream import ShapedStreamWriter
+from kvtransit.agents.common.shaped_stream import ShapedStreamWriter, shaped_loopback
 from kvtransit.model.pqkex import MLKEM768_CT_BYTES, MLKEM768_EK_BYTES, HandshakeModel
 from kvtransit.runtime.clock import Clock, MonotonicClock
 
@@ -81,40 +80,26 @@ async def run_handshakes(sessions: int, *, rate_Bps: float, latency_s: float, ch
     received_eks: list[bytes] = []
     server_compute_ns: list[int] = []
     server_links: list[ShapedStreamWriter] = []
-    served = asyncio.get_running_loop().create_future()
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        link = ShapedStreamWriter(writer, rate_Bps=rate_Bps, latency_s=latency_s, clock=clock)
+    async def serve(reader: asyncio.StreamReader, link: ShapedStreamWriter) -> None:
         server_links.append(link)
-        try:
-            while True:
-                kind, ek = await read_message(reader, {KIND_EK: MLKEM768_EK_BYTES, KIND_BYE: 0}, "pqkex server")
-                if kind == KIND_BYE:
-                    break
-                received_eks.append(ek)
-                start = clock.now_ns()
-                secret, ciphertext = kem.encaps(ek)
-                server_compute_ns.append(clock.now_ns() - start)
-                server_secrets.append(secret)
-                await link.send(frame(KIND_CT, ciphertext))
-        except BaseException as exc:
-            if not served.done():
-                served.set_exception(exc)
-            raise
-        finally:
-            writer.close()
-        if not served.done():
-            served.set_result(None)
+        while True:
+            kind, ek = await read_message(reader, {KIND_EK: MLKEM768_EK_BYTES, KIND_BYE: 0}, "pqkex server")
+            if kind == KIND_BYE:
+                break
+            received_eks.append(ek)
+            start = clock.now_ns()
+            secret, ciphertext = kem.encaps(ek)
+            server_compute_ns.append(clock.now_ns() - start)
+            server_secrets.append(secret)
+            await link.send(frame(KIND_CT, ciphertext))
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    link = ShapedStreamWriter(writer, rate_Bps=rate_Bps, latency_s=latency_s, clock=clock)
     client_secrets: list[bytes] = []
     key_pairs: list[tuple[bytes, bytes]] = []
     link_s: list[float] = []
     compute_ns = 0
-    try:
+    async with shaped_loopback(serve, rate_Bps=rate_Bps, latency_s=latency_s, clock=clock) as connection:
+        reader, link = connection.reader, connection.link
         began = clock.now_ns()
         for _ in range(sessions):
             start = clock.now_ns()
@@ -132,13 +117,7 @@ async def run_handshakes(sessions: int, *, rate_Bps: float, latency_s: float, ch
                 key_pairs.append((ek, dk))
         elapsed_s = (clock.now_ns() - began) / 1e9
         await link.send(frame(KIND_BYE, b""))
-        await served
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-        server.close()
-        await server.wait_closed()
+        await connection.served
     ntt = None
     if check_ntt:
         # The key the server received (what crossed the link) with the client's decapsulation key.
