@@ -64,7 +64,8 @@ class CpuSampler:
                     first = self.seen.get(name, (now, now, 0.0))[0]
                     self.seen[name] = (first, now, used)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await stop.wait()
 
     def shares(self) -> dict[str, float]:
         """Per process, the share of one core it used over its sampled lifetime."""

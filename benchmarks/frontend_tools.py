@@ -130,7 +130,8 @@ async def serve_and_measure(args: argparse.Namespace, workdir: Path, tokenizer: 
     argv = build(exe, launcher.frontend_url, scenario.model, tokenizer, out, args)
     tool = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.STDOUT)
-    output, _ = await asyncio.wait_for(tool.communicate(), TOOL_TIMEOUT_S)
+    async with asyncio.timeout(TOOL_TIMEOUT_S):
+        output, _ = await tool.communicate()
     stop.set()
     path = await run
     if tool.returncode != 0:

@@ -71,7 +71,8 @@ def bare_socket(total: int, repeat: int) -> list[float]:
 async def _start(argv: list[str]) -> tuple[asyncio.subprocess.Process, dict]:
     proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+    async with asyncio.timeout(60):
+        line = (await proc.stdout.readline()).decode()
     return proc, json.loads(line.removeprefix("KVTRANSIT-READY "))
 
 

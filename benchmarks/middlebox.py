@@ -116,7 +116,8 @@ async def measure(case: str, total_bytes: int, chunk_bytes: int) -> float:
     await source.send(source.connection.kv_end(1))
     if case == "bare":
         source.close()
-    end = await asyncio.wait_for(done, 300)
+    async with asyncio.timeout(300):
+        end = await done
     source.abort()
     proc.terminate()
     proc.wait(10)

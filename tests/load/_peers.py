@@ -44,7 +44,8 @@ class RssSampler:
                 with contextlib.suppress(OSError, LookupError):
                     self.samples.setdefault(name, []).append((time.monotonic(), rss_bytes(pid)))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await stop.wait()
 
     def growth_after(self, name: str, warm_at: float) -> tuple[int, int]:
         """(RSS at the first sample from `warm_at` on, the largest RSS from then on) of one process."""

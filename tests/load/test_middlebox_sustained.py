@@ -77,7 +77,8 @@ async def _handoff(prefill: Peer, request_id: int, kv: np.ndarray) -> Ack:
                                    shape=rows.shape, codec_id=0, codec_header=b"",
                                    payload=memoryview(rows.reshape(-1).view(np.uint8)), raw_bytes=rows.nbytes))
     await prefill.send(prefill.connection.kv_end(request_id))
-    return await asyncio.wait_for(prefill.next_event(), 30)
+    async with asyncio.timeout(30):
+        return await prefill.next_event()
 
 
 async def _start_middlebox(decode_port: int) -> tuple[asyncio.subprocess.Process, dict]:
@@ -85,7 +86,8 @@ async def _start_middlebox(decode_port: int) -> tuple[asyncio.subprocess.Process
             "--decode", f"127.0.0.1:{decode_port}"]
     proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                                 stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+    async with asyncio.timeout(60):
+        line = (await proc.stdout.readline()).decode()
     assert line.startswith("KVTRANSIT-READY "), line
     return proc, json.loads(line.removeprefix("KVTRANSIT-READY "))
 
@@ -120,7 +122,8 @@ def sustained():
             stop_sampling.set()
             await sampling
             proc.terminate()
-            await asyncio.wait_for(proc.wait(), 15)
+            async with asyncio.timeout(15):
+                await proc.wait()
             stub.server.close()
             await stub.server.wait_closed()
         return {"acks": acks, "took_s": took_s, "wire_bytes": stub.wire_bytes, "kv_bytes": kv.nbytes,

@@ -106,3 +106,28 @@ async def test_sigterm_requests_shutdown_and_a_second_signal_forces_it():
         os.kill(os.getpid(), signal.SIGINT)
         await asyncio.wait_for(shutdown.forced.wait(), 5)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+async def test_sigusr1_writes_where_every_task_waits_and_stops_nothing(capfd):
+    """A process that seems stuck says where: each task's await chain down to what it is suspended in."""
+    parked = asyncio.Event()
+
+    async def waits_inside() -> None:
+        await parked.wait()
+
+    async def outer() -> None:
+        await waits_inside()
+
+    task = asyncio.create_task(outer(), name="the parked one")
+    await asyncio.sleep(0)
+    with signals.Shutdown() as shutdown:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        await asyncio.sleep(0.2)  # the loop runs the handler once it sees the signal (its wake-up fd)
+        assert not shutdown.requested.is_set()
+    err = capfd.readouterr().err
+    parked.set()
+    await task
+    assert f"asyncio task(s) of pid {os.getpid()}" in err
+    chain = err.split("task 'the parked one':\n", 1)[1].splitlines()
+    assert "in outer" in chain[0] and "in waits_inside" in chain[1] and "in wait" in chain[2]
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler is gone with the context

@@ -232,8 +232,10 @@ async def _rogue(host: str, port: int, role: Role, their_role: Role, payload: by
     try:
         writer.write(Connection(role, their_role).send(Hello(role=role, version=WIRE_VERSION, name="rogue")) + payload)
         await writer.drain()
-        while await asyncio.wait_for(reader.read(65536), timeout_s):
-            pass
+        while True:
+            async with asyncio.timeout(timeout_s):
+                if not await reader.read(65536):
+                    break
         return True  # EOF: the peer dropped us
     except (ConnectionError, OSError):
         return True

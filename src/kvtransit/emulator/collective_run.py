@@ -366,7 +366,8 @@ async def run_collective(plan: CollectivePlan, *, kill_rank: int | None = None, 
             child.kill()
         for child in children:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(child.proc.wait(), 5.0)
+                async with asyncio.timeout(5.0):
+                    await child.proc.wait()
             child.stderr_reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await child.stderr_reader

@@ -181,7 +181,8 @@ class Launcher:
             return
         try:
             os.kill(process.pid, signal.SIGTERM)
-            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+            async with asyncio.timeout(STOP_GRACE_S):
+                await process.wait()
         except ProcessLookupError:
             pass
         except TimeoutError:
@@ -350,8 +351,9 @@ class Launcher:
 
     async def _linger(self, stop: asyncio.Event) -> None:
         """Keep the agents (and Prometheus) up a couple of scrape intervals after the load generator is done."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), PROMETHEUS_LINGER_SCRAPES * PROMETHEUS_SCRAPE_INTERVAL_S)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(PROMETHEUS_LINGER_SCRAPES * PROMETHEUS_SCRAPE_INTERVAL_S):
+                await stop.wait()
 
     def _cleanup_links(self, *, failing: bool) -> None:
         """Every namespace, veth and qdisc of the run, by exact name. A failure here is loud and says how to

@@ -214,8 +214,11 @@ class HttpServer:
                 if task is not None:
                     self._idle[writer] = task
                 try:
-                    if self._closing or not await asyncio.wait_for(incoming.next_request_begins(), wait_s):
-                        return  # the client closed the connection, or the server is stopping
+                    if self._closing:
+                        return  # the server is stopping
+                    async with asyncio.timeout(wait_s):
+                        if not await incoming.next_request_begins():
+                            return  # the client closed the connection
                 finally:
                     self._idle.pop(writer, None)
                 wait_s = self.idle_timeout_s
@@ -261,7 +264,8 @@ class HttpServer:
 
     async def _read_request(self, incoming: IncomingBytes, writer: asyncio.StreamWriter) -> HttpRequest:
         arrived_ns = incoming.next_byte_arrived_ns()
-        method, target, version, headers = await asyncio.wait_for(self._read_head(incoming), HEAD_TIMEOUT_S)
+        async with asyncio.timeout(HEAD_TIMEOUT_S):
+            method, target, version, headers = await self._read_head(incoming)
         if "chunked" in headers.get("transfer-encoding", "").lower():
             raise HttpError(411, "chunked bodies are not supported: send Content-Length")
         try:
@@ -277,7 +281,8 @@ class HttpServer:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             await writer.drain()
         try:  # a client that announces a body and never sends it is dropped like one that sends no head
-            body = await asyncio.wait_for(incoming.read_exactly(length), HEAD_TIMEOUT_S) if length else b""
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                body = await incoming.read_exactly(length) if length else b""
         except TimeoutError:
             raise HttpError(408, f"request body of {length} bytes did not arrive within "
                                  f"{HEAD_TIMEOUT_S:.0f} s") from None

@@ -46,13 +46,15 @@ async def request(host: str, port: int, method: str, path: str, body: bytes | No
                   headers: Mapping[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> HttpAnswer:
     """One HTTP/1.1 request; the answer whatever its status. Connection failures raise OSError/ConnectionError,
     a server too slow to connect or answer raises asyncio.TimeoutError."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    async with asyncio.timeout(timeout_s):
+        reader, writer = await asyncio.open_connection(host, port)
     try:
         head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Connection: close",
                 f"Content-Length: {len(body or b'')}", *(f"{k}: {v}" for k, v in (headers or {}).items())]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + (body or b""))
         await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            raw = await reader.read()
     finally:
         writer.close()
     return parse_answer(raw)

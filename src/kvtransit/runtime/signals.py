@@ -1,4 +1,5 @@
-"""Process signals as a stop request: SIGINT/SIGTERM ask a process to drain and stop, a second one forces it.
+"""Process signals as a stop request: SIGINT/SIGTERM ask a process to drain and stop, a second one forces it;
+SIGUSR1 writes every asyncio task's stack to stderr (what a process that seems stuck is waiting on).
 
 `run_until_signalled(main)` is the one way a process runs until stopped (the agents, through
 `agents/common/process.py: run_until_stopped`, and `kvtransit up`): `main(stop)` runs with an Event that a
@@ -8,9 +9,11 @@ signal (or a watcher, such as the agents' supervisor watch) sets, and every help
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from kvtransit.runtime.tasks import TaskSet
 
@@ -27,6 +30,7 @@ class Shutdown:
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    DUMP_SIGNAL = signal.SIGUSR1
 
     def __init__(self) -> None:
         self.requested = asyncio.Event()
@@ -50,12 +54,41 @@ class Shutdown:
         for sig in self.SIGNALS:
             loop.add_signal_handler(sig, self.request, sig.name)
             self._installed.append(sig)
+        loop.add_signal_handler(self.DUMP_SIGNAL, dump_tasks)
+        self._installed.append(self.DUMP_SIGNAL)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         loop = asyncio.get_running_loop()
         while self._installed:
             loop.remove_signal_handler(self._installed.pop())
+
+
+def dump_tasks(out: TextIO | None = None) -> None:
+    """Every task of the running loop with the stack it is suspended in, to `out` (default stderr): a process
+    that does not finish says where (`kill -USR1 <pid>`; a thread dump shows only the loop's selector)."""
+    out = out if out is not None else sys.stderr
+    tasks = asyncio.all_tasks()
+    out.write(f"--- {len(tasks)} asyncio task(s) of pid {os.getpid()} ---\n")
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        out.write(f"task {task.get_name()!r}:\n")
+        for line in _await_chain(task.get_coro()):
+            out.write(f"  {line}\n")
+    out.flush()
+
+
+def _await_chain(coro: object) -> list[str]:
+    """Where a suspended coroutine waits, outermost first: each frame down its `cr_await` chain (Task.print_stack
+    shows only the outermost)."""
+    lines = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or getattr(coro, "ag_frame", None)
+        if frame is not None:
+            lines.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        else:
+            lines.append(repr(coro))
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) or getattr(coro, "ag_await", None)
+    return lines
 
 
 async def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[T]], *,

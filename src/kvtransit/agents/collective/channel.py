@@ -88,7 +88,8 @@ class Channel:
         """The next frame, or PeerGone naming the peer and `what` was awaited (EOF, bad bytes, deadline)."""
         try:
             # A failure deadline, not model time: it bounds how long a dead peer can hold the group.
-            item = await asyncio.wait_for(self._frames.get(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                item = await self._frames.get()
         except TimeoutError:
             raise PeerGone(f"no frame from {self.peer} within {timeout_s:g} s, waiting for {what}") from None
         if item is None:
@@ -118,4 +119,5 @@ class Channel:
             await self._task
         self._writer.close()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+            async with asyncio.timeout(1.0):
+                await self._writer.wait_closed()

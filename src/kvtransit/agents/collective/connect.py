@@ -58,7 +58,8 @@ class RingMember:
                       peer=f"rank {nxt_rank}")
         await join(plan, nxt)
         try:
-            reader, writer = await asyncio.wait_for(self._accepted, plan.deadline_s)
+            async with asyncio.timeout(plan.deadline_s):
+                reader, writer = await self._accepted
         except TimeoutError:
             raise PeerGone(f"rank {prev_rank} did not connect within {plan.deadline_s:g} s") from None
         prev = Channel(reader, writer, self.clock, rate_Bps=self.rate_Bps, latency_s=self.latency_s,
@@ -72,7 +73,8 @@ class RingMember:
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await self._server.wait_closed()
 
 
 async def switch_member(plan: RankPlan, clock: Clock, host: str, port: int, *, rate_Bps: float, latency_s: float):

@@ -116,7 +116,8 @@ class FrontendGenerator(LoadGenerator):
         try:
             if self.duration_s:
                 # The run's length as the operator set it, in wall seconds: no model time, so the loop's timer.
-                await asyncio.wait_for(self._over.wait(), self.duration_s)
+                async with asyncio.timeout(self.duration_s):
+                    await self._over.wait()
             else:
                 await self._over.wait()
         except TimeoutError:

@@ -227,7 +227,8 @@ class HandoffLink:
                 # Bounded by the hand-off's deadline: a middlebox that stops reading (TCP back-pressure)
                 # must not hold this KV, or the ones queued behind it, forever.
                 remaining_s = max(0.0, (handoff.deadline_ns - self.clock.now_ns()) / 1e9)
-                await asyncio.wait_for(self._send_frames(link, handoff), remaining_s)
+                async with asyncio.timeout(remaining_s):
+                    await self._send_frames(link, handoff)
             except TimeoutError:
                 handoff.last_error = f"the middlebox at {self.kv_to} took no more bytes (stalled mid-stream)"
                 await self._give_up(handoff)

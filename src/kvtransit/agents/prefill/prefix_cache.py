@@ -165,8 +165,8 @@ class PrefixReuse:
         started = self.clock.now_ns()
         try:
             await conn.send(PoolFetch(request_id=request_id, hash_ids=result.hash_ids))
-            outcome = await asyncio.wait_for(asyncio.shield(fetch.future),
-                                             FETCH_TIMEOUT_S * self.scenario.effective_dilation)
+            async with asyncio.timeout(FETCH_TIMEOUT_S * self.scenario.effective_dilation):
+                outcome = await asyncio.shield(fetch.future)
         except (TimeoutError, ConnectionError, ProtocolError) as exc:
             outcome = f"fetch-failed: {type(exc).__name__} {exc}"
         finally:
@@ -245,7 +245,8 @@ class PrefixReuse:
                     await conn.write_parts(conn.connection.send_parts(frame))
                 await conn.write_parts(conn.connection.send_parts(conn.connection.kv_end(request_id)))
             raw = frames[1].raw_bytes
-            ok = await asyncio.wait_for(done, FETCH_TIMEOUT_S * 3 * self.scenario.effective_dilation)
+            async with asyncio.timeout(FETCH_TIMEOUT_S * 3 * self.scenario.effective_dilation):
+                ok = await done
         except (TimeoutError, ConnectionError, OSError, ProtocolError) as exc:
             log.info("write-back of request %d failed: %s", request_id, exc)
             ok, raw = False, 0

@@ -171,7 +171,8 @@ class Endpoint:
 
         A peer that cannot take a few bytes within `timeout_s` is gone, and a stop must not wait on it."""
         try:
-            await asyncio.wait_for(self.send(Bye(reason=clip_reason(reason))), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self.send(Bye(reason=clip_reason(reason)))
         except (ProtocolError, ConnectionError, TimeoutError, RuntimeError) as exc:
             log.debug("could not say goodbye to %s: %s", self.peername, exc)
             return False
@@ -182,7 +183,8 @@ class Endpoint:
         code = exc.code if isinstance(exc, ProtocolError) else ErrorCode.INTERNAL
         message = clip_message(str(exc)) or type(exc).__name__
         try:
-            await asyncio.wait_for(self.send(Error(code=code, message=message)), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self.send(Error(code=code, message=message))
         except (ProtocolError, ConnectionError, TimeoutError, RuntimeError) as send_exc:
             log.debug("could not send Error frame to %s: %s", self.peername, send_exc)
             return False

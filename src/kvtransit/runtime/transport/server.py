@@ -103,8 +103,9 @@ class Server:
                 self.connections_failed += 1
             endpoint.close()
             self._endpoints.discard(endpoint)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(endpoint.wait_closed(), CLOSE_TIMEOUT_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await endpoint.wait_closed()
             if not endpoint.is_closed:
                 endpoint.abort()
 

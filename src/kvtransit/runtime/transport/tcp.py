@@ -49,7 +49,8 @@ async def open_greeted(host: str, port: int, our_role: Role, their_role: Role, *
     endpoint = await open_endpoint(host, port, our_role, their_role, limits=limits)
     try:
         await endpoint.send(Hello(role=our_role, version=WIRE_VERSION, name=name))
-        first = await asyncio.wait_for(endpoint.next_event(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            first = await endpoint.next_event()
     except BaseException:
         endpoint.abort()
         raise
