@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from kvtransit.agents.collective.channel import Channel
@@ -13,6 +14,8 @@ from kvtransit.agents.collective.connect import RingMember, close_channels, swit
 from kvtransit.agents.collective.rank import RankPlan, run_steps
 from kvtransit.agents.switch.server import SwitchServer
 from kvtransit.emulator.collective_run import plan_collective, run_collective
+from kvtransit.kernels import quant
+from kvtransit.kernels.registry import Fp8Codec
 from kvtransit.model.catalog import MODELS
 from kvtransit.model.devices import DEVICES
 from kvtransit.model.link_catalog import LINKS
@@ -64,11 +67,12 @@ async def test_allreduce_gives_the_exact_sum_on_every_rank(mode, n):
         assert server.reducer.sums == 12 and not server.failure
 
 
-@pytest.mark.parametrize("n", [2, 4])
-async def test_ep_ring_runs_each_layers_allreduce_and_alltoall_with_every_chunk_checked(n):
+async def _ep_ring(n: int, dispatch: str = "bf16") -> tuple[list, int]:
+    """An EP ring of n ranks, 2 steps of 4 layers (one all-reduce of 64·n values and an all-to-all of 256 values
+    a hop, each layer); returns every rank's result and the bytes rank 0 sent."""
     clock = MonotonicClock()
     plans = [RankPlan(1, r, n, "ring", 2, 4, 64 * n, compute_s=0.001, held_s=0.0, deadline_s=DEADLINE_S,
-                      per_layer=1, alltoall_values=256) for r in range(n)]
+                      per_layer=1, alltoall_values=256, dispatch=dispatch) for r in range(n)]
     algorithms, _ = await _group("ring", plans, clock)
     try:
         start = clock.now_ns() + 5_000_000
@@ -78,9 +82,26 @@ async def test_ep_ring_runs_each_layers_allreduce_and_alltoall_with_every_chunk_
         for a in algorithms:
             await close_channels(a)
     assert [(r.ok, r.reason, r.sums_checked) for r in results] == [(True, "", 2 * 4)] * n
+    return results, sum(c.bytes_sent for c in algorithms[0].channels)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+async def test_ep_ring_runs_each_layers_allreduce_and_alltoall_with_every_chunk_checked(n):
+    _, sent = await _ep_ring(n)
     # 2 steps × 4 layers × (2(n−1) all-reduce hops of 64 values + 2(n−1) all-to-all hops of 256) × 2 B
-    sent = sum(c.bytes_sent for c in algorithms[0].channels)
     assert sent == 2 * 4 * 2 * (n - 1) * (64 + 256) * 2
+
+
+@pytest.mark.parametrize("n", [2, 4])
+async def test_an_fp8_dispatch_carries_the_fp8_kernels_bytes_and_every_chunk_is_checked(n):
+    """The dispatch's n − 1 hops go through the fp8 kernel (an E4M3 byte a value + a float32 scale per 64, and
+    its header), the combine's stay BF16; each chunk's bytes are checked, and each distinct chunk decodes within
+    FP8's rounding."""
+    _, sent = await _ep_ring(n, "fp8")
+    header = len(Fp8Codec().encode(np.zeros((1, 256), np.float32)).header)
+    fp8_hop = header + quant.fp8_payload_bytes(256, quant.DEFAULT_FP8_BLOCK)  # 256 codes + 4 scales
+    # 2 steps × 4 layers × (n − 1) × (two all-reduce hops, a BF16 combine hop and an fp8 dispatch hop)
+    assert sent == 2 * 4 * (n - 1) * (2 * 64 * 2 + 256 * 2 + fp8_hop)
 
 
 @pytest.mark.parametrize("mode", ["ring", "switch"])
@@ -174,3 +195,39 @@ async def test_a_killed_rank_process_fails_the_step_for_every_rank_within_the_de
     for rank in survivors:
         assert not rank["ok"]
         assert "rank 1" in rank["reason"] and "step" in rank["reason"] and "layer" in rank["reason"]
+
+
+@pytest.mark.slow
+async def test_an_ep_group_with_fp8_dispatch_at_the_gpu_steps_near_the_model():
+    # Mixtral EP2 prefill of 4 × 2,048 tokens (the issue's MoE target) at 1/1000 of the activations, dilation 2.
+    plan = plan_collective(MODELS["mixtral-8x7b"], DEVICES["h100"], LINKS["nvlink4"], ep=2, prompts=[2048] * 4,
+                           steps=4, scale=0.001, dilation=2, dispatch="fp8")
+    assert plan.dispatch.runs_at == "gpu" and plan.modelled.cast_s > 0
+    report = await run_collective(plan)
+    summary = report.summary()
+    assert report.ok, report.failures
+    assert summary["dispatch"]["codec"] == "fp8" and summary["dispatch"]["runs_at"] == "gpu"
+    assert abs(summary["step_error"]) < 0.15  # a noisy shared box; RESULTS.md holds the measured figure
+
+
+async def test_an_fp8_kernel_that_decodes_wrong_fails_every_rank_with_a_reason(monkeypatch):
+    import kvtransit.agents.collective.rank as rank_module
+
+    class Broken(Fp8Codec):
+        def _decode(self, h, payload):
+            return super()._decode(h, payload) * 1.5  # far outside E4M3's half-ulp
+
+    monkeypatch.setattr(rank_module, "Fp8Codec", Broken)
+    clock = MonotonicClock()
+    plans = [RankPlan(1, r, 2, "ring", 2, 4, 128, compute_s=0.001, held_s=0.0, deadline_s=DEADLINE_S,
+                      per_layer=1, alltoall_values=256, dispatch="fp8") for r in range(2)]
+    algorithms, _ = await _group("ring", plans, clock)
+    try:
+        results = await asyncio.gather(*(run_steps(p, clock, a, clock.now_ns() + 5_000_000)
+                                         for p, a in zip(plans, algorithms, strict=True)))
+    finally:
+        for a in algorithms:
+            await close_channels(a)
+    assert not any(r.ok for r in results)
+    assert all("fp8 kernel decodes dispatch chunk" in r.reason and "outside FP8's rounding" in r.reason
+               for r in results), [r.reason for r in results]

@@ -218,3 +218,25 @@ def test_a_short_end_to_end_run_through_the_cli_feeds_the_verdict(tmp_path, caps
     assert precision["passed"] is (rows["fp8"]["ppl_increase_worst_text"] <= 0.01)
     assert "fp8 block=64" in precision["reason"]
     assert precision["values"]["task"]["ppl"] == pytest.approx(rows["fp8"]["ppl"])
+
+
+def test_fp8_dispatch_error_on_the_mlp_inputs_is_within_e4m3s_rounding(session):
+    """Issue 17 part 5: what an MoE layer would dispatch (each MLP's input, the post-attention norm's output),
+    through the same fp8 kernel the ranks run."""
+    from kvtransit.realmodel.dispatch_accuracy import FP8_ROUNDING_BOUND, fp8_dispatch_error
+
+    acc = fp8_dispatch_error(session, tokens=128)
+    assert acc.tokens == 128 and acc.layers == session.layers
+    # E4M3 keeps 3 mantissa bits: the error is real (not a pass-through) and within half an ulp on the whole.
+    assert 0.0 < acc.relative_l2 < FP8_ROUNDING_BOUND and acc.worst_layer_relative_l2 < FP8_ROUNDING_BOUND
+    ids = session.tokenize("The licenses for most software are designed to take away your freedom")
+    norm_out = {}
+    block = session.model.model.layers[0]
+    hook = block.post_attention_layernorm.register_forward_hook(lambda _m, _i, out: norm_out.setdefault(0, out))
+    try:
+        prefill = session.prefill(ids, mlp_inputs=True)
+    finally:
+        hook.remove()
+    assert prefill.mlp_inputs is not None and len(prefill.mlp_inputs) == session.layers
+    assert prefill.mlp_inputs[0].shape == (len(ids), session.model.config.hidden_size)
+    assert bool((prefill.mlp_inputs[0] == norm_out[0][0]).all())  # the MLP reads the norm's output, as captured

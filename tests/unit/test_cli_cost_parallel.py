@@ -40,6 +40,21 @@ def test_ep_prints_the_alltoall_beside_the_attention_allreduce(capsys):
     assert "(32×)" in out  # 32 attention all-reduces and 32 dispatch + combine
 
 
+def test_fp8_dispatch_over_a_scale_out_link_saves_more_than_its_gpu_casts_cost(capsys):
+    """On IB NDR (50 GB/s) the dispatch's saved bytes outweigh the casts; on NVLink4 (450 GB/s) they do not."""
+    def step_s(*extra: str) -> dict:
+        status, out, _ = _run(capsys, "cost", "--model", "mixtral-8x7b", "--ep", "2", "--prefill",
+                              "2048,2048,2048,2048", "--json", *extra)
+        assert status == 0
+        (split,) = json.loads(out)["parallel"]
+        return split
+
+    for link, fp8_wins in (("ib-ndr", True), ("nvlink4", False)):
+        bf16, fp8 = step_s("--link", link), step_s("--link", link, "--dispatch", "fp8")
+        assert bf16["cast_s"] == 0 and fp8["cast_s"] > 0 and fp8["alltoall_s"] < bf16["alltoall_s"]
+        assert (fp8["step_s"] < bf16["step_s"]) is fp8_wins, (link, bf16["step_s"], fp8["step_s"])
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--model", "llama3-70b", "--tp", "3"],
      "TP 3 does not divide llama3-70b's 64 heads (valid: 1, 2, 4, 8, 16, 32, 64)"),

@@ -67,3 +67,11 @@ def test_the_report_records_the_offered_load_it_warned_with():
     check = report["workload"]["offered_vs_capacity"]
     assert check["requests"] == 10 and check["overloaded"] is False and set(check["utilisation"]) == {
         "prefill", "decode", "link"}
+
+
+def test_the_headline_says_when_tokens_overtook_an_earlier_one():
+    report = _report(Scenario())
+    assert not any("overtook" in x or "arrived before" in x for x in headline(report))
+    report["run"] = {"tokens_overtaking": 2}
+    (line,) = [x for x in headline(report) if "arrived before an earlier token" in x]
+    assert line.startswith("2 token(s)") and "held and delivered in order" in line

@@ -6,7 +6,13 @@
 
 With --ep N (a mixture of experts, EP = TP = N) each layer has one all-reduce (attention) and a dispatch +
 combine all-to-all (the MLP), both between the ranks of a ring; --prefill makes the step a prefill of those
-prompts instead of a decode step.
+prompts instead of a decode step. --dispatch fp8 sends the dispatch through the fp8 kernel (the combine stays
+BF16): it needs rounding, so it runs at the GPU (--dispatch-at gpu, the default), and in transit the module
+refuses it (--policy reject) or the policy moves it to the GPU (--policy host). Its error is measured on the real
+model's MLP inputs when the realkv extra is installed (--no-dispatch-accuracy skips it), else marked not measured.
+
+    kvtransit collective --model mixtral-8x7b --ep 2 --prefill 2048,2048,2048,2048 --dispatch fp8 \
+        --scale 0.001 --dilation 2
 
 n rank processes (one OS process each; + a switch process with --allreduce switch) hold their shard's
 roofline compute, then all-reduce real bytes: a ring between neighbours, or through a switch that sums the n
@@ -53,6 +59,14 @@ def register(subparsers) -> None:
                    help="the switch's ops per line byte (REFERENCE §5: low 0.40, sim 1.6, high 3.96; default sim)")
     p.add_argument("--granularity", choices=("auto", "layer", "step"), default="auto",
                    help="real all-reduces per layer, or one a step (default auto: what the host can carry)")
+    p.add_argument("--dispatch", choices=("bf16", "fp8"), default="bf16",
+                   help="what an EP all-to-all's dispatch carries (default bf16; fp8: the fp8 kernel)")
+    p.add_argument("--dispatch-at", choices=("gpu", "transit"), default="gpu",
+                   help="where the dispatch's fp8 runs: at the GPU (default) or in the link's module")
+    p.add_argument("--policy", choices=("reject", "host"), default="reject",
+                   help="a kernel the module cannot run (fp8 needs rounding): refuse it, or run it at the GPU")
+    p.add_argument("--no-dispatch-accuracy", action="store_true",
+                   help="skip measuring fp8's error on the real model's MLP inputs (loads the model, ~20 s)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -63,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from kvtransit.emulator.collective_run import plan_collective, run_collective
     from kvtransit.model.devices import device_by_name
     from kvtransit.model.link_catalog import link_by_name
-    from kvtransit.model.module import MODULE_BUDGETS, Module
+    from kvtransit.model.module import MODULE_BUDGETS, Module, Policy
 
     from ._model_args import model_from_args
 
@@ -72,9 +86,12 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_collective(model_from_args(args), device_by_name(args.gpu), link_by_name(args.link), tp=tp,
                            ep=args.ep or 0, allreduce=args.allreduce, tokens=args.tokens, context=args.context,
                            prompts=prompts, steps=args.steps, scale=args.scale, dilation=args.dilation,
-                           granularity=args.granularity, module=Module(ops_per_byte=MODULE_BUDGETS[args.module_budget]))
+                           granularity=args.granularity, module=Module(ops_per_byte=MODULE_BUDGETS[args.module_budget]),
+                           dispatch=args.dispatch, dispatch_at=args.dispatch_at, policy=Policy(args.policy))
     report = asyncio.run(run_collective(plan))
     summary = report.summary()
+    if args.dispatch == "fp8":
+        summary["dispatch_accuracy"] = _dispatch_accuracy(skip=args.no_dispatch_accuracy)
     if args.json:
         print_json(summary)
         return 0 if report.ok else 1
@@ -107,6 +124,38 @@ def run(args: argparse.Namespace) -> int:
             verdict = {True: "pass", False: "FAIL", None: "not measured"}[test["passed"]]
             print(f"placement test: {verdict}: streams needed {sw['streams_declared']}, merged per sum "
                   f"{sw['streams_per_sum']} ({test['reason']})")
+    if summary.get("dispatch"):
+        _print_dispatch(summary)
     for failure in report.failures:
         print(f"FAILED: {failure}")
     return 0 if report.ok else 1
+
+
+def _dispatch_accuracy(*, skip: bool) -> dict:
+    """FP8's error on the real model's MLP inputs (realmodel/dispatch_accuracy.py), or why it was not measured."""
+    from kvtransit.realmodel.extra import INSTALL_HINT, missing_packages
+
+    if skip:
+        return {"measured": False, "why": "skipped (--no-dispatch-accuracy)"}
+    if missing := missing_packages():
+        return {"measured": False, "why": f"the realkv extra is not installed ({', '.join(missing)} missing: "
+                                          f"{INSTALL_HINT})"}
+    from kvtransit.realmodel.dispatch_accuracy import fp8_dispatch_error
+    from kvtransit.realmodel.session import Session
+
+    return {"measured": True, **fp8_dispatch_error(Session()).to_json()}
+
+
+def _print_dispatch(summary: dict) -> None:
+    d = summary["dispatch"]
+    where = {"gpu": "at the GPU", "transit": "in transit", "-": "nowhere"}[d["runs_at"]]
+    print(f"dispatch: {d['codec']} {where} ({d['why']}); the model's casts {summary['model_cast_s'] * MS:,.3f} ms "
+          f"a step, the all-to-all {summary['model_alltoall_s'] * MS:,.3f} ms")
+    acc = summary.get("dispatch_accuracy")
+    if acc is None:
+        return
+    if acc["measured"]:
+        print(f"dispatch accuracy: fp8's relative L2 error {acc['relative_l2']:.4f} (worst layer {acc['worst_layer']}: "
+              f"{acc['worst_layer_relative_l2']:.4f}; E4M3's rounding bound {acc['bound']:.4f}) on {acc['source']}")
+    else:
+        print(f"dispatch accuracy: not measured: {acc['why']}")

@@ -61,6 +61,8 @@ def register(subparsers) -> None:
                    help="with --allreduce switch: the switch's ops per line byte (REFERENCE §5; default sim 1.6)")
     p.add_argument("--expert-imbalance", type=float, default=1.0, metavar="X",
                    help="the busiest rank's expert FLOPs over the mean, with --ep (default 1.0)")
+    p.add_argument("--dispatch", choices=("bf16", "fp8"), default="bf16",
+                   help="with --ep: the all-to-all's dispatch in BF16, or FP8 cast at the GPU (default bf16)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -137,10 +139,12 @@ def _parallel_split(args: argparse.Namespace, model, device) -> list[dict[str, A
     else:
         check_tp(model, args.tp)
     from kvtransit.model.module import MODULE_BUDGETS, Module
+    from kvtransit.model.moe_dispatch import place_dispatch
 
     common = {"tp": args.tp or 1, "ep": args.ep or 0, "allreduce": args.allreduce,
               "expert_imbalance": args.expert_imbalance,
-              "module": Module(ops_per_byte=MODULE_BUDGETS[args.module_budget])}
+              "module": Module(ops_per_byte=MODULE_BUDGETS[args.module_budget]),
+              "dispatch": place_dispatch(args.dispatch)}
     steps = []
     if args.prefill is not None:
         steps.append(("prefill", tp_prefill_step(model, device, link, args.prefill, **common)))
@@ -153,7 +157,8 @@ def _parallel_split(args: argparse.Namespace, model, device) -> list[dict[str, A
         "allreduce": step.allreduce_kind, "compute_s": step.compute_s,
         "allreduces": step.allreduces, "allreduce_bytes": step.allreduce_bytes, "allreduce_s": step.allreduce_s,
         "alltoalls": step.alltoalls, "alltoall_bytes": step.alltoall_bytes, "alltoall_s": step.alltoall_s,
-        "step_s": step.total_s, "compute_share": step.share(step.compute_s),
+        "dispatch": step.dispatch.codec, "cast_s": step.cast_s, "step_s": step.total_s,
+        "compute_share": step.share(step.compute_s),
         "allreduce_share": step.share(step.allreduce_s), "alltoall_share": step.share(step.alltoall_s),
     } for kind, step in steps]
 
@@ -172,5 +177,8 @@ def _print_split(split: list[dict[str, Any]]) -> None:
              f"{r['alltoall_share']:.1%}" if r["alltoalls"] else "-"]
             for r in split
         ],
-        caption="step = compute on the group (roofline, REFERENCE §3) + collectives, not overlapped (REFERENCE §7)",
+        caption="step = compute on the group (roofline, REFERENCE §3) + collectives, not overlapped (REFERENCE §7)"
+                + ("; FP8 dispatch: + the GPU's casts " + ", ".join(f"{r['step']} {r['cast_s'] * MS:,.3f} ms"
+                                                                    for r in split)
+                   if first["dispatch"] == "fp8" else ""),
     )

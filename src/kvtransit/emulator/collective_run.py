@@ -47,7 +47,8 @@ from kvtransit.model.collectives import (
 from kvtransit.model.devices import Device
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.link_catalog import Link
-from kvtransit.model.module import Module
+from kvtransit.model.module import Module, Policy
+from kvtransit.model.moe_dispatch import AT_GPU, BF16_DISPATCH, DISPATCH_BF16, DispatchPlacement, place_dispatch
 
 # What one hop of a collective costs this host in Python (frame, write, loopback, read, parse, wake), per rank
 # process sharing a core. Measured on the 2-core dev box: llama3-70b TP4 ring per layer (960 hops a step a
@@ -91,12 +92,13 @@ class CollectivePlan:
     latency_s: float  # × dilation
     module: Module  # the switch's, its added latency × dilation
     deadline_s: float
+    dispatch: DispatchPlacement = BF16_DISPATCH  # EP: what the dispatch carries, where it is cast
 
     def rank_plan(self, rank: int) -> dict[str, Any]:
         return {"group": GROUP_ID, "rank": rank, "size": self.n, "mode": self.allreduce, "steps": self.steps,
                 "collectives": self.collectives, "values": self.values, "compute_s": self.compute_s,
                 "held_s": self.held_s, "deadline_s": self.deadline_s, "per_layer": 1 if self.ep else 2,
-                "alltoall_values": self.alltoall_values}
+                "alltoall_values": self.alltoall_values, "dispatch": self.dispatch.codec}
 
 
 def _check_emulation(allreduce: str, granularity: str, scale: float, dilation: float, steps: int) -> None:
@@ -115,10 +117,17 @@ def _check_emulation(allreduce: str, granularity: str, scale: float, dilation: f
 def plan_collective(model: ModelSpec, device: Device, link: Link, *, tp: int = 0, ep: int = 0,
                     allreduce: str = ALLREDUCE_RING, tokens: int = 1, context: int = 2048,
                     prompts: Sequence[int] | None = None, steps: int = 5, scale: float = 1.0, dilation: float = 1.0,
-                    granularity: str = "auto", module: Module = Module(), cores: int | None = None) -> CollectivePlan:
+                    granularity: str = "auto", module: Module = Module(), cores: int | None = None,
+                    dispatch: str = DISPATCH_BF16, dispatch_at: str = AT_GPU,
+                    policy: Policy = Policy.REJECT) -> CollectivePlan:
     """A decode step of `tokens` sequences at `context` each, or with `prompts` a prefill step, on a TP-`tp`
-    group, or with `ep` an EP = TP = `ep` group of a MoE model (ring only: the all-to-all goes between ranks)."""
+    group, or with `ep` an EP = TP = `ep` group of a MoE model (ring only: the all-to-all goes between ranks),
+    its dispatch in BF16 or FP8 (`dispatch`; `dispatch_at` the GPU, or in transit where the module's `policy`
+    judges it: model/moe_dispatch.py)."""
     _check_emulation(allreduce, granularity, scale, dilation, steps)
+    placed = place_dispatch(dispatch, dispatch_at, module, policy)
+    if dispatch != DISPATCH_BF16 and not ep:
+        raise ConfigError(f"--dispatch {dispatch} needs an all-to-all: expert parallelism (--ep 2 on a MoE model)")
     n = ep or tp
     if ep:
         check_ep(model, ep)
@@ -138,11 +147,11 @@ def plan_collective(model: ModelSpec, device: Device, link: Link, *, tp: int = 0
                           f"(valid: a group of up to {4 * cores})")
     if prompts is not None:
         modelled = tp_prefill_step(model, device, link, list(prompts), tp=tp, ep=ep, allreduce=allreduce,
-                                   module=module)
+                                   module=module, dispatch=placed)
         step_kind, tokens, context = "prefill", sum(prompts), 0
     else:
         modelled = tp_decode_step(model, device, link, tp=tp, ep=ep, batch=tokens, context_total=context * tokens,
-                                  allreduce=allreduce, module=module)
+                                  allreduce=allreduce, module=module, dispatch=placed)
         step_kind = "decode"
     per_reduce = tokens * model.d_model
     values = max(n, math.ceil(per_reduce * scale / n) * n)  # whole chunks of a ring, ≥ one value each
@@ -174,11 +183,13 @@ def plan_collective(model: ModelSpec, device: Device, link: Link, *, tp: int = 0
     deadline = max(MIN_DEADLINE_S, DEADLINE_STEPS * modelled.total_s * dilation)
     return CollectivePlan(
         model, device, link, allreduce, n, bool(ep), step_kind, tokens, context, steps, dilation, modelled, values,
-        a2a_hop, effective, granularity, why, collectives, modelled.compute_s * dilation, max(0.0, held) * dilation,
+        # The GPU's FP8 casts are held with the compute (fused into the layers: model/moe_dispatch.py).
+        a2a_hop, effective, granularity, why, collectives, (modelled.compute_s + modelled.cast_s) * dilation,
+        max(0.0, held) * dilation,
         rate, link.latency_s * dilation,
         Module(module.name, module.line_rate_Bps, module.ops_per_byte, module.pj_per_input_bit,
                module.added_latency_s * dilation),
-        deadline)
+        deadline, placed)
 
 
 @dataclass
@@ -222,6 +233,7 @@ class CollectiveReport:
             "processes": p.n + (1 if p.allreduce == ALLREDUCE_SWITCH else 0),
             "model_step_s": m.total_s, "model_compute_s": m.compute_s, "model_allreduce_s": m.allreduce_s,
             "model_alltoall_s": m.alltoall_s, "model_collective_share": m.collective_share,
+            "dispatch": p.dispatch.to_json() if p.ep else None, "model_cast_s": m.cast_s,
             "measured_step_s": measured_step, "measured_collective_share": measured_share,
             "step_error": measured_step / m.total_s - 1 if rows else math.nan,
             "share_error_points": (measured_share - m.collective_share) * 100 if rows else math.nan,

@@ -5,7 +5,8 @@ all-to-all holds a step, and what share of the step the collectives are.
   ring over the scale-up link `2(n−1)/n · S/B + 2(n−1) · latency`; in the network (a switch that sums) one hop
   up `latency + S/B`, the switch's sum, one hop down `latency + S/B`.
 - MoE all-to-all (EP = n), per MoE layer a dispatch and a combine: `2 · tokens · k · d · (n−1)/n` values × 2 B
-  over the link plus `2(n−1) · latency`; experts touched `E · (1 − (1 − k/E)^tokens)`; the busiest rank's expert
+  over the link plus `2(n−1) · latency` (FP8 dispatch, model/moe_dispatch.py: the dispatch's half at ~1 B a
+  value, the GPU's casts fused into the layer); experts touched `E · (1 − (1 − k/E)^tokens)`; the busiest rank's expert
   FLOPs × `expert_imbalance`.
 - The step: roofline compute on n GPUs (REFERENCE §3, `cost.step_time`) + the collectives, not overlapped.
   Dense TP: 2·L all-reduces. EP = TP = n: the attention's all-reduce stays (L of them) and the MLP's becomes
@@ -25,6 +26,7 @@ from .devices import Device
 from .errors import ConfigError
 from .link_catalog import Link
 from .module import Module
+from .moe_dispatch import BF16_DISPATCH, DISPATCH_BF16, DISPATCH_VALUE_BYTES, DispatchPlacement, gpu_cast_s
 
 # REFERENCE §7: two all-reduces per layer, after attention and after the MLP.
 ALLREDUCES_PER_LAYER = 2
@@ -118,18 +120,19 @@ def _require_moe(model: ModelSpec) -> None:
                           f"(experts = {model.experts})")
 
 
-def alltoall_bytes(model: ModelSpec, tokens: int, n: int) -> float:
-    """One MoE layer's dispatch + combine: `2 · tokens · k · d · (n−1)/n` activations × 2 B (REFERENCE §7)."""
+def alltoall_bytes(model: ModelSpec, tokens: int, n: int, dispatch: str = DISPATCH_BF16) -> float:
+    """One MoE layer's dispatch + combine: `2 · tokens · k · d · (n−1)/n` activations × 2 B (REFERENCE §7); with
+    FP8 dispatch the dispatch's half is 1 B a value (the combine stays BF16)."""
     _require_moe(model)
     _require_group(n)
     _require_tokens(tokens)
-    values = 2 * tokens * model.experts_active * model.d_model * (n - 1) / n
-    return values * model.bytes_per_value
+    each_way = tokens * model.experts_active * model.d_model * (n - 1) / n
+    return each_way * (DISPATCH_VALUE_BYTES[dispatch] + model.bytes_per_value)
 
 
-def alltoall_s(model: ModelSpec, tokens: int, n: int, link: Link) -> float:
+def alltoall_s(model: ModelSpec, tokens: int, n: int, link: Link, dispatch: str = DISPATCH_BF16) -> float:
     """`bytes / B + 2(n−1) · latency` for one MoE layer's dispatch + combine (REFERENCE §7)."""
-    return link.serialisation_s(alltoall_bytes(model, tokens, n)) + 2 * (n - 1) * link.latency_s
+    return link.serialisation_s(alltoall_bytes(model, tokens, n, dispatch)) + 2 * (n - 1) * link.latency_s
 
 
 def experts_touched(experts: int, active: int, tokens: int) -> float:
@@ -201,6 +204,8 @@ class ParallelStep:
     alltoalls: int  # MoE layers' dispatch + combine: L with EP, else 0
     alltoall_bytes: float  # one layer's dispatch + combine
     alltoall_each_s: float
+    dispatch: DispatchPlacement = BF16_DISPATCH
+    cast_each_s: float = 0.0  # FP8 dispatch at the GPU: one layer's casts (moe_dispatch.gpu_cast_s)
 
     @property
     def compute_s(self) -> float:
@@ -219,8 +224,13 @@ class ParallelStep:
         return self.allreduce_s + self.alltoall_s
 
     @property
+    def cast_s(self) -> float:
+        """The GPU's FP8 casts of every MoE layer in the step (0 without FP8 dispatch at the GPU)."""
+        return self.alltoalls * self.cast_each_s
+
+    @property
     def total_s(self) -> float:
-        return self.compute_s + self.collective_s
+        return self.compute_s + self.cast_s + self.collective_s
 
     def share(self, seconds: float) -> float:
         return seconds / self.total_s
@@ -232,19 +242,25 @@ class ParallelStep:
 
 def parallel_step(model: ModelSpec, device: Device, work: StepWork, tokens: int, link: Link, *,
                   tp: int = 1, ep: int = 0, allreduce: str = ALLREDUCE_RING, module: Module = Module(),
-                  expert_imbalance: float = 1.0) -> ParallelStep:
+                  expert_imbalance: float = 1.0, dispatch: DispatchPlacement | None = None) -> ParallelStep:
     """A step of `work` (`tokens` tokens of activations through every layer) on a TP-`tp` group, or with
     `ep` > 0 an EP = TP = `ep` group of a MoE model. Dense TP: 2·L all-reduces; EP: L all-reduces (attention)
-    and L dispatch + combine (the MLP)."""
+    and L dispatch + combine (the MLP), the dispatch in BF16 or, with `dispatch` (moe_dispatch.place_dispatch),
+    in FP8."""
     if allreduce not in ALLREDUCE_KINDS:
         raise ConfigError(f"unknown all-reduce {allreduce!r} (choose from: {', '.join(ALLREDUCE_KINDS)})")
     nbytes = activation_bytes(model, tokens)
+    dispatch = dispatch or BF16_DISPATCH
     if ep:
         n = check_ep(model, ep)
         work = moe_work(model, work, tokens, expert_imbalance)
+        cast_each_s = gpu_cast_s(model, device, tokens, n) if dispatch.runs_at == "gpu" else 0.0
         return ParallelStep(n, step_time(work, device, n), allreduce, nbytes, model.layers,
                             allreduce_s(allreduce, nbytes, n, link, module), model.layers,
-                            alltoall_bytes(model, tokens, n), alltoall_s(model, tokens, n, link))
+                            alltoall_bytes(model, tokens, n, dispatch.codec),
+                            alltoall_s(model, tokens, n, link, dispatch.codec), dispatch, cast_each_s)
+    if dispatch.codec != DISPATCH_BF16:
+        raise ConfigError(f"a {dispatch.codec.upper()} dispatch needs an all-to-all: expert parallelism (--ep)")
     # TP of a MoE model without EP: every expert split n ways, the step as REFERENCE §3 has it (k a token).
     n = check_tp(model, tp)
     return ParallelStep(n, step_time(work, device, n), allreduce, nbytes, ALLREDUCES_PER_LAYER * model.layers,
@@ -253,15 +269,15 @@ def parallel_step(model: ModelSpec, device: Device, work: StepWork, tokens: int,
 
 def tp_decode_step(model: ModelSpec, device: Device, link: Link, *, tp: int = 1, ep: int = 0, batch: int = 1,
                    context_total: int = 0, allreduce: str = ALLREDUCE_RING, module: Module = Module(),
-                   expert_imbalance: float = 1.0) -> ParallelStep:
+                   expert_imbalance: float = 1.0, dispatch: DispatchPlacement | None = None) -> ParallelStep:
     """A decode step of `batch` sequences (one token each) on a parallel group."""
     return parallel_step(model, device, decode_work(model, batch, context_total), batch, link, tp=tp, ep=ep,
-                         allreduce=allreduce, module=module, expert_imbalance=expert_imbalance)
+                         allreduce=allreduce, module=module, expert_imbalance=expert_imbalance, dispatch=dispatch)
 
 
 def tp_prefill_step(model: ModelSpec, device: Device, link: Link, prompt_lens: Sequence[int], *, tp: int = 1,
                     ep: int = 0, allreduce: str = ALLREDUCE_RING, module: Module = Module(),
-                    expert_imbalance: float = 1.0) -> ParallelStep:
+                    expert_imbalance: float = 1.0, dispatch: DispatchPlacement | None = None) -> ParallelStep:
     """A prefill step of `prompt_lens` on a parallel group: every prompt token's activations are reduced."""
     return parallel_step(model, device, prefill_work(model, prompt_lens), sum(prompt_lens), link, tp=tp, ep=ep,
-                         allreduce=allreduce, module=module, expert_imbalance=expert_imbalance)
+                         allreduce=allreduce, module=module, expert_imbalance=expert_imbalance, dispatch=dispatch)

@@ -48,6 +48,7 @@ class Prefill:
     cache: list[LayerKV]  # per layer, K post-RoPE and V
     keys_pre_rope: list[torch.Tensor] | None  # per layer, the k_proj output [kv_heads, tokens, head_dim]
     last_queries: list[torch.Tensor] | None  # per layer, the last position's query after RoPE [q_heads, head_dim]
+    mlp_inputs: list[torch.Tensor] | None = None  # per layer, what the MLP reads [tokens, d] (post-attention norm)
 
 
 def _versions() -> dict[str, str]:
@@ -128,9 +129,11 @@ class Session:
                                  f"(max_position_embeddings of {self.path.name})")
 
     # --- running it -----------------------------------------------------------------------------------------
-    def prefill(self, ids: Sequence[int], *, keys_pre_rope: bool = False, last_query: bool = False) -> Prefill:
+    def prefill(self, ids: Sequence[int], *, keys_pre_rope: bool = False, last_query: bool = False,
+                mlp_inputs: bool = False) -> Prefill:
         """One exact forward pass over `ids` from position 0, keeping the cache (and, on request, the k_proj
-        outputs and the last position's queries, both captured by hooks, the queries rotated as the model does)."""
+        outputs, the last position's queries, rotated as the model does, and every MLP's input: what an MoE
+        layer's router would dispatch to its experts), all captured by hooks."""
         self.check_length(len(ids), "context")
         captured: dict[tuple[str, int], torch.Tensor] = {}
         hooks = []
@@ -140,6 +143,8 @@ class Session:
                 hooks.append(attn.k_proj.register_forward_hook(_keep("k", i, captured)))
             if last_query:
                 hooks.append(attn.q_proj.register_forward_hook(_keep("q", i, captured, last_only=True)))
+            if mlp_inputs:
+                hooks.append(block.mlp.register_forward_pre_hook(_keep_input("mlp", i, captured)))
         try:
             with torch.inference_mode():
                 out = self.model(input_ids=torch.tensor([list(ids)]), use_cache=True)
@@ -157,7 +162,8 @@ class Session:
         if last_query:
             queries = [self.rotate(captured[("q", i)][0].view(1, self.q_heads, self.head_dim).transpose(0, 1),
                                    torch.tensor([t - 1]))[:, 0] for i in range(self.layers)]
-        return Prefill(out.logits[0].float(), layers, pre, queries)
+        mlp = [captured[("mlp", i)][0].float() for i in range(self.layers)] if mlp_inputs else None
+        return Prefill(out.logits[0].float(), layers, pre, queries, mlp)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """RoPE as the model applies it: x [heads, tokens, head_dim] rotated to `positions` [tokens]."""
@@ -209,6 +215,12 @@ class Session:
 def _keep(kind: str, layer: int, into: dict[tuple[str, int], torch.Tensor], *, last_only: bool = False) -> Any:
     def hook(_module: Any, _inputs: Any, output: torch.Tensor) -> None:
         into[(kind, layer)] = (output[:, -1:] if last_only else output).detach().clone()
+    return hook
+
+
+def _keep_input(kind: str, layer: int, into: dict[tuple[str, int], torch.Tensor]) -> Any:
+    def hook(_module: Any, inputs: tuple[torch.Tensor, ...]) -> None:
+        into[(kind, layer)] = inputs[0].detach().clone()
     return hook
 
 

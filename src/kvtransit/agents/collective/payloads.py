@@ -35,9 +35,15 @@ class Payloads:
         table = np.array([sum((m + 3 * r) % CYCLE - CYCLE // 2 for r in range(size)) for m in range(CYCLE)])
         self._sum = table[index].astype(np.float32).astype(BF16)
 
+    def phase(self, rank: int, step: int, collective: int) -> int:
+        """Which of the CYCLE distinct parts `part` returns: equal phases, equal values."""
+        return (_offset(step, collective) + 3 * rank) % CYCLE
+
     def part(self, rank: int, step: int, collective: int) -> np.ndarray:
-        start = (_offset(step, collective) + 3 * rank) % CYCLE
-        return self._part[start:start + self.values]
+        return self.at_phase(self.phase(rank, step, collective))
+
+    def at_phase(self, phase: int) -> np.ndarray:
+        return self._part[phase:phase + self.values]
 
     def expected(self, step: int, collective: int) -> np.ndarray:
         start = _offset(step, collective)

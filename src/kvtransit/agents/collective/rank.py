@@ -1,6 +1,10 @@
 """One rank of a TP group: each step holds its shard's modelled compute on the clock, then all-reduces real
 bytes, ring or switch, and checks every sum it gets back against the exact sum (payloads.py).
 
+EP's all-to-all (ring only): the dispatch's n − 1 hops carry BF16, or with `dispatch="fp8"` what the fp8 kernel
+(kernels/registry.py: Fp8Codec, E4M3 with a scale per 64 values) makes of them, cast at the sending GPU and back
+at the receiving one; the combine's n − 1 hops stay BF16 (model/moe_dispatch.py).
+
 Ring (reduce-scatter then all-gather, REFERENCE §7): the payload is cut into n chunks; in n − 1 hops each rank
 sends a chunk to the next rank and adds the one it receives from the previous (stream_sum, BF16), then in n − 1
 more hops the reduced chunks go round. Switch: every rank sends its whole part up and gets the sum back.
@@ -18,12 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from kvtransit.kernels.registry import Fp8Codec
 from kvtransit.kernels.stream_sum import sum_streams
 from kvtransit.runtime.clock import Clock
 from kvtransit.wire.collective import Frame, Kind, abort
 
 from .channel import Channel, PeerGone
-from .payloads import BF16, Payloads
+from .payloads import BF16, CYCLE, Payloads
 
 # The clock's yield-spin before each deadline. A rank holds a short wait at every hop (a modelled hop at the
 # dilations that carry per-layer messages is ~0.5 ms), so the agents' 500 µs spin (runtime/clock.py) would
@@ -31,6 +36,10 @@ from .payloads import BF16, Payloads
 # 4 rank processes on the 2-core dev box): 500 µs spin, step 20 % over the model; 50 µs spin, 4.4 % over.
 RANK_SPIN_S = 50e-6
 
+
+# E4M3 keeps 3 mantissa bits: a rounded normal value is within half an ulp, 2^-4 of itself (the payloads'
+# values, scaled by their block's amax / 448, are all normal).
+E4M3_HALF_ULP = 2.0 ** -4
 
 MODE_RING = "ring"
 # An all-to-all hop's `chunk` field: after the all-reduce's 2(n − 1) hops (n ≤ 64), so the two never mix.
@@ -54,6 +63,7 @@ class RankPlan:
     deadline_s: float = 10.0  # the longest wait for a peer before the step fails
     per_layer: int = 2  # all-reduces a layer: 2 (TP), 1 (EP: the attention's; the MLP's is the all-to-all)
     alltoall_values: int = 0  # EP (ring only): BF16 values a hop of the dispatch + combine carries; 0: none
+    dispatch: str = "bf16"  # what the dispatch's hops carry: bf16, or fp8 (the kernel, run at the GPU)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -97,6 +107,42 @@ class _Ring:
     def __init__(self, plan: RankPlan, prev: Channel, nxt: Channel):
         self.plan, self.prev, self.next = plan, prev, nxt
         self.prev_rank = (plan.rank - 1) % plan.size
+        if plan.dispatch not in ("bf16", "fp8"):
+            raise ValueError(f"unknown dispatch {plan.dispatch!r} (bf16 or fp8)")
+        self._fp8 = Fp8Codec() if plan.dispatch == "fp8" else None
+        self._fp8_header_bytes = 0
+        # A dispatch chunk's fp8 bytes by its payload phase. The parts repeat every CYCLE phases (payloads.py), so
+        # `prepare` runs the kernel once on each distinct chunk before the first step: the host's numpy time is not
+        # the GPU's cast (the model holds that, with the compute), and run on every hop it would land on the
+        # modelled link instead.
+        self._fp8_wire: dict[int, bytes] = {}
+
+    def prepare(self, parts: Payloads) -> None:
+        """Every distinct dispatch chunk through the fp8 kernel, and back: each must decode within FP8's rounding
+        (a kernel that does not is a failed step, not a silent error)."""
+        if self._fp8 is None:
+            return
+        for phase in range(CYCLE):
+            part = parts.at_phase(phase)
+            encoded = self._fp8.encode(part.reshape(1, -1))  # a [tokens, d] view, as the kernel takes activations
+            self._fp8_header_bytes = len(encoded.header)
+            wire = self._fp8_wire[phase] = encoded.header + encoded.payload.tobytes()
+            sent, got = part.astype(np.float32), self._cast_back(wire).astype(np.float32)
+            if not np.all(np.abs(got - sent) <= E4M3_HALF_ULP * np.abs(sent)):
+                raise CollectiveFailed(f"rank {self.plan.rank}: the fp8 kernel decodes dispatch chunk {phase} "
+                                       "outside FP8's rounding")
+
+    def _on_wire(self, parts: Payloads, rank: int, step: int, collective: int, dispatch_hop: bool) -> bytes:
+        """A chunk as a hop carries it: a dispatch hop's through the fp8 kernel (header, codes, scales)."""
+        if self._fp8 is None or not dispatch_hop:
+            return parts.part(rank, step, collective).tobytes()
+        return self._fp8_wire[parts.phase(rank, step, collective)]
+
+    def _cast_back(self, wire: bytes | bytearray | memoryview) -> np.ndarray:
+        """The receiving GPU's half of the fp8 kernel: a dispatched chunk back to BF16."""
+        assert self._fp8 is not None  # only dispatch hops of an fp8 dispatch come here
+        h = self._fp8_header_bytes
+        return self._fp8.decode(bytes(wire[:h]), np.frombuffer(wire, np.uint8, offset=h)).reshape(-1).astype(BF16)
 
     async def allreduce(self, part: np.ndarray, step: int, collective: int, at_ns: int) -> tuple[np.ndarray, int]:
         n, me = self.plan.size, self.plan.rank
@@ -121,15 +167,18 @@ class _Ring:
         chunk received is checked against what its sender's part is (a lost or mixed-up chunk is found)."""
         n, me = self.plan.size, self.plan.rank
         for hop in range(2 * (n - 1)):
+            dispatch = hop < n - 1  # the first n − 1 hops dispatch, the rest combine
             await self.next.send(Frame(Kind.PART, self.plan.group, step, collective, me, ALLTOALL_HOP_BASE + hop,
-                                       payload=parts.part(me, step, collective + hop).tobytes()), at_ns=at_ns)
-            expected = parts.part(self.prev_rank, step, collective + hop)
-            frame = await self._receive(step, collective, ALLTOALL_HOP_BASE + hop, expected.nbytes)
+                                       payload=self._on_wire(parts, me, step, collective + hop, dispatch)),
+                                 at_ns=at_ns)
+            expected = self._on_wire(parts, self.prev_rank, step, collective + hop, dispatch)
+            frame = await self._receive(step, collective, ALLTOALL_HOP_BASE + hop, len(expected))
             await self.prev.hold_until_due(frame)
             at_ns = max(at_ns, frame.due_ns)
-            if frame.payload != expected.tobytes():
+            if frame.payload != expected:
                 raise CollectiveFailed(f"rank {me} found a wrong all-to-all chunk from rank {self.prev_rank} at "
                                        f"{_where(self.plan, step, collective)}, hop {hop}")
+            # An fp8 chunk equal to the bytes `prepare` checked decodes as they did: within FP8's rounding.
         return at_ns
 
     async def _receive(self, step: int, collective: int, hop: int, nbytes: int) -> Frame:
@@ -204,6 +253,14 @@ async def run_steps(plan: RankPlan, clock: Clock, algorithm: _Ring | _Switch, st
     if moe is not None and not isinstance(algorithm, _Ring):
         raise ValueError("an all-to-all runs between ranks: give EP a ring")
     result = RankResult(plan.rank)
+    if moe is not None:
+        assert isinstance(algorithm, _Ring)
+        try:
+            algorithm.prepare(moe)
+        except CollectiveFailed as exc:
+            result.ok, result.reason = False, str(exc)
+            await algorithm.fail(result.reason)
+            return result
     await clock.sleep_until(start_ns)
     step = collective = 0
     # Model time runs on absolute deadlines (DESIGN §2, as DeadlineSchedule holds steps): a step starts when the

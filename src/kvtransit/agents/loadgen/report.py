@@ -106,12 +106,14 @@ def handoff_split(scenario: Scenario, records: Sequence[RequestRecord], decodes:
 def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: list[dict], *, run_wall_s: float,
                  tokens_delivered: int, middlebox_stats: list[dict] | None = None,
                  missing_stats: Sequence[str] = (), workload: Sequence[RequestSpec] | None = None,
-                 handoff_splits: Mapping[int, Mapping[str, float]] | None = None) -> dict:
+                 handoff_splits: Mapping[int, Mapping[str, float]] | None = None, tokens_overtaking: int = 0) -> dict:
     """`missing_stats`: one line per peer whose /stats could not be read; they are the report's `errors` and
     make the run unfaithful (fidelity `stats`). `workload`: the requests the run sent (the load generator
     passes what it holds; without it they are drawn, or the trace read, again from the scenario).
     `handoff_splits`: each request's hand-off split as decode measured it (request id → `hidden_s`, ...: decode's
-    `handoff_split` beside its queue waits), for `per_request`; without it each request's hidden part is null."""
+    `handoff_split` beside its queue waits), for `per_request`; without it each request's hidden part is null.
+    `tokens_overtaking`: tokens that arrived before an earlier token of their request (held, then delivered in
+    order: agents/loadgen/agent.py `_token`)."""
     summary = summarise(records)
     scale, dilation = scenario.effective_scale, scenario.effective_dilation
     decodes = [s for s in peer_stats if s.get("role") == "decode"]
@@ -208,7 +210,7 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
              "handoff_hidden_s": (handoff_splits or {}).get(r.request_id, {}).get("hidden_s")}
             for r in records],
         "run": {"wall_s": run_wall_s, "model_s": run_wall_s / dilation, "tokens_delivered": tokens_delivered,
-                "agents": peer_stats},
+                "tokens_overtaking": tokens_overtaking, "agents": peer_stats},
     }
     report = finite_json(report)
     report["verdict"] = handoff_verdict(report, scenario, middleboxes=middleboxes)

@@ -73,6 +73,9 @@ def headline(report: dict) -> list[str]:
             f"{k}: {v['hint']}" for k, v in report["fidelity"].items() if not v["ok"])),
     ]
     lines += [f"ERROR: {error}" for error in report.get("errors", [])]
+    if overtaking := report.get("run", {}).get("tokens_overtaking"):
+        lines.append(f"{overtaking} token(s) arrived before an earlier token of their request (the prefill's first "
+                     "token after decode's next: a late process on a busy host); each was held and delivered in order")
     if report.get("prometheus"):
         lines.append(f"Prometheus: {report['prometheus']['url']} (stopped with the run)")
     if line := kv_pool_headline(report):
