@@ -2,7 +2,9 @@
 loopback, the same light workload handed off whole, layer-wise, and layer-wise with chunked prefill.
 
 Light load (one request every 0.5 s, short outputs) so hand-offs find the link free and can be held against the
-model; dilation 2, as the sweep presets run, so a busy 2-core box holds the layers' millisecond release times."""
+model; dilation 3, so a busy 2-core box holds the layers' millisecond release times: at 2 (the sweep presets') the
+layer-wise hand-off ran 8–10 % over the model (the check allows 2 %) in a CI run and in half the runs beside a process
+spinning on one core; at 3 it held in 4 runs of 4 beside that process."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 
 REQUESTS = 10
 LIGHT = dict(codec="none", rate=2.0, requests=REQUESTS, output_mean=32.0, output_cv=0.5, prompt_mean=1024.0,
-             prompt_cv=0.5, dilation=2.0, seed=3)
+             prompt_cv=0.5, dilation=3.0, seed=3)
 
 
 def _run(directory: Path, name: str, **fields) -> dict:
