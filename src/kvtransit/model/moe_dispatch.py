@@ -39,6 +39,9 @@ DISPATCH_VALUE_BYTES = {DISPATCH_BF16: 2.0, DISPATCH_FP8: 1.0 + 4.0 / FP8_BLOCK}
 AT_GPU = "gpu"
 AT_TRANSIT = "transit"
 DISPATCH_PLACES = (AT_GPU, AT_TRANSIT)
+# E4M3 keeps 3 mantissa bits: a rounded normal value is within half an ulp, 2^-4 of itself (OCP 8-bit floating point
+# spec). What the ranks check each decoded dispatch chunk against, and what the real-model error is reported beside.
+E4M3_HALF_ULP = 2.0 ** -4
 
 
 @dataclass(frozen=True)

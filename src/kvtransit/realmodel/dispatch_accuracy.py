@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from kvtransit.kernels.registry import Fp8Codec
+from kvtransit.model.moe_dispatch import E4M3_HALF_ULP
 
 from .session import Session
 from .texts import read_text
@@ -26,9 +27,9 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 # to keep the pass to a second or two on 2 cores (texts.py: the real-model tables use 1,024).
 DISPATCH_TOKENS = 512
 DISPATCH_TEXT = "gpl-3"
-# E4M3 keeps 3 mantissa bits: a rounded normal value is within half an ulp, 2^-4 of itself; a block's values far
-# below its amax fall into subnormals and may do worse, so the whole-tensor error is reported against this.
-FP8_ROUNDING_BOUND = 2.0 ** -4
+# A block's values far below its amax fall into E4M3's subnormals and may do worse than its half-ulp, so the
+# whole-tensor error is reported against the half-ulp, not held to it value by value.
+FP8_ROUNDING_BOUND = E4M3_HALF_ULP
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import numpy as np
 
 from kvtransit.kernels.registry import Fp8Codec
 from kvtransit.kernels.stream_sum import sum_streams
+from kvtransit.model.moe_dispatch import DISPATCH_BF16, DISPATCH_FP8, DISPATCH_VALUE_BYTES, E4M3_HALF_ULP
 from kvtransit.runtime.clock import Clock
 from kvtransit.wire.collective import Frame, Kind, abort
 
@@ -36,10 +37,6 @@ from .payloads import BF16, CYCLE, Payloads
 # 4 rank processes on the 2-core dev box): 500 µs spin, step 20 % over the model; 50 µs spin, 4.4 % over.
 RANK_SPIN_S = 50e-6
 
-
-# E4M3 keeps 3 mantissa bits: a rounded normal value is within half an ulp, 2^-4 of itself (the payloads'
-# values, scaled by their block's amax / 448, are all normal).
-E4M3_HALF_ULP = 2.0 ** -4
 
 MODE_RING = "ring"
 # An all-to-all hop's `chunk` field: after the all-reduce's 2(n − 1) hops (n ≤ 64), so the two never mix.
@@ -63,7 +60,7 @@ class RankPlan:
     deadline_s: float = 10.0  # the longest wait for a peer before the step fails
     per_layer: int = 2  # all-reduces a layer: 2 (TP), 1 (EP: the attention's; the MLP's is the all-to-all)
     alltoall_values: int = 0  # EP (ring only): BF16 values a hop of the dispatch + combine carries; 0: none
-    dispatch: str = "bf16"  # what the dispatch's hops carry: bf16, or fp8 (the kernel, run at the GPU)
+    dispatch: str = DISPATCH_BF16  # what the dispatch's hops carry: bf16, or fp8 (the kernel, run at the GPU)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -107,9 +104,9 @@ class _Ring:
     def __init__(self, plan: RankPlan, prev: Channel, nxt: Channel):
         self.plan, self.prev, self.next = plan, prev, nxt
         self.prev_rank = (plan.rank - 1) % plan.size
-        if plan.dispatch not in ("bf16", "fp8"):
-            raise ValueError(f"unknown dispatch {plan.dispatch!r} (bf16 or fp8)")
-        self._fp8 = Fp8Codec() if plan.dispatch == "fp8" else None
+        if plan.dispatch not in DISPATCH_VALUE_BYTES:
+            raise ValueError(f"unknown dispatch {plan.dispatch!r} (one of {', '.join(DISPATCH_VALUE_BYTES)})")
+        self._fp8 = Fp8Codec() if plan.dispatch == DISPATCH_FP8 else None
         self._fp8_header_bytes = 0
         # A dispatch chunk's fp8 bytes by its payload phase. The parts repeat every CYCLE phases (payloads.py), so
         # `prepare` runs the kernel once on each distinct chunk before the first step: the host's numpy time is not
@@ -128,6 +125,7 @@ class _Ring:
             self._fp8_header_bytes = len(encoded.header)
             wire = self._fp8_wire[phase] = encoded.header + encoded.payload.tobytes()
             sent, got = part.astype(np.float32), self._cast_back(wire).astype(np.float32)
+            # The payloads' values, scaled by their block's amax / 448, are all E4M3 normals.
             if not np.all(np.abs(got - sent) <= E4M3_HALF_ULP * np.abs(sent)):
                 raise CollectiveFailed(f"rank {self.plan.rank}: the fp8 kernel decodes dispatch chunk {phase} "
                                        "outside FP8's rounding")
