@@ -26,7 +26,7 @@ from .devices import Device
 from .errors import ConfigError
 from .link_catalog import Link
 from .module import Module
-from .moe_dispatch import BF16_DISPATCH, DISPATCH_BF16, DISPATCH_VALUE_BYTES, DispatchPlacement, gpu_cast_s
+from .moe_dispatch import AT_GPU, BF16_DISPATCH, DISPATCH_BF16, DISPATCH_VALUE_BYTES, DispatchPlacement, gpu_cast_s
 
 # REFERENCE §7: two all-reduces per layer, after attention and after the MLP.
 ALLREDUCES_PER_LAYER = 2
@@ -122,7 +122,7 @@ def _require_moe(model: ModelSpec) -> None:
 
 def alltoall_bytes(model: ModelSpec, tokens: int, n: int, dispatch: str = DISPATCH_BF16) -> float:
     """One MoE layer's dispatch + combine: `2 · tokens · k · d · (n−1)/n` activations × 2 B (REFERENCE §7); with
-    FP8 dispatch the dispatch's half is 1 B a value (the combine stays BF16)."""
+    FP8 dispatch the dispatch's half is the fp8 kernel's 1.0625 B a value (the combine stays BF16)."""
     _require_moe(model)
     _require_group(n)
     _require_tokens(tokens)
@@ -254,7 +254,7 @@ def parallel_step(model: ModelSpec, device: Device, work: StepWork, tokens: int,
     if ep:
         n = check_ep(model, ep)
         work = moe_work(model, work, tokens, expert_imbalance)
-        cast_each_s = gpu_cast_s(model, device, tokens, n) if dispatch.runs_at == "gpu" else 0.0
+        cast_each_s = gpu_cast_s(model, device, tokens, n) if dispatch.runs_at == AT_GPU else 0.0
         return ParallelStep(n, step_time(work, device, n), allreduce, nbytes, model.layers,
                             allreduce_s(allreduce, nbytes, n, link, module), model.layers,
                             alltoall_bytes(model, tokens, n, dispatch.codec),

@@ -13,16 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from kvtransit.kernels.header import WIRE_DTYPES
 from kvtransit.kernels.registry import Fp8Codec
 from kvtransit.model.moe_dispatch import E4M3_HALF_ULP
 
 from .session import Session
 from .texts import read_text
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
 # A context long enough for every layer's activations to settle past the first tokens' outliers, and short enough
 # to keep the pass to a second or two on 2 cores (texts.py: the real-model tables use 1,024).
 DISPATCH_TOKENS = 512
@@ -57,7 +56,7 @@ def fp8_dispatch_error(session: Session, *, tokens: int = DISPATCH_TOKENS,
     err2 = ref2 = 0.0
     per_layer = []
     for x in prefill.mlp_inputs:
-        wire = np.ascontiguousarray(x.numpy().astype(BF16))
+        wire = np.ascontiguousarray(x.numpy().astype(WIRE_DTYPES["bfloat16"]))
         encoded = codec.encode(wire)
         back = codec.decode(encoded.header, encoded.payload).astype(np.float64)
         ref = wire.astype(np.float64)

@@ -193,12 +193,12 @@ class LoadGenerator:
         if record is None or request_id not in self._open:
             return
         expected = len(record.token_times_s)
-        held = self._overtaking.setdefault(request_id, set())
-        if index < expected or index in held:
+        held = self._overtaking.get(request_id)  # None for nearly every request: nothing made per token
+        if index < expected or (held is not None and index in held):
             self._fail(request_id, f"token {index} arrived twice")
             return
         if index > expected:
-            held.add(index)
+            self._overtaking.setdefault(request_id, set()).add(index)
             self.tokens_overtaking += 1
             return
         while True:
@@ -206,10 +206,10 @@ class LoadGenerator:
             self.tokens_delivered += 1
             self._on_token(record, index)
             index += 1
-            if index not in held:
+            if held is None or index not in held:
                 break
             held.discard(index)
-        if not held:
+        if held is not None and not held:
             del self._overtaking[request_id]
         if record.finished:
             self._settle(request_id)
