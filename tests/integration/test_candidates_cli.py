@@ -71,3 +71,33 @@ def test_the_unknowns_change_the_table_the_way_they_would(tmp_path, capsys):
     assert next(t for t in narrow["tests"] if t["test"] == "precision")["passed"] is False
     fast = weights("--link", "nvlink4")  # adapters paged over NVLink take too little of TTFT to matter
     assert next(t for t in fast["tests"] if t["test"] == "bottleneck")["passed"] is False
+
+
+@pytest.mark.slow
+def test_the_ring_row_runs_two_live_rings_and_judges_what_they_measured(tmp_path, capsys):
+    assert main(["candidates", "--only", "ring-attention", "--out", str(tmp_path), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    bottleneck = next(t for t in row["tests"] if t["test"] == "bottleneck")
+    assert not bottleneck["measured"].endswith("(modelled)")  # the prompt was measured, not modelled
+    assert "kvtransit ring" in row["run"]["command"] and row["run"]["scale"] > 0
+    figures = row["run"]["figures"]
+    assert figures["ring_error"] == pytest.approx(figures["offline_ring_error"], rel=1e-9)  # live = offline blocks
+    runs = tmp_path / "runs" / "ring-attention"
+    assert (runs / "ring-none.json").exists() and (runs / "ring-freq-keep-k.json").exists()
+    precision = next(t for t in row["tests"] if t["test"] == "precision")
+    assert precision["passed"] is (figures["ring_error"] <= figures["fp8_ring_error"])
+
+
+@pytest.mark.slow
+def test_the_selection_row_runs_top_k_and_every_token_live_and_judges_what_arrived(tmp_path, capsys):
+    assert main(["candidates", "--only", "query-aware-selection", "--out", str(tmp_path), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    bottleneck = next(t for t in row["tests"] if t["test"] == "bottleneck")
+    assert not bottleneck["measured"].endswith("(modelled)")  # the every-token step was measured
+    assert "kvtransit select" in row["run"]["command"]
+    figures = row["run"]["figures"]
+    assert figures["step_ratio"] > 1  # a quarter of the pages: a shorter step than every token
+    runs = tmp_path / "runs" / "query-aware-selection"
+    assert (runs / "select-top-k.json").exists() and (runs / "select-all.json").exists()
+    precision = next(t for t in row["tests"] if t["test"] == "precision")
+    assert precision["passed"] is (figures["output_error"] <= figures["baseline_error"])

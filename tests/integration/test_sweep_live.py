@@ -105,3 +105,46 @@ def test_the_real_mooncake_trace_replays_with_time_scaling_and_a_context_cap(tmp
     assert [r["output_tokens"] for r in per_request][:4] == [500, 490, 794, 316]
     assert report["requests"]["ok"] + report["requests"]["slo_miss"] == 12, report["requests"]
     assert per_request[-1]["arrival_s"] == pytest.approx(0.3, abs=0.05)  # 3 s of trace time at 0.1
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Pids of processes whose command line mentions `text` (this test's own directory: nobody else's)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # gone meanwhile
+    return found
+
+
+def test_a_signal_stops_the_sweep_with_every_process_gone_and_nothing_half_recorded(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "interrupted"
+    argv = [sys.executable, "-m", "kvtransit.cli", "sweep", "--out", str(out), "--grid", "rate=1,2", "--links",
+            "loopback", "--no-plots", *SHORT]
+    argv[argv.index("8")] = "40"  # a first point long enough to be interrupted in
+    sweep = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_processes_naming(str(out))) < 2:  # the sweep and its first point's load generator (--report)
+            assert sweep.poll() is None and time.monotonic() < deadline, "the first point never started"
+            time.sleep(0.2)
+        time.sleep(2.0)
+        sweep.send_signal(signal.SIGTERM)
+        _, err = sweep.communicate(timeout=90)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+    assert sweep.returncode == 130
+    assert "interrupted during point" in err and "the same command resumes" in err
+    assert _processes_naming(str(out)) == []  # the point's agents were stopped with it
+    rows = json.loads((out / "results.json").read_text())["rows"] if (out / "results.json").exists() else []
+    assert rows == []  # the interrupted point is not a result

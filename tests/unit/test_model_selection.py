@@ -44,8 +44,18 @@ def test_selection_shortens_the_fetch_on_eth_100g_by_about_the_byte_ratio():
     link = link_by_name("eth-100g")
     everything = sel.SelectionStep(LLAMA, 32768).fetch_time_s(link)
     chosen = sel.SelectionStep(LLAMA, 32768, budget=1 / 16).fetch_time_s(link)
-    assert everything == pytest.approx(20e-6 + 32768 * 131072 / 12.5e9)
+    assert everything == pytest.approx(2 * 20e-6 + 32768 * 131072 / 12.5e9)  # the request, and the answer
     assert everything / chosen == pytest.approx(32 / 3, rel=0.01)
+
+
+def test_scoring_in_transit_adds_the_modules_latency_and_at_the_low_budget_its_compute():
+    link = link_by_name("eth-100g")
+    step = sel.SelectionStep(LLAMA, 32768, budget=1 / 16)
+    wire = step.fetch_time_s(link)
+    assert step.fetch_time_s(link, sel.MODULE_HIGH) == pytest.approx(wire + sel.MODULE_HIGH.added_latency_s)
+    # At 0.40 op/B the 1.00 op/B kernel runs at 0.4 of the line rate: the summaries' leg is 2.5x its wire time.
+    slow = step.fetch_time_s(link, sel.MODULE_LOW)
+    assert slow - wire == pytest.approx(1.5 * step.summary_bytes / 12.5e9 + sel.MODULE_LOW.added_latency_s)
 
 
 def test_mean_key_scoring_is_one_op_a_byte_of_mac_and_fits_the_high_budget_not_the_low():

@@ -18,6 +18,8 @@ SUBCOMMANDS: tuple[str, ...] = (
     "kernels",
     "cost",
     "collective",
+    "ring",
+    "select",
     "accuracy",
     "links",
     "up",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -80,3 +81,17 @@ class LiveProgress:
 
     def print(self, line: str) -> None:
         self._progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def dilation_arg(text: str) -> float | str:
+    """`--dilation`: a number, or "auto" (the run chooses what this host can carry)."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor 'auto'") from None
+
+
+# What a command that a signal stopped exits with: 128 + SIGINT, as a shell reports an interrupted job.
+SIGNALLED_EXIT = 130

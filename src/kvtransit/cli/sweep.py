@@ -33,7 +33,7 @@ import argparse
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from ._common import CliError, LiveProgress, add_json_flag, print_json, print_table
+from ._common import SIGNALLED_EXIT, CliError, LiveProgress, add_json_flag, print_json, print_table
 from .k8s import add_placement_flags, node_selector
 from .scenario_flags import add_scenario_args, kernel_file_fields, scenario_from_args
 
@@ -110,7 +110,14 @@ def run(args) -> int:
     import sys
 
     from kvtransit.emulator.sweep_report import write_plots, write_tables
-    from kvtransit.emulator.sweep_runner import PointRunner, ResultsStore, run_sweep, search_goodput, sweep_points
+    from kvtransit.emulator.sweep_runner import (
+        PointRunner,
+        ResultsStore,
+        SweepInterrupted,
+        run_sweep,
+        search_goodput,
+        sweep_points,
+    )
 
     if args.accuracy_sample < 0:
         raise CliError(f"--accuracy-sample must be >= 0, got {args.accuracy_sample}")
@@ -150,6 +157,11 @@ def run(args) -> int:
                 bar.begin_grid(len(points))
             run_sweep(points, store, runner, rerun=args.rerun, on_start=bar.point if bar else None,
                       on_done=bar.done if bar else None)
+    except SweepInterrupted as exc:
+        write_tables(list(store.rows.values()), store.directory / "results.md")
+        print(f"kvtransit sweep: {exc}; {len(store.rows)} point(s) recorded in {store.json_path} (the same command "
+              "resumes from there)", file=sys.stderr)
+        return SIGNALLED_EXIT
     finally:
         if bar:
             bar.stop()

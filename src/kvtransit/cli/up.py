@@ -27,7 +27,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._common import CliError, LiveProgress, add_json_flag, print_json, print_table
+from ._common import SIGNALLED_EXIT, CliError, LiveProgress, add_json_flag, print_json, print_table
 from .frontend import add_frontend_flags, check_frontend_flags
 from .scenario_flags import add_scenario_args, scenario_from_args
 
@@ -139,7 +139,7 @@ def run(args) -> int:
     if failure:
         sys.stderr.write(f"kvtransit up: error: {failure}\n")
         return 1
-    return 130 if interrupted else 0
+    return SIGNALLED_EXIT if interrupted else 0
 
 
 # Where `kvtransit up` writes without --report: one folder a run under ./runs (ignored by git), so runs neither

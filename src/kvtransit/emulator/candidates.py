@@ -8,15 +8,19 @@ its run directory, and two lines saying what was measured and what was modelled.
   the report's kv_wait_share.
 - kv-tier-fetch: the same with `--kv-pool pool` and shared system prompts; bottleneck = fetch time / E2E.
 - tp-all-reduce: `kvtransit collective`, TP4, a switch summing the ranks' streams; the measured all-reduce share.
-- moe-all-to-all: `kvtransit collective --ep 2` (ring); the measured collective share × the model's all-to-all part.
+- moe-all-to-all: `kvtransit collective --ep 2 --dispatch fp8` (ring, the dispatch cast at the GPUs); the measured
+  collective share × the model's all-to-all part; FP8's error on the real model's MLP inputs (the realkv extra).
+- ring-attention: `kvtransit ring`, 4 ranks passing the real-KV sample's blocks round a shaped ring, raw and with
+  band-keep on every hop; the measured prompt's time beyond its held attention, the live ring's output error.
 - pq-key-exchange: ML-KEM-768 handshakes over a shaped loopback link (kyber-py); link time / handshake time.
 - fhe-inference: the CKKS encrypted layer over the same link (TenSEAL); (up + down) / request time.
-- query-aware-selection, ring-attention: offline kernels on the real-KV sample; the bottleneck from the model
-  (model/selection.py, model/ring.py): these flows are not live in kvtransit yet, and the row says so.
+- query-aware-selection: `kvtransit select`, a pool, the module scoring the pages' summaries in transit and decode
+  over a shaped link, top-k and every token; the every-token fetch's measured share of its step, the error of what
+  arrived.
 - weight-streaming: the kernel on BF16 bytes and flow_check; the bottleneck from the model (model/weights.py).
 
-The three offline rows live in `candidates_offline.py`. Each row's five tests are judged by `model/candidates.py`;
-this module only measures.
+The offline row (weight streaming) lives in `candidates_offline.py`. Each row's five tests are judged by
+`model/candidates.py`; this module only measures.
 """
 
 from __future__ import annotations
@@ -67,7 +71,17 @@ TIER_RUN: dict[str, Any] = dict(dilation=KV_DILATION, requests=20, rate=2.0, out
 # The collectives as `kvtransit collective`'s own example (llama3-70b TP4 at scale 0.01, dilation 10), a decode step
 # of 8 sequences, 4 steps (step 0 is a warm-up).
 TP_RUN: dict[str, Any] = dict(model="llama3-70b", tp=4, tokens=8, context=2048, steps=4, scale=0.01, dilation=10.0)
-EP_RUN: dict[str, Any] = dict(model="mixtral-8x7b", ep=2, tokens=8, context=2048, steps=4, scale=0.01, dilation=10.0)
+# The EP group's dispatch carries the fp8 kernel's bytes, cast at the GPUs (it needs rounding: not the module's).
+EP_RUN: dict[str, Any] = dict(model="mixtral-8x7b", ep=2, tokens=8, context=2048, steps=4, scale=0.01, dilation=10.0,
+                              dispatch="fp8")
+# Ring attention as the offline row had it (REFERENCE §7's long context): llama3-8b on h100, 4 ranks of 4,096
+# tokens (a 16k prompt), raw and with band-keep on every hop; 3 prompts, the first a warm-up.
+RING_RUN: dict[str, Any] = dict(model="llama3-8b", n=4, block_tokens=4096, prompts=3)
+RING_BAND_KEEP: dict[str, Any] = {"keep": 0.5, "sinks": 4}
+# Query-aware selection as the offline row had it: a 32k-token remote context of llama3-8b, a quarter of the pages
+# (Quest's usual budget; docs/results/selection.md's 1/4 row) with the sink page kept, mean keys scored in transit,
+# beside the every-token baseline; 5 decode steps, the first a warm-up.
+SELECTION_RUN: dict[str, Any] = dict(model="llama3-8b", context=32768, budget=0.25, sink_pages=1, steps=5)
 PQ_SESSIONS = 5
 FHE_REQUESTS = 3
 SAMPLE_TEXT = "prose"
@@ -234,7 +248,8 @@ def _collective(ctx: RowContext, run: dict[str, Any], allreduce: str) -> tuple[A
     plan = plan_collective(model_by_name(run["model"]), device_by_name("h100"), link_by_name(ctx.link),
                            tp=run.get("tp", 0), ep=run.get("ep", 0), allreduce=allreduce, tokens=run["tokens"],
                            context=run["context"], steps=run["steps"], scale=run["scale"], dilation=run["dilation"],
-                           module=Module(ops_per_byte=ctx.unknowns.module_budget))
+                           module=Module(ops_per_byte=ctx.unknowns.module_budget),
+                           dispatch=run.get("dispatch", "bf16"))
     report = asyncio.run(run_collective(plan))
     summary = report.summary()
     (ctx.run_dir / "collective.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -251,7 +266,8 @@ def _collective_command(ctx: RowContext, run: dict[str, Any], allreduce: str) ->
     group = f"--tp {run['tp']}" if run.get("tp") else f"--ep {run['ep']}"
     return (f"kvtransit collective --model {run['model']} {group} --allreduce {allreduce} --link {ctx.link} "
             f"--tokens {run['tokens']} --context {run['context']} --steps {run['steps']} --scale {run['scale']} "
-            f"--dilation {run['dilation']:g} {_budget_flag(ctx.unknowns.module_budget)} --json")
+            f"--dilation {run['dilation']:g} {_budget_flag(ctx.unknowns.module_budget)}"
+            + (f" --dispatch {run['dispatch']}" if run.get("dispatch", "bf16") != "bf16" else "") + " --json")
 
 
 def _collective_faithful(summary: dict[str, Any]) -> str:
@@ -296,8 +312,27 @@ def relative_l2(ref: np.ndarray, got: np.ndarray) -> float:
     return float(np.linalg.norm(got64 - ref64) / np.linalg.norm(ref64))
 
 
-def row_moe_all_to_all(ctx: RowContext) -> RowRun:
+def _dispatch_error(ctx: RowContext) -> tuple[float, float, str]:
+    """FP8's error on the real model's MLP inputs (realmodel/dispatch_accuracy.py) where the realkv extra is
+    installed; else on the sample's query activations, and the figure says which. (error, FP8's bound, what.)"""
     from kvtransit.kernels.ring_attention import wire_codec
+    from kvtransit.model.moe_dispatch import E4M3_HALF_ULP
+    from kvtransit.realmodel.extra import missing_packages
+
+    if not missing_packages():
+        from kvtransit.realmodel.dispatch_accuracy import fp8_dispatch_error
+        from kvtransit.realmodel.session import Session
+
+        acc = fp8_dispatch_error(Session())
+        return acc.relative_l2, E4M3_HALF_ULP, f"relative L2 error of FP8 on the real model's MLP inputs ({acc.source})"
+    sample = load_real_kv(ctx)
+    x = np.ascontiguousarray(sample.q.astype(np.float32))
+    what = ("relative L2 error of FP8 on the sample's query activations (the realkv extra, which measures the MLP "
+            "inputs, is not installed)")
+    return relative_l2(x, wire_codec("fp8")(x, 0)), E4M3_HALF_ULP, what
+
+
+def row_moe_all_to_all(ctx: RowContext) -> RowRun:
     from kvtransit.model.codecs import codec_declaration
 
     report, s = _collective(ctx, EP_RUN, "ring")
@@ -305,25 +340,205 @@ def row_moe_all_to_all(ctx: RowContext) -> RowRun:
     a2a_part = m.alltoall_s / (m.allreduce_s + m.alltoall_s) if (m.allreduce_s + m.alltoall_s) > 0 else 0.0
     measured_share = s["measured_collective_share"]
     share = measured_share * a2a_part if math.isfinite(measured_share) else None
-    # The real model's query activations (the sample's q): FP8 on the dispatch is FP8 on activations like these.
-    sample = load_real_kv(ctx)
-    x = np.ascontiguousarray(sample.q.astype(np.float32))
-    err = relative_l2(x, wire_codec("fp8")(x, 0))
-    fp8_bound = 2.0 ** -4  # e4m3: 3 mantissa bits, a rounding is within half an ulp = 2^-4 of the value
+    err, bound, measured_as = _dispatch_error(ctx)
     row = RowMeasured(
         ctx.name, codec_declaration("fp8"), share,
         f"collective share of the step × the model's all-to-all part ({a2a_part:.0%})", link=ctx.link,
-        precision=PrecisionFigure(err, fp8_bound, "relative L2 error of FP8 on the real model's activations "
-                                  "(SmolLM2 queries) vs FP8's own rounding bound 2^-4"),
+        precision=PrecisionFigure(err, bound, f"{measured_as} vs E4M3's rounding bound {bound:g}"),
         streams=1.0 if report.ok else None, streams_as="streams per hop (each rank sends to its ring neighbour)",
         share_whole="the step",
-        notes=("the live all-to-all carries BF16: the FP8 kernel's error is measured offline on real activations",))
+        notes=(("the live all-to-all's dispatch carries the fp8 kernel's bytes, cast at the GPUs (FP8 needs rounding, "
+                "which the module does not publish; model/moe_dispatch.py)"),))
     return RowRun(row, s["scale"], s["dilation"], _collective_faithful(s), _collective_command(ctx, EP_RUN, "ring"),
-                  str(ctx.run_dir), measured_what="the collective share of the step (ranks exchanging real bytes), "
-                  "FP8's error on real activations", modelled_what="the all-to-all's part of the collective share "
-                  "(model/collectives.py); the GPU's compute held on the clock",
+                  str(ctx.run_dir), measured_what="the collective share of the step (ranks exchanging real bytes, the "
+                  "dispatch in FP8), FP8's error on real activations", modelled_what="the all-to-all's part of the "
+                  "collective share (model/collectives.py); the GPU's compute and casts held on the clock",
                   extra={"measured_collective_share": measured_share, "alltoall_part": a2a_part, "fp8_error": err,
                          "step_error": s["step_error"]})
+
+
+def _ring(ctx: RowContext, codec: str) -> tuple[Any, dict[str, Any]]:
+    from kvtransit.emulator.ring_run import offline_errors, plan_ring, run_ring
+    from kvtransit.model.catalog import model_by_name
+    from kvtransit.model.devices import device_by_name
+    from kvtransit.model.module import Module
+
+    u = ctx.unknowns
+    params = dict(RING_BAND_KEEP) if codec != "none" else {}
+    if codec != "none" and u.precision_bits is not None:
+        params["precision_bits"] = u.precision_bits
+    plan = plan_ring(model_by_name(RING_RUN["model"]), device_by_name("h100"), link_by_name(ctx.link),
+                     n=RING_RUN["n"], context=RING_RUN["n"] * RING_RUN["block_tokens"], sample=str(ctx.sample_path),
+                     text=SAMPLE_TEXT, codec=codec, codec_params=params, module=Module(ops_per_byte=u.module_budget),
+                     prompts=RING_RUN["prompts"], transform_charged=bool(u.transform_charged))
+    report = asyncio.run(run_ring(plan))
+    report.offline = offline_errors(plan)
+    summary = report.summary()
+    (ctx.run_dir / f"ring-{codec}.json").write_text(json.dumps(summary, indent=1, default=str))
+    return report, summary
+
+
+def _ring_command(ctx: RowContext, codec: str) -> str:
+    u = ctx.unknowns
+    argv = (f"kvtransit ring --model {RING_RUN['model']} --n {RING_RUN['n']} "
+            f"--context {RING_RUN['n'] * RING_RUN['block_tokens']} --ring-link {ctx.link} --codec {codec} "
+            f"--prompts {RING_RUN['prompts']}")
+    if codec != "none":
+        argv += "".join(f" --{k} {v}" for k, v in RING_BAND_KEEP.items())
+        argv += "" if u.precision_bits is None else f" --bits {u.precision_bits}"
+        argv += " --transform-charged" if u.transform_charged else ""
+    return f"{argv} {_budget_flag(u.module_budget)} --json"
+
+
+def _ring_faithful(raw: dict[str, Any], coded: dict[str, Any]) -> str:
+    for label, s in (("raw", raw), ("band-keep", coded)):
+        if not s.get("ok"):
+            return f"NO ({label} ring failed: {'; '.join(s.get('failures') or [])[:200]})"
+        err = s.get("prompt_error")
+        if err is None or not math.isfinite(err) or abs(err) > E2E_RESOLUTION:
+            return f"NO ({label} prompt {err:+.1%} off the model; the emulator's band ±{E2E_RESOLUTION:.0%})"
+    return (f"yes (prompts {raw['prompt_error']:+.1%} raw, {coded['prompt_error']:+.1%} with band-keep, off the "
+            f"model; the emulator's band ±{E2E_RESOLUTION:.0%})")
+
+
+def row_ring_attention(ctx: RowContext) -> RowRun:
+    from kvtransit.kernels.ring_attention import error_after_hops, wire_codec
+    from kvtransit.model import ring
+
+    raw_report, raw = _ring(ctx, "none")
+    coded_report, coded = _ring(ctx, "freq-keep-k")
+    plan = raw_report.plan
+    n, tokens, model, device = plan.n, plan.block_tokens, plan.model, plan.device
+    # Measured: the share of the raw prompt that is not the ranks' blockwise attention (held at the model's time),
+    # i.e. the link time the compute did not hide.
+    compute_only = model.layers * n * plan.modelled.compute_s
+    share = (max(0.0, 1 - compute_only / raw["measured_prompt_s"])
+             if raw_report.ok and math.isfinite(raw["measured_prompt_s"]) else None)
+
+    def share_on(link: Any) -> float:
+        h = ring.hop(model, device, link, tokens)
+        return max(0.0, h.link_s - h.compute_s) / h.total_s  # the part of a hop the compute does not hide
+
+    sample = load_real_kv(ctx)
+    fp8 = error_after_hops(sample.q, sample.q_positions, sample.k, sample.v, n, wire_codec("fp8")).ring
+    acc = coded.get("accuracy") or {}
+    err = acc.get("out_err_ring") if coded_report.ok else None
+    saving = (1 - coded["measured_prompt_s"] / raw["measured_prompt_s"]
+              if raw_report.ok and coded_report.ok else math.nan)
+    row = RowMeasured(
+        ctx.name, coded_report.plan.declaration, share,
+        f"the raw prompt's time beyond its blockwise attention (link time not hidden), ring of {n}, {tokens:,}-token "
+        f"blocks of {model.name}", share_by_link={name: share_on(link) for name, link in _links().items()},
+        link=ctx.link, link_bytes=float(ring.block_bytes(model, tokens)), share_whole="a prompt",
+        budget_ops_per_byte=ctx.unknowns.module_budget,
+        precision=PrecisionFigure(err, fp8, f"attention-output error of the live ring of {n} (band-keep on every hop, "
+                                  "each block as far as it travelled) vs fp8's at equal bytes",
+                                  at_bits=ctx.unknowns.precision_bits),
+        streams=1.0 if coded_report.ok else None, streams_as="streams per hop (a rank sends to its neighbour)")
+    return RowRun(row, raw["scale"], max(raw["dilation"], coded["dilation"]), _ring_faithful(raw, coded),
+                  _ring_command(ctx, "freq-keep-k"), str(ctx.run_dir),
+                  measured_what="the raw and band-keep prompts (ranks passing the real-KV sample's blocks round a "
+                                "shaped ring), the live ring's output error",
+                  modelled_what="the blockwise attention held on the clock (model/ring.py) and the share on other "
+                                "links (flips); fp8's error (its baseline) offline on the same blocks",
+                  extra={"raw_prompt_s": raw["measured_prompt_s"], "band_keep_prompt_s": coded["measured_prompt_s"],
+                         "saving": saving, "ring_error": err, "fp8_ring_error": fp8,
+                         "offline_ring_error": (coded.get("offline") or {}).get("ring"),
+                         "commands": [_ring_command(ctx, "none"), _ring_command(ctx, "freq-keep-k")]})
+
+
+def _selection(ctx: RowContext, budget: float | None) -> tuple[Any, dict[str, Any]]:
+    from kvtransit.emulator.selection_run import offline_selection, plan_selection, run_selection
+    from kvtransit.model.catalog import model_by_name
+    from kvtransit.model.devices import device_by_name
+    from kvtransit.model.module import Module
+
+    u = ctx.unknowns
+    plan = plan_selection(model_by_name(SELECTION_RUN["model"]), device_by_name("h100"), link_by_name(ctx.link),
+                          context=SELECTION_RUN["context"], sample=str(ctx.sample_path), text=SAMPLE_TEXT,
+                          budget=budget, sink_pages=SELECTION_RUN["sink_pages"], precision_bits=u.precision_bits,
+                          module=Module(ops_per_byte=u.module_budget), steps=SELECTION_RUN["steps"])
+    report = asyncio.run(run_selection(plan))
+    report.offline = offline_selection(plan)
+    summary = report.summary()
+    name = "all" if budget is None else "top-k"
+    (ctx.run_dir / f"select-{name}.json").write_text(json.dumps(summary, indent=1, default=str))
+    return report, summary
+
+
+def _selection_command(ctx: RowContext) -> str:
+    u = ctx.unknowns
+    bits = "" if u.precision_bits is None else f" --score-bits {u.precision_bits}"
+    return (f"kvtransit select --model {SELECTION_RUN['model']} --context {SELECTION_RUN['context']} --link "
+            f"{ctx.link} --budget {SELECTION_RUN['budget']:g} --sink-pages {SELECTION_RUN['sink_pages']} --steps "
+            f"{SELECTION_RUN['steps']}{bits} {_budget_flag(u.module_budget)} --json")
+
+
+def _steps_faithful(runs: dict[str, dict[str, Any]]) -> str:
+    for label, s in runs.items():
+        if not s.get("ok"):
+            return f"NO ({label} failed: {'; '.join(s.get('failures') or [])[:200]})"
+        err = s.get("step_error")
+        if err is None or not math.isfinite(err) or abs(err) > E2E_RESOLUTION:
+            return f"NO ({label} step {err:+.1%} off the model; the emulator's band ±{E2E_RESOLUTION:.0%})"
+    return ("yes (" + ", ".join(f"{label} step {s['step_error']:+.1%}" for label, s in runs.items())
+            + f" off the model; the emulator's band ±{E2E_RESOLUTION:.0%})")
+
+
+def row_query_aware_selection(ctx: RowContext) -> RowRun:
+    from kvtransit.kernels.ring_attention import full_attention, wire_codec
+    from kvtransit.model.five_tests import equal_bytes_baseline
+    from kvtransit.model.selection import SelectionStep, scoring_declaration
+
+    top_report, top = _selection(ctx, SELECTION_RUN["budget"])
+    all_report, everything = _selection(ctx, None)
+    plan = all_report.plan
+    model, context = plan.model, plan.context
+    # Measured: the every-token fetch's share of its decode step (the step's compute held at the model's time).
+    share = (everything["measured_fetch_s"] / everything["measured_step_s"]
+             if all_report.ok and math.isfinite(everything["measured_step_s"]) else None)
+    step_s = plan.model_compute_s
+
+    def share_on(link: Any) -> float:
+        fetch = SelectionStep(model, context).fetch_time_s(link)
+        return fetch / (fetch + step_s)
+
+    ratio = SelectionStep(model, context, SELECTION_RUN["budget"]).reduction
+    baseline = equal_bytes_baseline(ratio)
+    sample = load_real_kv(ctx)
+    q, k, v, pos = sample.q, sample.k, sample.v, sample.q_positions
+    codec = wire_codec(baseline)
+    base_err = relative_l2(full_attention(q, pos, k, v), full_attention(q, pos, codec(k, 0), codec(v, 0)))
+    acc = top.get("accuracy") or {}
+    row = RowMeasured(
+        ctx.name, scoring_declaration(model, "mean"), share,
+        f"the every-token fetch's share of its decode step (fetch / step), {model.name} at {context:,} tokens",
+        share_by_link={name: share_on(link) for name, link in _links().items()}, link=ctx.link,
+        link_bytes=float(SelectionStep(model, context).all_kv_bytes), share_whole="a decode step", line=LINE_INPUT,
+        budget_ops_per_byte=ctx.unknowns.module_budget,
+        precision=PrecisionFigure(acc.get("output_error") if top_report.ok else None, base_err,
+                                  f"attention-output error of what arrived, budget {SELECTION_RUN['budget']:g} of the "
+                                  f"pages (sink page kept) vs {baseline} at equal bytes (ratio {ratio:.2f})",
+                                  at_bits=ctx.unknowns.precision_bits),
+        streams=1.0 if top_report.ok else None, streams_as="streams scored (one context's summaries)")
+    effect = (everything["measured_step_s"] / top["measured_step_s"]
+              if top_report.ok and all_report.ok else math.nan)
+    return RowRun(row, top["scale"], max(top["dilation"], everything["dilation"]),
+                  _steps_faithful({"top-k": top, "all": everything}), _selection_command(ctx), str(ctx.run_dir),
+                  measured_what="the every-token and the top-k decode steps (a pool, the module scoring the "
+                                "summaries in transit, decode ranking and fetching, over a shaped link), the recall "
+                                "and output error of what arrived",
+                  modelled_what="the decode step's compute held on the clock (model/cost.py) and the share on other "
+                                "links (flips); the equal-bytes baseline's error offline on the same sample",
+                  extra={"recall": acc.get("recall"), "output_error": acc.get("output_error"), "baseline": baseline,
+                         "baseline_error": base_err, "reduction": ratio, "step_ratio": effect,
+                         "all_step_s": everything["measured_step_s"], "top_k_step_s": top["measured_step_s"]})
+
+
+def _links() -> dict[str, Any]:
+    from kvtransit.model.link_catalog import LINKS
+
+    return dict(LINKS)
 
 
 # --- the ciphertexts ---------------------------------------------------------------------------------------
@@ -407,6 +622,7 @@ def row_fhe_inference(ctx: RowContext) -> RowRun:
 
 LIVE_ROWS: dict[str, Callable[[RowContext], RowRun]] = {
     "kv-tier-fetch": row_kv_tier_fetch, "kv-handoff": row_kv_handoff, "moe-all-to-all": row_moe_all_to_all,
+    "ring-attention": row_ring_attention, "query-aware-selection": row_query_aware_selection,
     "tp-all-reduce": row_tp_all_reduce, "fhe-inference": row_fhe_inference, "pq-key-exchange": row_pq_key_exchange,
 }
 

@@ -18,21 +18,15 @@ modelled hop at the chosen dilation is at least the host's cost of a hop (HOST_H
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import math
 import os
-import signal
 import statistics
-import sys
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtransit.agents.common.process import parse_ready_line, parse_result_line
 from kvtransit.model.catalog import ModelSpec
 from kvtransit.model.collectives import (
     ALLREDUCE_RING,
@@ -50,6 +44,8 @@ from kvtransit.model.link_catalog import Link
 from kvtransit.model.module import Module, Policy
 from kvtransit.model.moe_dispatch import AT_GPU, BF16_DISPATCH, DISPATCH_BF16, DispatchPlacement, place_dispatch
 
+from .run_to_end import READY_TIMEOUT_S, RunToEndChild, collect_results, reap, sorted_results, spawn, spawn_argv
+
 # What one hop of a collective costs this host in Python (frame, write, loopback, read, parse, wake), per rank
 # process sharing a core. Measured on the 2-core dev box: llama3-70b TP4 ring per layer (960 hops a step a
 # rank) at dilation 100 (a modelled hop of 501 µs) came within 4.4 % of the model; 4 ranks on 2 cores is 2 a
@@ -57,8 +53,6 @@ from kvtransit.model.moe_dispatch import AT_GPU, BF16_DISPATCH, DISPATCH_BF16, D
 HOST_HOP_S = 250e-6
 GRANULARITIES = ("auto", "layer", "step")
 GROUP_ID = 1
-READY_TIMEOUT_S = 30.0
-STDERR_TAIL_LINES = 8  # what a process that ended without a result is reported with (as the launcher does)
 # The start of step 0 is this far after the last rank's readiness: time to dial the ring or the switch.
 START_MARGIN_S = 1.0
 # A collective that hears nothing from a peer for this long, or this many modelled steps, fails (not hangs).
@@ -243,74 +237,6 @@ class CollectiveReport:
         }
 
 
-class _Child:
-    """One rank or switch process: its readiness line, its result line, and the last lines it wrote to stderr
-    (what a process that dies without a result is reported with)."""
-
-    def __init__(self, name: str, proc: asyncio.subprocess.Process):
-        self.name, self.proc = name, proc
-        self.result: dict[str, Any] | None = None
-        self.ready: dict[str, Any] | None = None
-        self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
-        self.stderr_reader = asyncio.get_running_loop().create_task(self._read_stderr())
-
-    async def _read_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        while line := await self.proc.stderr.readline():
-            self.stderr_tail.append(line.decode(errors="replace").rstrip())
-
-    def describe_exit(self) -> str:
-        """How it ended, with its last stderr lines (a result-less end is a crash or a kill)."""
-        code = self.proc.returncode
-        how = ("is still running" if code is None else f"was killed by signal {-code}" if code < 0
-               else f"exited with status {code}")
-        tail = " | ".join(self.stderr_tail) or "no stderr output"
-        return f"{self.name} {how} without a result (last stderr: {tail})"
-
-    async def read_ready(self, timeout_s: float) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(timeout_s):
-            while True:
-                line = await self.proc.stdout.readline()
-                if not line:
-                    await self.proc.wait()
-                    await self.stderr_reader
-                    raise ConfigError(f"{self.name} did not start: {self.describe_exit()}")
-                ready = parse_ready_line(line.decode())
-                if ready is not None:
-                    self.ready = ready
-                    return ready
-
-    async def read_result(self) -> dict[str, Any] | None:
-        assert self.proc.stdout is not None
-        while True:
-            line = (await self.proc.stdout.readline()).decode()
-            if not line:
-                await self.proc.wait()
-                await self.stderr_reader  # the pipe is at its end once the process is gone
-                return None
-            result = parse_result_line(line)
-            if result is not None:
-                self.result = result
-                return result
-
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGKILL)
-
-
-async def _spawn(name: str, module: str, config: dict[str, Any]) -> _Child:
-    return await _spawn_argv(name, ["-m", module, "--config", json.dumps(config)])
-
-
-async def _spawn_argv(name: str, argv: list[str]) -> _Child:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, *argv,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    return _Child(name, proc)
-
-
 def switch_argv(plan: CollectivePlan) -> list[str]:
     """The switch's command line: the middlebox at placement switch serving the plan's group (cli/middlebox.py),
     its ports and module at the plan's scale and dilation. Plain asyncio, as the ranks run."""
@@ -326,16 +252,15 @@ async def run_collective(plan: CollectivePlan, *, kill_rank: int | None = None, 
     """Start the group, run it, collect every result. `kill_rank` is SIGKILLed `kill_after_s` after step 0
     starts (the dead-rank test). Every child is gone when this returns."""
     report = CollectiveReport(plan)
-    children: list[_Child] = []
-    killer: asyncio.Task[None] | None = None
+    children: list[RunToEndChild] = []
     link = {"rate_Bps": plan.rate_Bps, "latency_s": plan.latency_s}
     try:
-        switch: _Child | None = None
+        switch: RunToEndChild | None = None
         if plan.allreduce == ALLREDUCE_SWITCH:
-            switch = await _spawn_argv("switch", switch_argv(plan))
+            switch = await spawn_argv("switch", switch_argv(plan))
             children.append(switch)
             switch_port = (await switch.read_ready(READY_TIMEOUT_S))["listen_port"]
-        ranks = [await _spawn(f"rank {r}", "kvtransit.agents.collective", {"plan": plan.rank_plan(r), **link})
+        ranks = [await spawn(f"rank {r}", "kvtransit.agents.collective", {"plan": plan.rank_plan(r), **link})
                  for r in range(plan.n)]
         children += ranks
         ports = [(await rank.read_ready(READY_TIMEOUT_S))["listen_port"] for rank in ranks]
@@ -346,41 +271,17 @@ async def run_collective(plan: CollectivePlan, *, kill_rank: int | None = None, 
                 go["switch"] = ["127.0.0.1", switch_port]
             else:
                 go["next"] = ["127.0.0.1", ports[(r + 1) % plan.n]]
-            assert rank.proc.stdin is not None
-            rank.proc.stdin.write((json.dumps(go) + "\n").encode())
-            await rank.proc.stdin.drain()
-        if kill_rank is not None:
-            async def kill_later() -> None:
-                await asyncio.sleep(max(0.0, (start_ns - time.monotonic_ns()) / 1e9 + kill_after_s))
-                ranks[kill_rank].kill()
-            killer = asyncio.get_running_loop().create_task(kill_later())
+            await rank.send_go(go)
         budget = timeout_s if timeout_s is not None else (
             START_MARGIN_S + plan.steps * plan.modelled.total_s * plan.dilation * 3 + 2 * plan.deadline_s + 10)
-        async with asyncio.timeout(budget):
-            results = await asyncio.gather(*(rank.read_result() for rank in ranks))
-            if switch is not None:
-                report.switch = await switch.read_result()
-        for r, result in enumerate(results):
-            if result is None:
-                report.failures.append(ranks[r].describe_exit())
-                continue
-            report.ranks.append(result)
-            if not result["ok"]:
-                report.failures.append(f"rank {r} failed: {result['reason']}")
+        results = await collect_results([*ranks, *([switch] if switch is not None else [])], budget,
+                                        kill=None if kill_rank is None else ranks[kill_rank],
+                                        kill_at_ns=start_ns + round(kill_after_s * 1e9))
+        if switch is not None:
+            report.switch = results.pop()  # the sums it made, once every rank has ended
+        report.ranks, report.failures = sorted_results(ranks, results)
     except TimeoutError:
         report.failures.append("the group did not finish within its time budget")
     finally:
-        if killer is not None:
-            killer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await killer
-        for child in children:
-            child.kill()
-        for child in children:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(5.0):
-                    await child.proc.wait()
-            child.stderr_reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await child.stderr_reader
+        await reap(children)
     return report

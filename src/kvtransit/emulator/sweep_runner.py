@@ -28,6 +28,7 @@ from kvtransit.model.errors import ConfigError
 from kvtransit.model.layerwise import HANDOFF_WHOLE
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.sweep_plan import GoodputSearch, Grid, bisect_goodput, canonical_key, codec_label
+from kvtransit.runtime.signals import run_until_signalled
 
 from .launcher import Launcher, RunFailed
 
@@ -175,6 +176,11 @@ def _slug(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", key)[:150] or "base"
 
 
+class SweepInterrupted(Exception):
+    """SIGINT or SIGTERM during a point: its run was stopped (every process, namespace and link it made cleaned
+    up), the point is not recorded, and the sweep stops; the rows before it are kept, so the same command resumes."""
+
+
 @dataclass
 class PointRunner:
     """Runs one scenario live and returns its row. `links`: the Launcher's links mode, `auto` as `kvtransit up`
@@ -195,11 +201,17 @@ class PointRunner:
                             links=self.links)
         started = time.monotonic()
         self.runs += 1
+
+        async def run(stop: asyncio.Event) -> tuple[Path | None, bool]:
+            return await launcher.run(stop), stop.is_set()
+
         try:
-            path = asyncio.run(launcher.run())
+            path, interrupted = asyncio.run(run_until_signalled(run))
         except RunFailed as exc:
             return failed_row(key, scenario, str(exc).splitlines()[0], wall_s=time.monotonic() - started)
         wall_s = time.monotonic() - started
+        if interrupted:
+            raise SweepInterrupted(f"interrupted during point {key}: not recorded")
         if path is None:
             return failed_row(key, scenario, "the run ended without a report", wall_s=wall_s)
         return _clean(row_from_report(key, scenario, json.loads(Path(path).read_text()), wall_s=wall_s,

@@ -169,24 +169,43 @@ def select_pages(queries: np.ndarray, keys: np.ndarray, budget: float, *, kind: 
         raise KernelInputError(f"select_pages needs queries [q_heads, D] and keys [kv_heads, tokens, D] with q_heads "
                                f"a multiple of kv_heads, got {queries.shape} and {keys.shape}")
     summaries = page_summaries(keys, page_size, kind)
-    group = queries.shape[0] // kv_heads
-    grouped = queries.astype(np.float64).reshape(kv_heads, group, -1)
-    if kind == "mean":
-        scores = score_pages(grouped.sum(axis=1), summaries, precision_bits)
-    else:
-        scores = score_pages(grouped, _broadcast_heads(summaries), precision_bits).sum(axis=1)
-    k = pages_for_budget(summaries.pages, budget)
+    return rank_pages(group_scores(queries, summaries, precision_bits), budget, sink_pages)
+
+
+def group_scores(queries: np.ndarray, summaries: PageSummaries, precision_bits: int | None = None) -> np.ndarray:
+    """Scores [..., kv_heads, pages] of queries [..., q_heads, D] against summaries [..., kv_heads, pages, D]: each
+    kv head's pages scored for the query heads that read it (GQA; see `select_pages`). The mean's is what the
+    module computes (one dot product of the summed query a summary value); Quest's bound is the host's."""
+    ref = summaries.mean if summaries.kind == "mean" else summaries.low
+    assert ref is not None
+    kv_heads = ref.shape[-3]
+    if queries.shape[-2] % kv_heads:
+        raise KernelInputError(f"query heads {queries.shape[-2]} are not a multiple of kv heads {kv_heads}")
+    group = queries.shape[-2] // kv_heads
+    grouped = queries.astype(np.float64).reshape(*queries.shape[:-2], kv_heads, group, queries.shape[-1])
+    if summaries.kind == "mean":
+        return score_pages(grouped.sum(axis=-2), summaries, precision_bits)
+    scores: np.ndarray = score_pages(grouped, _broadcast_heads(summaries), precision_bits).sum(axis=-2)
+    return scores
+
+
+def rank_pages(scores: np.ndarray, budget: float, sink_pages: int = 0) -> np.ndarray:
+    """The host's part: the ⌈budget × pages⌉ best pages of scores [..., pages] (`sink_pages` first pages forced
+    within the budget), [..., k] in ascending page order."""
+    k = pages_for_budget(scores.shape[-1], budget)
     if sink_pages < 0:
         raise KernelInputError(f"sink_pages must be >= 0, got {sink_pages}")
     forced = min(sink_pages, k)
+    scores = scores.copy()
     scores[..., :forced] = np.finfo(np.float64).max  # ranked first by the host (ties: the lower page)
     return top_k_pages(scores, k)
 
 
 def _broadcast_heads(s: PageSummaries) -> PageSummaries:
-    """[kv_heads, pages, D] → [kv_heads, 1, pages, D], so a group of queries [kv_heads, group, D] scores it."""
+    """[..., kv_heads, pages, D] → [..., kv_heads, 1, pages, D], so a group of queries [..., kv_heads, group, D]
+    scores it."""
     def lift(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else a[:, None]
+        return None if a is None else a[..., None, :, :]
     return PageSummaries(s.kind, s.page_size, lift(s.mean), lift(s.low), lift(s.high))
 
 

@@ -88,6 +88,25 @@ def round_up(value: float, digits: int = 3) -> float:
     return math.ceil(value / step - 1e-9) * step
 
 
+def host_dilation(modelled_s: float, host_floor_s: float, scaled_rate_Bps: float,
+                  budget_Bps: float = HOST_BUDGET_BPS) -> float:
+    """The least dilation (≥ 1, up to a DILATION_QUANTUM) at which this host carries a live group: a modelled
+    event (a hop, a step) of `modelled_s` at least `host_floor_s` (what one costs the host, measured), and the
+    link's scaled rate within `budget_Bps`."""
+    need = max(host_floor_s / modelled_s, scaled_rate_Bps / budget_Bps)
+    return max(1.0, math.ceil(need / DILATION_QUANTUM - 1e-9) * DILATION_QUANTUM)
+
+
+def resolve_dilation(asked: float | str, auto: float) -> tuple[float, str]:
+    """(the dilation a live group runs at, why): "auto" takes `auto` (host_dilation's), a number itself."""
+    if asked == "auto":
+        return auto, "auto"
+    dilation = float(asked)
+    if not dilation >= 1:
+        raise ConfigError(f"--dilation must be >= 1 or auto, got {dilation!r}")
+    return dilation, f"asked for (auto would take {auto:g})"
+
+
 def auto_channels_and_dilation(model: ModelSpec, link: Link, dilation: float, budget_Bps: float) -> tuple[int, float]:
     """The most channels whose scaled link rate fits `budget_Bps` at `dilation`; more dilation if one does not.
 

@@ -26,7 +26,7 @@ Pure: stdlib only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .catalog import ModelSpec
 from .errors import ConfigError
@@ -40,6 +40,7 @@ from .module import (
     Module,
     Policy,
     budget_check,
+    transit_time,
 )
 from .prefix import BLOCK_TOKENS
 
@@ -162,9 +163,16 @@ class SelectionStep:
         """All KV bytes / fetched bytes: ≈ 1 / budget when the summaries are small."""
         return self.all_kv_bytes / self.fetched_bytes
 
-    def fetch_time_s(self, link: Link) -> float:
+    def fetch_time_s(self, link: Link, module: Module | None = None) -> float:
         """Two sequential legs when selecting (summaries, then the chosen pages: the host must rank between them),
-        one without: each latency + bytes / bandwidth (REFERENCE §2)."""
+        one without. A leg is a request to the pool and its answer: 2 latencies + bytes / bandwidth (REFERENCE §2).
+        `module`: the summaries are scored in transit on their way in (their bytes are the module's input), which
+        adds its latency and, when the module is slower than the wire, its compute (REFERENCE §5)."""
         if self.budget is None:
-            return link.transfer_time_s(self.all_kv_bytes)
-        return link.transfer_time_s(self.summary_bytes) + link.transfer_time_s(self.chosen_kv_bytes)
+            return link.latency_s + link.transfer_time_s(self.all_kv_bytes)
+        summaries = link.latency_s + link.transfer_time_s(self.summary_bytes)
+        if module is not None:
+            on_line = replace(scoring_declaration(self.model, self.kind), ratio=1.0)  # summaries cross whole
+            summaries = link.latency_s + transit_time(self.summary_bytes, on_line, link.bandwidth_Bps,
+                                                      link.latency_s, module).total_s
+        return summaries + link.latency_s + link.transfer_time_s(self.chosen_kv_bytes)

@@ -1,4 +1,5 @@
-"""Framing of collective messages (a TP group's all-reduce, ring or switch): sans-IO, its own header.
+"""Framing of the group flows' messages: a TP group's all-reduce (ring or switch), ring attention's KV blocks and
+query-aware selection's legs. Sans-IO, its own header.
 
 Not the KV hop's frames (wire/_frames.py) and not its state table (wire/_state.py): a collective hop carries
 partial sums between ranks (ring) or between ranks and a switch that sums them, so its header names the
@@ -13,7 +14,10 @@ Header, 44 bytes, network byte order:
 bytes / rate, on the host's monotonic clock, which every process on one host shares); the receiver holds the
 frame until then. Kinds: JOIN (a rank joins its group: `chunk` = the group's size), PART (a rank's part or a
 ring's partial sum), SUM (the switch's sum, back to a rank), ABORT (the payload is the UTF-8 reason: the
-collective failed for everyone), BYE.
+collective failed for everyone), BYE. A query-aware selection's step (agents/selection) adds QUERY (the decode
+step's query, to the module that scores), SUMMARIES (the pages' key summaries, from the pool), SCORES (one per page
+and kv head, to the host that ranks), FETCH (the pages wanted, int32 ids) and PAGES (their K and V, from the pool);
+`step` is the decode step, `rank` the sender's role.
 
 `encode(frame)` gives the bytes (header, payload: two parts, for a writelines without a copy);
 `FrameReader.feed(data)` takes bytes in and returns the whole frames they completed. A frame that breaks the
@@ -49,6 +53,11 @@ class Kind(enum.IntEnum):
     SUM = 3
     ABORT = 4
     BYE = 5
+    QUERY = 6
+    SUMMARIES = 7
+    SCORES = 8
+    FETCH = 9
+    PAGES = 10
 
 
 class CollectiveFrameError(ValueError):

@@ -10,25 +10,22 @@ Protocol with its launcher, over its standard streams:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import sys
 from typing import Any
 
-from kvtransit.agents.common.process import announce_ready, announce_result, run_until_stopped
+from kvtransit.agents.common.process import (
+    announce_ready,
+    announce_result,
+    read_go_line,
+    run_config_process,
+    unless_stopped,
+)
 from kvtransit.runtime.clock import MonotonicClock
 
 from .channel import PeerGone
 from .connect import RingMember, close_channels, switch_member
 from .rank import MODE_RING, RANK_SPIN_S, RankPlan, RankResult, run_steps
-
-
-async def _read_go_line() -> dict[str, Any]:
-    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    if not line:
-        raise PeerGone("the launcher closed stdin before the go line")
-    return dict(json.loads(line))
 
 
 async def rank_main(config: dict[str, Any], stop: asyncio.Event) -> None:
@@ -40,22 +37,15 @@ async def rank_main(config: dict[str, Any], stop: asyncio.Event) -> None:
     announce_ready("rank", f"rank-{plan.rank}", listen_port=port)
     algorithm = None
     try:
-        go = await _read_go_line()
+        go = await read_go_line()
         if member is not None:
             algorithm = await member.connect(*go["next"])
         else:
             host, port = go["switch"]
             algorithm = await switch_member(plan, clock, str(host), int(port), rate_Bps=rate_Bps, latency_s=latency_s)
-        work = asyncio.ensure_future(run_steps(plan, clock, algorithm, int(go["start_ns"])))
-        stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():
-            work.cancel()
-            result = RankResult(plan.rank, ok=False, reason=f"rank {plan.rank} was stopped")
-        else:
-            result = work.result()
-        stopped.cancel()
-    except PeerGone as exc:
+        done = await unless_stopped(run_steps(plan, clock, algorithm, int(go["start_ns"])), stop)
+        result = done or RankResult(plan.rank, ok=False, reason=f"rank {plan.rank} was stopped")
+    except (PeerGone, EOFError) as exc:
         result = RankResult(plan.rank, ok=False, reason=f"rank {plan.rank}: {exc}")
     finally:
         if algorithm is not None:
@@ -66,12 +56,9 @@ async def rank_main(config: dict[str, Any], stop: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvtransit.agents.collective")
-    parser.add_argument("--config", required=True, help="JSON: plan (RankPlan fields), rate_Bps, latency_s")
-    args = parser.parse_args(argv)
-    config = json.loads(args.config)
-    asyncio.run(run_until_stopped(lambda stop: rank_main(config, stop)))
-    return 0
+    return run_config_process("python -m kvtransit.agents.collective",
+                              "JSON: plan (RankPlan fields), rate_Bps, latency_s",
+                              rank_main, argv)
 
 
 if __name__ == "__main__":

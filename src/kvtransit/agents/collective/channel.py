@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import replace
+from typing import Protocol
 
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.transport.tcp_options import keep_alive
@@ -26,6 +27,20 @@ READ_SIZE = 1 << 20
 # Drain the socket's write buffer past this many bytes (asyncio's default high-water mark is 64 KiB; a
 # per-step all-reduce of a prefill can be tens of MB).
 DRAIN_ABOVE_BYTES = 1 << 22
+
+
+class GroupMember(Protocol):
+    """Who a process is in its group, as JOIN says it and checks its peer's (a TP rank's RankPlan, a ring attention
+    rank's plan)."""
+
+    @property
+    def group(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def deadline_s(self) -> float: ...
 
 
 class PeerGone(Exception):
@@ -61,17 +76,21 @@ class Channel:
         except (CollectiveFrameError, OSError) as exc:
             self._frames.put_nowait(PeerGone(f"{self.peer}: {exc}"))
 
-    async def send(self, frame: Frame, *, shaped: bool = True, at_ns: int | None = None) -> int:
+    async def send(self, frame: Frame, *, shaped: bool = True, at_ns: int | None = None,
+                   occupy_bytes: int | None = None, added_latency_s: float = 0.0) -> int:
         """Write `frame` now, stamped with its due time on the modelled link (unshaped: due now).
 
         `at_ns`: when the frame leaves in model time (the due time of what it answers), if the sender knows it:
         its due time is then counted from there, not from whenever the host got round to sending it, so a late
-        wake-up is not carried into every later hop (absolute deadlines, as DeadlineSchedule holds steps)."""
+        wake-up is not carried into every later hop (absolute deadlines, as DeadlineSchedule holds steps).
+        `occupy_bytes`: how many bytes' time the frame holds the link for, when a module on the link is slower
+        than its wire bytes (REFERENCE §5: max(wire, ops / budget)); `added_latency_s`: the module's latency."""
         now_ns = self.clock.now_ns()
         nbytes = memoryview(frame.payload).nbytes
         if shaped:
-            on_wire = self._bucket.reserve(nbytes, (now_ns if at_ns is None else at_ns) / 1e9)
-            due_ns = round(self._delay.release_time(on_wire) * 1e9)
+            on_wire = self._bucket.reserve(nbytes if occupy_bytes is None else occupy_bytes,
+                                           (now_ns if at_ns is None else at_ns) / 1e9)
+            due_ns = round((self._delay.release_time(on_wire) + added_latency_s) * 1e9)
         else:
             due_ns = now_ns
         header, payload = encode(replace(frame, due_ns=due_ns))

@@ -1,5 +1,8 @@
 """Joining a group over TCP: a ring member listens for its previous rank and dials its next; a switch member
-dials the switch. Both say JOIN first, so a wrong peer is found before any step."""
+dials the switch. Both say JOIN first, so a wrong peer is found before any step.
+
+A ring of any kind joins the same way: the TP all-reduce's ranks (rank.py) and ring attention's (agents/ring) both
+take `RingMember.connect_channels`; `connect` makes the all-reduce's ring of them."""
 
 from __future__ import annotations
 
@@ -7,15 +10,17 @@ import asyncio
 import contextlib
 
 from kvtransit.runtime.clock import Clock
+from kvtransit.wire.collective import Frame, Kind
 
-from .channel import Channel, PeerGone
-from .rank import RankPlan, expect_join, join, ring, switch
+from .channel import Channel, GroupMember, PeerGone
+from .rank import RankPlan, ring, switch
 
 DIAL_RETRY_S = 0.05
 
 
-async def _dial(host: str, port: int, deadline_s: float, what: str) -> tuple[asyncio.StreamReader,
-                                                                               asyncio.StreamWriter]:
+async def dial(host: str, port: int, deadline_s: float, what: str) -> tuple[asyncio.StreamReader,
+                                                                              asyncio.StreamWriter]:
+    """Connect, retrying while the peer is still starting; PeerGone naming `what` after `deadline_s`."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + deadline_s
     while True:
@@ -27,10 +32,22 @@ async def _dial(host: str, port: int, deadline_s: float, what: str) -> tuple[asy
             await asyncio.sleep(DIAL_RETRY_S)  # a start-up retry, no model time
 
 
+async def join(member: GroupMember, channel: Channel) -> None:
+    """Say who we are on a fresh connection (the switch checks the group; a ring neighbour the rank)."""
+    await channel.send(Frame(Kind.JOIN, member.group, rank=member.rank, chunk=member.size), shaped=False)
+
+
+async def expect_join(member: GroupMember, channel: Channel, rank: int) -> None:
+    frame = await channel.receive(member.deadline_s, f"rank {rank}'s JOIN")
+    if (frame.kind, frame.group, frame.rank, frame.chunk) != (Kind.JOIN, member.group, rank, member.size):
+        raise PeerGone(f"expected JOIN of rank {rank} in group {member.group} of {member.size}, got "
+                       f"{frame.kind.name} group {frame.group} rank {frame.rank} of {frame.chunk}")
+
+
 class RingMember:
     """Listen first (the port goes in the readiness line), then `connect` to the next rank."""
 
-    def __init__(self, plan: RankPlan, clock: Clock, *, rate_Bps: float, latency_s: float):
+    def __init__(self, plan: GroupMember, clock: Clock, *, rate_Bps: float, latency_s: float):
         self.plan, self.clock = plan, clock
         self.rate_Bps, self.latency_s = rate_Bps, latency_s
         self._accepted: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] | None = None
@@ -49,11 +66,16 @@ class RingMember:
         self._server = await asyncio.start_server(accept, host, port)
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def connect(self, next_host: str, next_port: int):  # -> the ring algorithm
+    async def connect(self, next_host: str, next_port: int):  # -> the all-reduce's ring algorithm
+        assert isinstance(self.plan, RankPlan), "an all-reduce ring is made of RankPlans"
+        return ring(self.plan, *await self.connect_channels(next_host, next_port))
+
+    async def connect_channels(self, next_host: str, next_port: int) -> tuple[Channel, Channel]:
+        """Dial the next rank, accept the previous one, each saying JOIN: (from the previous, to the next)."""
         assert self._accepted is not None, "listen() first"
         plan = self.plan
         nxt_rank, prev_rank = (plan.rank + 1) % plan.size, (plan.rank - 1) % plan.size
-        reader, writer = await _dial(next_host, next_port, plan.deadline_s, f"rank {nxt_rank}")
+        reader, writer = await dial(next_host, next_port, plan.deadline_s, f"rank {nxt_rank}")
         nxt = Channel(reader, writer, self.clock, rate_Bps=self.rate_Bps, latency_s=self.latency_s,
                       peer=f"rank {nxt_rank}")
         await join(plan, nxt)
@@ -67,7 +89,7 @@ class RingMember:
         await expect_join(plan, prev, prev_rank)
         if self._server is not None:
             self._server.close()  # the ring is made: no more connections
-        return ring(plan, prev, nxt)
+        return prev, nxt
 
     async def close(self) -> None:
         if self._server is not None:
@@ -78,7 +100,7 @@ class RingMember:
 
 
 async def switch_member(plan: RankPlan, clock: Clock, host: str, port: int, *, rate_Bps: float, latency_s: float):
-    reader, writer = await _dial(host, port, plan.deadline_s, "the switch")
+    reader, writer = await dial(host, port, plan.deadline_s, "the switch")
     channel = Channel(reader, writer, clock, rate_Bps=rate_Bps, latency_s=latency_s, peer="the switch")
     await join(plan, channel)
     return switch(plan, channel)

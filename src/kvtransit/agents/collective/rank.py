@@ -232,18 +232,6 @@ class _Switch:
         return [self.switch]
 
 
-async def join(plan: RankPlan, channel: Channel) -> None:
-    """Say who we are on a fresh connection (the switch checks the group; a ring neighbour the rank)."""
-    await channel.send(Frame(Kind.JOIN, plan.group, rank=plan.rank, chunk=plan.size), shaped=False)
-
-
-async def expect_join(plan: RankPlan, channel: Channel, rank: int) -> None:
-    frame = await channel.receive(plan.deadline_s, f"rank {rank}'s JOIN")
-    if (frame.kind, frame.group, frame.rank, frame.chunk) != (Kind.JOIN, plan.group, rank, plan.size):
-        raise PeerGone(f"expected JOIN of rank {rank} in group {plan.group} of {plan.size}, got {frame.kind.name} "
-                       f"group {frame.group} rank {frame.rank} of {frame.chunk}")
-
-
 async def run_steps(plan: RankPlan, clock: Clock, algorithm: _Ring | _Switch, start_ns: int) -> RankResult:
     """The step loop: hold compute, then `plan.collectives` real all-reduces (+ the held latency), check sums."""
     payloads = Payloads(plan.values, plan.size)

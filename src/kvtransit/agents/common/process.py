@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -32,6 +32,7 @@ from kvtransit.runtime.signals import StopWatcher, run_until_signalled
 from kvtransit.runtime.transport import Server, serve
 from kvtransit.wire.events import Role
 
+T = TypeVar("T")
 READY_PREFIX = "KVTRANSIT-READY "
 # A process that runs to an end of its own (a collective's rank, the switch) prints one result line last.
 RESULT_PREFIX = "KVTRANSIT-RESULT "
@@ -135,6 +136,42 @@ def announce_result(data: dict[str, Any]) -> None:
     """Print the one result line of a process that runs to its own end, and flush."""
     sys.stdout.write(RESULT_PREFIX + json.dumps(data) + "\n")
     sys.stdout.flush()
+
+
+async def read_go_line() -> dict[str, Any]:
+    """The one JSON line a run-to-end process waits for on stdin (its peers, the start time) before it starts."""
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    if not line:
+        raise EOFError("the launcher closed stdin before the go line")
+    return dict(json.loads(line))
+
+
+async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
+    """`work`'s result, or None if `stop` is set first. Either way nothing is left running: `work` is cancelled
+    and awaited if it has not ended (also when this is cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return None if task.cancelled() else task.result()
+
+
+def run_config_process(prog: str, config_help: str,
+                       main: Callable[[dict[str, Any], asyncio.Event], Awaitable[None]], argv: list[str] | None) -> int:
+    """The entry point of a run-to-end process: `prog --config JSON`, then `main(config, stop)` until it returns
+    or a signal stops it (run_until_stopped). Exit 0: a failure is a result line, not an exit status."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--config", required=True, help=config_help)
+    config = json.loads(parser.parse_args(argv).config)
+    asyncio.run(run_until_stopped(lambda stop: main(config, stop)))
+    return 0
 
 
 def parse_result_line(line: str) -> dict | None:
