@@ -141,7 +141,8 @@ def print_report(summaries: list[dict]) -> None:
                  f"scale {first['scale']:.4g} ({first['kv']}), dilation {dilations} ({first['dilation_why']})"))
     for s in summaries:
         if s["budget_check"]:
-            print(f"scoring ({s['kind']}): {s['budget_check']} -> {s['scoring']}")
+            where = "in transit" if s["scoring"] == "transit" else "at the decode host"
+            print(f"scoring ({s['kind']}): {s['budget_check']}; scored {where}")
         acc, off = s["accuracy"], s["offline"]
         if acc and s["select"] == "top-k":
             line = f"accuracy: recall {acc['recall']:.3f}, attention-output error {acc['output_error']:.3f} live"
