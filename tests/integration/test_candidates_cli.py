@@ -1,5 +1,6 @@
 """`kvtransit candidates` for real on its two cheapest rows (PQ key exchange over a shaped loopback link, weight
-streaming), its files, a row whose extra is missing, and bad input."""
+streaming: a store and an instance), the ring and selection rows' live runs, its files, a row whose extra is
+missing, and bad input."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ def test_two_cheap_rows_run_for_real_and_write_the_table(tmp_path, capsys):
     assert pq["run"]["run_dir"] and (out / "runs" / "pq-key-exchange" / "pqkex.json").exists()
     assert "python -m kvtransit.agents.pqkex" in pq["run"]["command"]
     weights = table["rows"][0]
-    assert "not a live flow" in weights["run"]["modelled"]  # the row says its bottleneck is the model's
-    assert weights["tests"][0]["measured"].endswith("(modelled)")
+    assert not weights["tests"][0]["measured"].endswith("(modelled)")  # the adapter waits were measured live
+    assert "kvtransit weights" in weights["run"]["command"]
+    assert (out / "runs" / "weight-streaming" / "weights.json").exists()
     markdown = (out / "candidates.md").read_text()
     assert "kvtransit candidates --only pq-key-exchange,weight-streaming" in markdown
     assert "## What would flip each verdict" in markdown

@@ -198,3 +198,5 @@ def test_the_layerwise_preset_reruns_the_25g_load_study_whole_and_layerwise():
         for handoff in ("whole", "layerwise")}
     assert {(s.link, s.compress_at, s.prefill_chunk, s.requests) for s in scenarios} == {("eth-25g", "transit", 0, 800)}
     assert all(",handoff=" in key for key, _ in points)  # its whole points are not handoff-25g's rows
+    # Layer-wise at dilation 3 (at 2 this box held its idle-link hand-offs 1.174x the model), whole at the preset's.
+    assert {(s.handoff, s.dilation) for s in scenarios} == {("whole", 2.0), ("layerwise", 3.0)}

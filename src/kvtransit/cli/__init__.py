@@ -20,6 +20,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "collective",
     "ring",
     "select",
+    "weights",
     "accuracy",
     "links",
     "up",

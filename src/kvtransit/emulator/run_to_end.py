@@ -135,6 +135,19 @@ def sorted_results(children: Sequence[RunToEndChild],
     return got, failures
 
 
+async def run_roles(children: dict[str, RunToEndChild], budget_s: float, what: str, *, kill_role: str | None = None,
+                    kill_at_ns: int = 0) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Each named child's result (its `role` field names it) and the failures, as `collect_results` and
+    `sorted_results` give them; a run past `budget_s` is one failure naming `what`."""
+    try:
+        results = await collect_results(list(children.values()), budget_s,
+                                        kill=None if kill_role is None else children[kill_role], kill_at_ns=kill_at_ns)
+    except TimeoutError:
+        return {}, [f"{what} did not finish within its time budget"]
+    got, failures = sorted_results(list(children.values()), results)
+    return {result["role"]: result for result in got}, failures
+
+
 async def reap(children: Iterable[RunToEndChild]) -> None:
     """Kill every child still running (by its pid), wait for each, and stop reading its stderr."""
     children = list(children)

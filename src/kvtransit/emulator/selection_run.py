@@ -43,7 +43,7 @@ from kvtransit.model.module import Action, BudgetResult, Module, Policy
 from kvtransit.model.selection import DEFAULT_PAGE_SIZE, SelectionStep, check_budget, scoring_budget
 
 from .collective_run import HOST_HOP_S
-from .run_to_end import RunToEndChild, collect_results, reap, sorted_results, spawn
+from .run_to_end import RunToEndChild, reap, run_roles, spawn
 
 START_MARGIN_S = 1.0
 MIN_DEADLINE_S = 5.0
@@ -250,13 +250,8 @@ async def run_selection(plan: SelectionRunPlan, *, kill_role: str | None = None,
         await children["decode"].send_go({"scorer": ["127.0.0.1", ports["scorer"]], "start_ns": start_ns})
         budget = timeout_s if timeout_s is not None else (
             START_MARGIN_S + plan.steps * plan.model_step_s * plan.dilation * 3 + 2 * plan.deadline_s + 10)
-        results = await collect_results(list(children.values()), budget,
-                                        kill=None if kill_role is None else children[kill_role],
-                                        kill_at_ns=start_ns + round(kill_after_s * 1e9))
-        got, report.failures = sorted_results(list(children.values()), results)
-        report.results = {result["role"]: result for result in got}
-    except TimeoutError:
-        report.failures.append("the selection run did not finish within its time budget")
+        report.results, report.failures = await run_roles(children, budget, "the selection run", kill_role=kill_role,
+                                                          kill_at_ns=start_ns + round(kill_after_s * 1e9))
     finally:
         await reap(children.values())
     return report

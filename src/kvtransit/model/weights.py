@@ -177,3 +177,44 @@ def adapter_wait_s(accesses: Sequence[AdapterAccess], shape: AdapterShape, link:
     First-order (REFERENCE §7): no queueing behind another request's load; the live flow measures that."""
     load_s = require_positive("adapter load time", shape.load(link).seconds)
     return [0.0 if a.hit else load_s for a in accesses]
+
+
+def pull_s(nbytes: float, link: Link, ratio: float = 1.0) -> float:
+    """A load the instance asks for: the request's latency, then the answer's latency + bytes / bandwidth
+    (REFERENCE §2), the bytes divided by a lossless kernel's `ratio`."""
+    if not ratio > 0:
+        raise ConfigError(f"compression ratio must be > 0, got {ratio!r}")
+    return 2 * link.latency_s + link.serialisation_s(nbytes / ratio)
+
+
+@dataclass(frozen=True)
+class ServedRequest:
+    """One request on an instance that serves one at a time, first come first served (the model of a live run)."""
+
+    arrival_s: float
+    adapter: int
+    hit: bool
+    start_s: float  # when the instance took it: max(arrival, the previous request's first token)
+    wait_s: float  # its adapter's load (0 when resident)
+    first_token_s: float
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+
+def serve_adapter_requests(arrivals_s: Sequence[float], adapters: Sequence[int], capacity: int,
+                           load_s: Sequence[float], prefill_s: float) -> list[ServedRequest]:
+    """Requests (arrival, adapter) on one instance with `capacity` adapter slots, FIFO, one at a time: a miss waits
+    for its load (`load_s[i]`, the i-th request's: its adapter's bytes as the link carried them), then every request
+    its prefill, whose end is its first token. Queueing behind earlier requests is counted (the live run's)."""
+    if not (len(arrivals_s) == len(adapters) == len(load_s)):
+        raise ConfigError("arrivals, adapters and load times must be one per request")
+    out: list[ServedRequest] = []
+    free_at = float("-inf")
+    for arrival, access, load in zip(arrivals_s, page_adapters(adapters, capacity), load_s, strict=True):
+        start = max(arrival, free_at)
+        wait = 0.0 if access.hit else load
+        free_at = start + wait + prefill_s
+        out.append(ServedRequest(arrival, access.adapter, access.hit, start, wait, free_at))
+    return out

@@ -17,7 +17,8 @@ ring's partial sum), SUM (the switch's sum, back to a rank), ABORT (the payload 
 collective failed for everyone), BYE. A query-aware selection's step (agents/selection) adds QUERY (the decode
 step's query, to the module that scores), SUMMARIES (the pages' key summaries, from the pool), SCORES (one per page
 and kv head, to the host that ranks), FETCH (the pages wanted, int32 ids) and PAGES (their K and V, from the pool);
-`step` is the decode step, `rank` the sender's role.
+`step` is the decode step, `rank` the sender's role. Weight streaming's (agents/weights) adds LOAD (an instance
+asks for the weights or an adapter) and BLOB (their bytes, as the link carries them).
 
 `encode(frame)` gives the bytes (header, payload: two parts, for a writelines without a copy);
 `FrameReader.feed(data)` takes bytes in and returns the whole frames they completed. A frame that breaks the
@@ -58,6 +59,8 @@ class Kind(enum.IntEnum):
     SCORES = 8
     FETCH = 9
     PAGES = 10
+    LOAD = 11
+    BLOB = 12
 
 
 class CollectiveFrameError(ValueError):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
+from typing import Any
 
 from kvtransit.runtime.clock import Clock
 from kvtransit.wire.collective import Frame, Kind
@@ -44,12 +46,21 @@ async def expect_join(member: GroupMember, channel: Channel, rank: int) -> None:
                        f"{frame.kind.name} group {frame.group} rank {frame.rank} of {frame.chunk}")
 
 
-class RingMember:
-    """Listen first (the port goes in the readiness line), then `connect` to the next rank."""
+@dataclass(frozen=True)
+class Seat:
+    """Who a process is in a group of named roles (a selection's pool, module and decode; a store and its
+    instance), as JOIN says it (channel.py: GroupMember)."""
 
-    def __init__(self, plan: GroupMember, clock: Clock, *, rate_Bps: float, latency_s: float):
-        self.plan, self.clock = plan, clock
-        self.rate_Bps, self.latency_s = rate_Bps, latency_s
+    group: int
+    rank: int
+    size: int
+    deadline_s: float
+
+
+class PeerListener:
+    """Listen for the one peer a process serves (its port goes in the readiness line), then take its JOIN."""
+
+    def __init__(self) -> None:
         self._accepted: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] | None = None
         self._server: asyncio.Server | None = None
 
@@ -59,37 +70,24 @@ class RingMember:
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             assert self._accepted is not None
             if self._accepted.done():
-                writer.close()  # one previous rank only
+                writer.close()  # one peer only
                 return
             self._accepted.set_result((reader, writer))
 
         self._server = await asyncio.start_server(accept, host, port)
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def connect(self, next_host: str, next_port: int):  # -> the all-reduce's ring algorithm
-        assert isinstance(self.plan, RankPlan), "an all-reduce ring is made of RankPlans"
-        return ring(self.plan, *await self.connect_channels(next_host, next_port))
-
-    async def connect_channels(self, next_host: str, next_port: int) -> tuple[Channel, Channel]:
-        """Dial the next rank, accept the previous one, each saying JOIN: (from the previous, to the next)."""
+    async def channel(self, me: GroupMember, clock: Clock, peer_rank: int, peer: str, *, rate_Bps: float,
+                      latency_s: float) -> Channel:
         assert self._accepted is not None, "listen() first"
-        plan = self.plan
-        nxt_rank, prev_rank = (plan.rank + 1) % plan.size, (plan.rank - 1) % plan.size
-        reader, writer = await dial(next_host, next_port, plan.deadline_s, f"rank {nxt_rank}")
-        nxt = Channel(reader, writer, self.clock, rate_Bps=self.rate_Bps, latency_s=self.latency_s,
-                      peer=f"rank {nxt_rank}")
-        await join(plan, nxt)
         try:
-            async with asyncio.timeout(plan.deadline_s):
+            async with asyncio.timeout(me.deadline_s):
                 reader, writer = await self._accepted
         except TimeoutError:
-            raise PeerGone(f"rank {prev_rank} did not connect within {plan.deadline_s:g} s") from None
-        prev = Channel(reader, writer, self.clock, rate_Bps=self.rate_Bps, latency_s=self.latency_s,
-                       peer=f"rank {prev_rank}")
-        await expect_join(plan, prev, prev_rank)
-        if self._server is not None:
-            self._server.close()  # the ring is made: no more connections
-        return prev, nxt
+            raise PeerGone(f"{peer} did not connect within {me.deadline_s:g} s") from None
+        channel = Channel(reader, writer, clock, rate_Bps=rate_Bps, latency_s=latency_s, peer=peer)
+        await expect_join(me, channel, peer_rank)
+        return channel
 
     async def close(self) -> None:
         if self._server is not None:
@@ -97,6 +95,45 @@ class RingMember:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
                     await self._server.wait_closed()
+
+
+async def dial_member(me: GroupMember, clock: Clock, where: list[Any], peer_rank: int, peer: str, *,
+                      rate_Bps: float, latency_s: float) -> Channel:
+    """Dial `peer` at `where` ([host, port]) and say JOIN."""
+    reader, writer = await dial(str(where[0]), int(where[1]), me.deadline_s, peer)
+    channel = Channel(reader, writer, clock, rate_Bps=rate_Bps, latency_s=latency_s, peer=peer)
+    await join(me, channel)
+    return channel
+
+
+class RingMember:
+    """Listen first (the port goes in the readiness line), then `connect` to the next rank."""
+
+    def __init__(self, plan: GroupMember, clock: Clock, *, rate_Bps: float, latency_s: float):
+        self.plan, self.clock = plan, clock
+        self.rate_Bps, self.latency_s = rate_Bps, latency_s
+        self._listener = PeerListener()  # for the previous rank
+
+    async def listen(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        return await self._listener.listen(host, port)
+
+    async def connect(self, next_host: str, next_port: int):  # -> the all-reduce's ring algorithm
+        assert isinstance(self.plan, RankPlan), "an all-reduce ring is made of RankPlans"
+        return ring(self.plan, *await self.connect_channels(next_host, next_port))
+
+    async def connect_channels(self, next_host: str, next_port: int) -> tuple[Channel, Channel]:
+        """Dial the next rank, accept the previous one, each saying JOIN: (from the previous, to the next)."""
+        plan = self.plan
+        nxt_rank, prev_rank = (plan.rank + 1) % plan.size, (plan.rank - 1) % plan.size
+        nxt = await dial_member(plan, self.clock, [next_host, next_port], nxt_rank, f"rank {nxt_rank}",
+                                rate_Bps=self.rate_Bps, latency_s=self.latency_s)
+        prev = await self._listener.channel(plan, self.clock, prev_rank, f"rank {prev_rank}", rate_Bps=self.rate_Bps,
+                                            latency_s=self.latency_s)
+        await self._listener.close()  # the ring is made: no more connections
+        return prev, nxt
+
+    async def close(self) -> None:
+        await self._listener.close()
 
 
 async def switch_member(plan: RankPlan, clock: Clock, host: str, port: int, *, rate_Bps: float, latency_s: float):
