@@ -112,6 +112,7 @@ async def test_a_process_ring_runs_its_prompts_near_the_model_with_the_live_erro
     assert summary["hops_per_layer"] == [3.0] * 4
     # A noisy shared 2-core box; RESULTS.md holds the measured figure.
     assert abs(summary["prompt_error"]) < 0.15
+    assert summary["faithful"] == (abs(summary["prompt_error"]) <= 0.05)  # the verdict is its own measurement's
     assert summary["accuracy"]["out_err_ring"] == pytest.approx(summary["offline"]["ring"], rel=1e-9)
 
 
@@ -120,7 +121,7 @@ async def test_a_killed_rank_process_fails_the_prompt_for_every_rank_within_the_
     plan = plan_ring(MODELS["llama3-8b"], DEVICES["h100"], LINKS["eth-100g"], n=4, context=32768, sample=SAMPLE,
                      prompts=20)
     report = await run_ring(plan, kill_rank=1, kill_after_s=0.4, timeout_s=plan.deadline_s * 3 + 20)
-    assert not report.ok
+    assert not report.ok and report.summary()["faithful"] is False  # a failed run is never faithful
     assert any(f.startswith("rank 1 was killed by signal 9 without a result") for f in report.failures)
     survivors = [r for r in report.ranks if r["rank"] != 1]
     assert len(survivors) == 3

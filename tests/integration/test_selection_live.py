@@ -38,6 +38,7 @@ async def test_top_k_fetches_the_chosen_pages_and_its_step_lands_on_the_model():
     assert s["accuracy"]["recall"] == pytest.approx(s["offline"]["recall"], rel=1e-9)
     assert s["accuracy"]["output_error"] == pytest.approx(s["offline"]["output_error"], rel=1e-9)
     assert abs(s["step_error"]) < 0.15  # a noisy shared 2-core box; RESULTS.md holds the measured figure
+    assert s["faithful"] == (abs(s["step_error"]) <= 0.05)  # the verdict is its own measurement's
 
 
 async def test_quests_bound_is_scored_at_the_host_and_picks_what_the_offline_measure_picks():
@@ -65,7 +66,7 @@ def test_every_token_is_the_baseline_and_selection_shortens_the_step(capsys):
 async def test_a_pool_that_dies_fails_the_run_for_every_role_with_a_reason():
     plan = _plan(budget=None, steps=40)
     report = await run_selection(plan, kill_role="pool", kill_after_s=0.5, timeout_s=plan.deadline_s * 3 + 20)
-    assert not report.ok
+    assert not report.ok and report.summary()["faithful"] is False  # a failed run is never faithful
     assert any(f.startswith("pool was killed by signal 9 without a result") for f in report.failures)
     for role in ("scorer", "decode"):
         result = report.results[role]

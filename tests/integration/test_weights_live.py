@@ -29,6 +29,7 @@ async def test_a_paged_in_adapter_adds_its_load_to_ttft_at_light_load_within_2_p
     assert s["misses"] == s["model_misses"] > 0 and s["hits"] > 0
     assert abs(s["cold_start_error"]) < 0.02  # unavailable until the weights have streamed in
     assert abs(s["miss_ttft_error_median"]) <= 0.02 and s["within_target"]
+    assert s["faithful"] and s["faithful_line"] == "yes"
     assert s["miss_ttft_median_s"] > s["model_prefill_s"] + 0.9 * s["miss_wait_median_s"]  # the wait is in TTFT
 
 

@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
                  f"{summary['granularity']} ({summary['granularity_why']}); {summary['processes']} processes; "
                  f"{summary['sums_checked']} sums checked exact"),
     )
+    print(f"faithful: {summary['faithful_line']}")
     if report.switch:
         sw = report.switch
         print(f"switch: {sw['sums']} sums, {sw['input_bytes']:,} B in, {sw['energy_j']:.3g} J (module, model scale), "

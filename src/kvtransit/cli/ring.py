@@ -120,6 +120,7 @@ def print_report(s: dict) -> None:
                  f"measured {s['measured_ratio']:.3f}; hops a layer {sorted(set(s['hops_per_layer'])) or '-'}; "
                  f"scale {s['scale']:.4g} ({s['kv']}), dilation {s['dilation']:g} ({s['dilation_why']}); "
                  f"measured hop = due start to done, median over ranks"))
+    print(f"faithful: {s['faithful_line']}")
     if s["budget"]:
         print(f"module: {s['budget']}")
     acc, offline = s["accuracy"], s["offline"]

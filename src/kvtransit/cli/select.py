@@ -140,6 +140,7 @@ def print_report(summaries: list[dict]) -> None:
         caption=(f"a step = fetch + the decode step's compute at the context attended (TPOT); bytes at full size; "
                  f"scale {first['scale']:.4g} ({first['kv']}), dilation {dilations} ({first['dilation_why']})"))
     for s in summaries:
+        print(f"{'every token' if s['select'] == 'all' else 'top-k'}: faithful: {s['faithful_line']}")
         if s["budget_check"]:
             where = "in transit" if s["scoring"] == "transit" else "at the decode host"
             print(f"scoring ({s['kind']}): {s['budget_check']}; scored {where}")

@@ -277,7 +277,7 @@ def run_point(args) -> int:
     from kvtransit.emulator.k8s.sweep_job import points_from_document, sweep_id
     from kvtransit.emulator.k8s.sweep_logs import completion_index
     from kvtransit.emulator.k8s.sweep_logs import run_point as run_one
-    from kvtransit.emulator.sweep_runner import PointRunner
+    from kvtransit.emulator.sweep_runner import PointRunner, SweepInterrupted
 
     try:
         text = args.run_point.read_text(encoding="utf-8")
@@ -286,7 +286,11 @@ def run_point(args) -> int:
     points = points_from_document(text, str(args.run_point))
     runner = PointRunner(args.out, links=args.links, accuracy_sample=args.accuracy_sample,
                          drain_timeout_s=args.drain_timeout)
-    run_one(points, completion_index(), args.out, sweep_id(text), runner, sys.stdout)
+    try:
+        run_one(points, completion_index(), args.out, sweep_id(text), runner, sys.stdout)
+    except SweepInterrupted as exc:  # a pod told to stop: its point is not a result (the Job reruns it)
+        print(f"kvtransit sweep --run-point: {exc}", file=sys.stderr)
+        return SIGNALLED_EXIT
     return 0
 
 

@@ -112,5 +112,6 @@ def print_report(s: dict) -> None:
                      f"scale {s['scale']:.4g} ({s['scale_why']}), dilation {s['dilation']:g} ({s['dilation_why']})"))
         verdict = "within" if s["within_target"] else "NOT within"
         print(f"a paged-in adapter's TTFT is {verdict} 2 % of the model (median {_pct(s['miss_ttft_error_median'])})")
+    print(f"faithful: {s['faithful_line']}")
     for failure in s["failures"]:
         print(f"FAILED: {failure}")

@@ -276,15 +276,13 @@ def _collective_command(ctx: RowContext, run: dict[str, Any], allreduce: str) ->
             + (f" --dispatch {run['dispatch']}" if run.get("dispatch", "bf16") != "bf16" else "") + " --json")
 
 
-def _collective_faithful(summary: dict[str, Any]) -> str:
-    err = summary.get("step_error")
-    if not summary.get("ok"):
-        return f"NO (failed: {'; '.join(summary.get('failures') or [])[:200]})"
-    if err is None or not math.isfinite(err):
-        return "NO (no step measured)"
-    within = abs(err) <= E2E_RESOLUTION
-    return (f"{'yes' if within else 'NO'} (step {err:+.1%} off the model; the emulator's band "
-            f"±{E2E_RESOLUTION:.0%})")
+def _faithful_runs(runs: dict[str, dict[str, Any]]) -> str:
+    """`yes (...)` when every live run of a row was faithful (its summary's own verdict), else `NO (` which and
+    why `)`."""
+    bad = [f"{label}: {s['faithful_line']}" for label, s in runs.items() if not s.get("faithful")]
+    if bad:
+        return "NO (" + "; ".join(bad)[:300] + ")"
+    return "yes (" + ", ".join(f"{label} within the emulator's band of the model" for label in runs) + ")"
 
 
 def row_tp_all_reduce(ctx: RowContext) -> RowRun:
@@ -305,7 +303,8 @@ def row_tp_all_reduce(ctx: RowContext) -> RowRun:
                                   required_bits=16),
         streams=seen, streams_as="rank streams the switch summed per all-reduce", share_whole="the step",
         notes=("required bits 16: the sum's output is a BF16 value (kernels/stream_sum.py)",))
-    return RowRun(row, s["scale"], s["dilation"], _collective_faithful(s), _collective_command(ctx, TP_RUN, "switch"),
+    return RowRun(row, s["scale"], s["dilation"], _faithful_runs({"the collective": s}),
+                  _collective_command(ctx, TP_RUN, "switch"),
                   str(ctx.run_dir), measured_what="the step's all-reduce share, every sum's exactness, the streams "
                   "the switch summed (n rank processes + a switch process, real bytes)",
                   modelled_what="the GPU's compute (held on the clock, roofline); the budget from the declaration",
@@ -355,7 +354,8 @@ def row_moe_all_to_all(ctx: RowContext) -> RowRun:
         share_whole="the step",
         notes=(("the live all-to-all's dispatch carries the fp8 kernel's bytes, cast at the GPUs (FP8 needs rounding, "
                 "which the module does not publish; model/moe_dispatch.py)"),))
-    return RowRun(row, s["scale"], s["dilation"], _collective_faithful(s), _collective_command(ctx, EP_RUN, "ring"),
+    return RowRun(row, s["scale"], s["dilation"], _faithful_runs({"the collective": s}),
+                  _collective_command(ctx, EP_RUN, "ring"),
                   str(ctx.run_dir), measured_what="the collective share of the step (ranks exchanging real bytes, the "
                   "dispatch in FP8), FP8's error on real activations", modelled_what="the all-to-all's part of the "
                   "collective share (model/collectives.py); the GPU's compute and casts held on the clock",
@@ -396,17 +396,6 @@ def _ring_command(ctx: RowContext, codec: str) -> str:
     return f"{argv} {_budget_flag(u.module_budget)} --json"
 
 
-def _ring_faithful(raw: dict[str, Any], coded: dict[str, Any]) -> str:
-    for label, s in (("raw", raw), ("band-keep", coded)):
-        if not s.get("ok"):
-            return f"NO ({label} ring failed: {'; '.join(s.get('failures') or [])[:200]})"
-        err = s.get("prompt_error")
-        if err is None or not math.isfinite(err) or abs(err) > E2E_RESOLUTION:
-            return f"NO ({label} prompt {err:+.1%} off the model; the emulator's band ±{E2E_RESOLUTION:.0%})"
-    return (f"yes (prompts {raw['prompt_error']:+.1%} raw, {coded['prompt_error']:+.1%} with band-keep, off the "
-            f"model; the emulator's band ±{E2E_RESOLUTION:.0%})")
-
-
 def row_ring_attention(ctx: RowContext) -> RowRun:
     from kvtransit.kernels.ring_attention import error_after_hops, wire_codec
     from kvtransit.model import ring
@@ -441,8 +430,9 @@ def row_ring_attention(ctx: RowContext) -> RowRun:
                                   "each block as far as it travelled) vs fp8's at equal bytes",
                                   at_bits=ctx.unknowns.precision_bits),
         streams=1.0 if coded_report.ok else None, streams_as="streams per hop (a rank sends to its neighbour)")
-    return RowRun(row, raw["scale"], max(raw["dilation"], coded["dilation"]), _ring_faithful(raw, coded),
-                  _ring_command(ctx, "freq-keep-k"), str(ctx.run_dir),
+    return RowRun(row, raw["scale"], max(raw["dilation"], coded["dilation"]),
+                  _faithful_runs({"raw ring": raw, "band-keep ring": coded}), _ring_command(ctx, "freq-keep-k"),
+                  str(ctx.run_dir),
                   measured_what="the raw and band-keep prompts (ranks passing the real-KV sample's blocks round a "
                                 "shaped ring), the live ring's output error",
                   modelled_what="the blockwise attention held on the clock (model/ring.py) and the share on other "
@@ -478,17 +468,6 @@ def _selection_command(ctx: RowContext) -> str:
     return (f"kvtransit select --model {SELECTION_RUN['model']} --context {SELECTION_RUN['context']} --link "
             f"{ctx.link} --budget {SELECTION_RUN['budget']:g} --sink-pages {SELECTION_RUN['sink_pages']} --steps "
             f"{SELECTION_RUN['steps']}{bits} {_budget_flag(u.module_budget)} --json")
-
-
-def _steps_faithful(runs: dict[str, dict[str, Any]]) -> str:
-    for label, s in runs.items():
-        if not s.get("ok"):
-            return f"NO ({label} failed: {'; '.join(s.get('failures') or [])[:200]})"
-        err = s.get("step_error")
-        if err is None or not math.isfinite(err) or abs(err) > E2E_RESOLUTION:
-            return f"NO ({label} step {err:+.1%} off the model; the emulator's band ±{E2E_RESOLUTION:.0%})"
-    return ("yes (" + ", ".join(f"{label} step {s['step_error']:+.1%}" for label, s in runs.items())
-            + f" off the model; the emulator's band ±{E2E_RESOLUTION:.0%})")
 
 
 def row_query_aware_selection(ctx: RowContext) -> RowRun:
@@ -530,7 +509,7 @@ def row_query_aware_selection(ctx: RowContext) -> RowRun:
     effect = (everything["measured_step_s"] / top["measured_step_s"]
               if top_report.ok and all_report.ok else math.nan)
     return RowRun(row, top["scale"], max(top["dilation"], everything["dilation"]),
-                  _steps_faithful({"top-k": top, "all": everything}), _selection_command(ctx), str(ctx.run_dir),
+                  _faithful_runs({"top-k": top, "every token": everything}), _selection_command(ctx), str(ctx.run_dir),
                   measured_what="the every-token and the top-k decode steps (a pool, the module scoring the "
                                 "summaries in transit, decode ranking and fetching, over a shaped link), the recall "
                                 "and output error of what arrived",
@@ -582,8 +561,7 @@ def row_weight_streaming(ctx: RowContext) -> RowRun:
         error, measured_as = 1.0, f"refused: {refused}"
     else:  # every blob was checked byte for byte at the instance: a changed byte fails the run
         error, measured_as = (0.0 if report.ok else None), "BF16 weight bytes not returned bit for bit (every load)"
-    faithful = ("yes" if report.ok and s["within_target"] and abs(s["cold_start_error"]) <= E2E_RESOLUTION else
-                f"NO ({'; '.join(report.failures)[:200] or 'paged-in TTFT or cold start off the model'})")
+    faithful = _faithful_runs({"the weight flow": s})
     row = RowMeasured(
         ctx.name, replace(decl, precision_bits=None), share,
         f"adapter paging: load waits / TTFT, {WEIGHTS_RUN['adapters']} rank-{WEIGHTS_RUN['rank']} adapters, Zipf, "

@@ -20,8 +20,9 @@ from kvtransit.model.five_tests import TEST_NAMES, Judgement
 from .candidates import RowRun
 
 PASS, FAIL, NOT_MEASURED_CELL = "pass", "FAIL", "not measured"
-FAITHFUL_NOTE = ("faithful: whether the row's run held the model (the report's fidelity checks for the KV runs, the "
-                 "step against the model for the collectives, the link time for the ciphertexts); a verdict that rests "
+FAITHFUL_NOTE = ("faithful: whether the row's run held the model (the report's fidelity checks for the KV runs; the "
+                 "step, prompt, cold start or TTFT within the emulator's band of the model for the collectives, ring "
+                 "attention, selection and weights; the link time for the ciphertexts); a verdict that rests "
                  "on a run that was not faithful is not settled: run the row again on a quieter machine (its command "
                  "below).")
 FLIP_COLUMNS = ("module budget", "transform", "precision bits", "link")

@@ -40,6 +40,7 @@ from kvtransit.model.collectives import (
 )
 from kvtransit.model.devices import Device
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.fidelity import group_fidelity, model_gap
 from kvtransit.model.link_catalog import Link
 from kvtransit.model.module import Module, Policy
 from kvtransit.model.moe_dispatch import AT_GPU, BF16_DISPATCH, DISPATCH_BF16, DispatchPlacement, place_dispatch
@@ -234,6 +235,7 @@ class CollectiveReport:
             "sums_checked": sum(r.get("sums_checked", 0) for r in self.ranks),
             "late_s": max((r.get("late_s", 0.0) for r in self.ranks), default=0.0),
             "ok": self.ok, "failures": self.failures, "switch": self.switch,
+            **group_fidelity(self.ok, self.failures, {"step": model_gap(measured_step, m.total_s, d, "the step")}),
         }
 
 

@@ -35,6 +35,7 @@ from kvtransit.model.catalog import ModelSpec
 from kvtransit.model.codecs import CODEC_NAMES, codec_declaration
 from kvtransit.model.devices import Device
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.fidelity import group_fidelity, model_gap
 from kvtransit.model.kv_scale import HOST_BUDGET_BPS, host_dilation, resolve_dilation
 from kvtransit.model.link_catalog import Link
 from kvtransit.model.module import Action, BudgetResult, KernelDeclaration, Module, Policy, budget_check
@@ -235,6 +236,8 @@ class RingReport:
             "late_s": max((r.get("late_s", 0.0) for r in self.ranks), default=0.0),
             "accuracy": accuracy, "offline": self.offline,
             "ok": self.ok, "failures": self.failures,
+            **group_fidelity(self.ok, self.failures,
+                             {"prompt": model_gap(measured_prompt, model_at_measured, d, "the prompt")}),
         }
 
 

@@ -37,6 +37,7 @@ from kvtransit.model.catalog import ModelSpec
 from kvtransit.model.cost import decode_step_s
 from kvtransit.model.devices import Device
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.fidelity import group_fidelity, model_gap
 from kvtransit.model.kv_scale import HOST_BUDGET_BPS, host_dilation, resolve_dilation
 from kvtransit.model.link_catalog import Link
 from kvtransit.model.module import Action, BudgetResult, Module, Policy
@@ -215,6 +216,8 @@ class SelectionReport:
             "accuracy": decode.get("accuracy") if decode else None, "offline": self.offline,
             "module": self.results.get("scorer"), "pool": self.results.get("pool"),
             "ok": self.ok, "failures": self.failures,
+            **group_fidelity(self.ok, self.failures,
+                             {"step": model_gap(step, model_step_at_bytes, d, "the decode step")}),
         }
 
 

@@ -33,6 +33,7 @@ from kvtransit.model.codecs import CODEC_NAMES, codec_declaration
 from kvtransit.model.cost import prefill_step_s
 from kvtransit.model.devices import Device
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.fidelity import group_fidelity, model_gap
 from kvtransit.model.kv_scale import HOST_BUDGET_BPS, host_dilation, resolve_dilation
 from kvtransit.model.link_catalog import Link
 from kvtransit.model.module import Action, KernelDeclaration, Module, Policy, budget_check, flow_check
@@ -198,7 +199,7 @@ class WeightsReport:
                 "model_prefill_s": p.prefill_s, "ok": self.ok, "failures": self.failures,
                 "store": self.results.get("store")}
         if inst is None:
-            return base
+            return {**base, **group_fidelity(self.ok, self.failures, {})}
         records = inst["requests"]
         wire = [r["wire_bytes"] for r in records]
         modelled = serve_adapter_requests(p.arrivals_s, p.adapters, p.capacity,
@@ -209,7 +210,11 @@ class WeightsReport:
         store = self.results["store"]
         cold_model = p.pull_at_s(inst["weights_wire_bytes"])
         miss_ttft = [r["ttft_s"] / d for r in records if not r["hit"]]
-        return {**base,
+        # Per request, measured over modelled; the median of each kind judged against 1 (model_gap's band).
+        ratios = {kind: [1 + e for e in errs] for kind, errs in (("paged-in TTFT", misses), ("resident TTFT", hits))}
+        gaps = {"cold start": model_gap(inst["cold_start_s"] / d, cold_model, d, "the cold start"),
+                **{kind: model_gap(statistics.median(r), 1.0, d, f"a {kind}") for kind, r in ratios.items() if r}}
+        return {**base, **group_fidelity(self.ok, self.failures, gaps),
                 "cold_start_s": inst["cold_start_s"] / d, "model_cold_start_s": cold_model,
                 "cold_start_error": inst["cold_start_s"] / d / cold_model - 1,
                 "wire_ratio": store["raw_bytes"] / store["wire_bytes"] if store["wire_bytes"] else math.nan,

@@ -131,6 +131,41 @@ def kernel_gap(kernel_s: float, modelled_s: float, scale: float, dilation: float
     return Gap(ratio, KERNEL_TOLERANCE, ok, hint)
 
 
+# A live group's (a collective's step, a ring's prompt, a selection's step, a weight flow's load and TTFT) band
+# around the model: its timers may run TIMER_TOLERANCE late and its transfers HANDOFF_REL_TOLERANCE off, the sum
+# (the E2E resolution of model/five_tests.py).
+GROUP_TOLERANCE = TIMER_TOLERANCE + HANDOFF_REL_TOLERANCE
+
+
+def model_gap(measured_s: float | None, modelled_s: float, dilation: float, what: str,
+              tolerance: float = GROUP_TOLERANCE) -> Gap:
+    """|measured / modelled − 1| of a live group's figure (model seconds), within `tolerance`; unmeasured (None or
+    NaN, nothing modelled) is never a pass."""
+    if measured_s is None or not math.isfinite(measured_s) or not (modelled_s > 0 and math.isfinite(modelled_s)):
+        return not_measured(what, tolerance)
+    error = measured_s / modelled_s - 1
+    ok = abs(error) <= tolerance
+    hint = "ok" if ok else (f"{what} {error:+.1%} off the model: try --dilation "
+                            f"{math.ceil(dilation * (1 + abs(error) / tolerance) * 10 - 1e-9) / 10:g}")
+    return Gap(error, tolerance, ok, hint)
+
+
+def verdict_line(faithful: bool, gaps: dict[str, dict[str, Any]]) -> str:
+    """`yes`, or `NO (` the first failed checks' hints `)`: what a run's output prints after "faithful: "."""
+    if faithful:
+        return "yes"
+    return "NO (" + "; ".join(g["hint"] for g in gaps.values() if not g["ok"])[:300] + ")"
+
+
+def group_fidelity(ok: bool, failures: Sequence[str], gaps: dict[str, Gap]) -> dict[str, Any]:
+    """A live group's `faithful`, its `fidelity` block and the line its output prints: faithful only when the run
+    ended well (`ok`) and every gap is within its band (a failed run is a gap never measured)."""
+    if not ok:
+        gaps = {**gaps, "run": not_measured(f"the run failed ({'; '.join(failures)[:200] or 'no result'})", 0.0)}
+    faithful, block = assess(gaps)
+    return {"faithful": faithful, "fidelity": block, "faithful_line": verdict_line(faithful, block)}
+
+
 def assess(gaps: dict[str, Gap]) -> tuple[bool, dict[str, dict[str, Any]]]:
     """(`faithful`, the report's `fidelity` dict): faithful only if every measured gap is within its target."""
     return all(g.ok for g in gaps.values()), {name: g.as_dict() for name, g in gaps.items()}
