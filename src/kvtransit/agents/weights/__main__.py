@@ -24,6 +24,7 @@ from kvtransit.agents.common.process import (
 )
 from kvtransit.runtime.clock import MonotonicClock
 
+from . import content
 from .roles import (
     GROUP,
     ROLE_INSTANCE,
@@ -34,6 +35,7 @@ from .roles import (
     WeightsPlan,
     run_instance,
     serve_store,
+    weights_at_rest,
 )
 
 
@@ -47,6 +49,10 @@ async def role_main(config: dict[str, Any], stop: asyncio.Event) -> None:
     seat = Seat(GROUP, rank, len(ROLE_NAMES), plan.deadline_s)
     listener = PeerListener() if rank == ROLE_STORE else None
     port = await listener.listen() if listener is not None else 0
+    # The weights (hundreds of MB at some scales) are made before the readiness line, off the run's clock: the
+    # store's at rest, the instance's copy to check what arrives against.
+    at_rest = weights_at_rest(plan) if rank == ROLE_STORE else {}
+    expected = content.weights(plan.weights_bytes) if rank == ROLE_INSTANCE else b""
     announce_ready(f"weights-{role}", role, listen_port=port)
     channels: list[Channel] = []
     result: StoreResult | InstanceResult
@@ -57,10 +63,10 @@ async def role_main(config: dict[str, Any], stop: asyncio.Event) -> None:
             if listener is not None:
                 channels.append(await listener.channel(seat, clock, ROLE_INSTANCE, ROLE_NAMES[ROLE_INSTANCE],
                                                        rate_Bps=rate, latency_s=latency))
-                return await serve_store(plan, channels[0])
+                return await serve_store(plan, channels[0], at_rest)
             channels.append(await dial_member(seat, clock, go["store"], ROLE_STORE, ROLE_NAMES[ROLE_STORE],
                                               rate_Bps=rate, latency_s=latency))
-            return await run_instance(plan, clock, channels[0], int(go["start_ns"]))
+            return await run_instance(plan, clock, channels[0], int(go["start_ns"]), expected)
 
         done = await unless_stopped(play(), stop)
         result = done or (StoreResult if rank == ROLE_STORE else InstanceResult)(ok=False,

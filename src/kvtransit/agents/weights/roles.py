@@ -71,11 +71,20 @@ class StoreResult:
         return dict(self.__dict__)
 
 
-async def serve_store(plan: WeightsPlan, instance: Channel) -> StoreResult:
-    """Answer the instance's loads until it says BYE. Each blob is made and encoded once and kept (a store holds
-    its blobs at rest as it serves them)."""
+WEIGHTS_KEY = "weights"
+
+
+def weights_at_rest(plan: WeightsPlan) -> dict[str, tuple[int, bytes]]:
+    """The store's weights as it holds them (raw size, encoded), made before the clock starts: a store holds its
+    blobs at rest, and making hundreds of MB inside the cold start would be the host's time, not the link's."""
+    raw = content.weights(plan.weights_bytes)
+    return {WEIGHTS_KEY: (len(raw), LosslessKernel(plan.kernel).encode(raw))}
+
+
+async def serve_store(plan: WeightsPlan, instance: Channel, at_rest: dict[str, tuple[int, bytes]]) -> StoreResult:
+    """Answer the instance's loads until it says BYE. The weights come at rest (`weights_at_rest`); an adapter is
+    made and encoded at its first load and kept."""
     result, kernel = StoreResult(), LosslessKernel(plan.kernel)
-    at_rest: dict[str, tuple[int, bytes]] = {}
     try:
         while True:
             try:
@@ -89,10 +98,9 @@ async def serve_store(plan: WeightsPlan, instance: Channel) -> StoreResult:
             if frame.kind is not Kind.LOAD:
                 raise WeightsFailed(f"the store: unexpected {frame.kind.name} for request {frame.step}")
             what = json.loads(bytes(frame.payload))
-            key = "weights" if what.get("weights") else f"adapter {int(what['adapter'])}"
+            key = WEIGHTS_KEY if what.get("weights") else f"adapter {int(what['adapter'])}"
             if key not in at_rest:
-                raw = (content.weights(plan.weights_bytes) if what.get("weights")
-                       else content.adapter(int(what["adapter"]), plan.adapter_bytes))
+                raw = content.adapter(int(what["adapter"]), plan.adapter_bytes)
                 at_rest[key] = (len(raw), kernel.encode(raw))
             raw_size, wire = at_rest[key]
             await instance.send(Frame(Kind.BLOB, GROUP, frame.step, rank=ROLE_STORE, payload=wire), at_ns=frame.due_ns)
@@ -149,13 +157,14 @@ async def _load(store: Channel, plan: WeightsPlan, kernel: LosslessKernel, step:
     return frame
 
 
-async def run_instance(plan: WeightsPlan, clock: Clock, store: Channel, start_ns: int) -> InstanceResult:
-    """The cold start, then every request in arrival order (module docstring)."""
+async def run_instance(plan: WeightsPlan, clock: Clock, store: Channel, start_ns: int,
+                       expected: bytes) -> InstanceResult:
+    """The cold start, then every request in arrival order (module docstring). `expected`: the weights to check
+    the cold start's bytes against, made before the clock starts (content.weights)."""
     result, kernel = InstanceResult(), LosslessKernel(plan.kernel)
     lru = AdapterLru(plan.capacity)
     step = WEIGHTS_REQUEST
     try:
-        expected = content.weights(plan.weights_bytes)  # made before the clock starts: not the flow's time
         await clock.sleep_until(start_ns)
         got = await _load(store, plan, kernel, step, {"weights": True}, expected, start_ns)
         del expected
