@@ -83,8 +83,8 @@ class LiveProgress:
         self._progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def dilation_arg(text: str) -> float | str:
-    """`--dilation`: a number, or "auto" (the run chooses what this host can carry)."""
+def number_or_auto(text: str) -> float | str:
+    """`--dilation`, `--scale`: a number, or "auto" (the run chooses what this host can carry)."""
     if text == "auto":
         return text
     try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ._common import CliError, add_json_flag, dilation_arg, print_json, print_table
+from ._common import CliError, add_json_flag, number_or_auto, print_json, print_table
 
 MS = 1e3
 
@@ -48,7 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--policy", choices=("reject", "host"), default="reject",
                    help="a kernel the module cannot run (fp8 needs rounding): refuse it, or run it at the GPUs")
     p.add_argument("--prompts", type=int, default=4, help="prompts one after another (default 4; the first warms up)")
-    p.add_argument("--dilation", type=dilation_arg, default="auto",
+    p.add_argument("--dilation", type=number_or_auto, default="auto",
                    help="stretch every modelled duration (default auto: what this host can carry)")
     p.add_argument("--sample", default=None, help="the real-KV sample (default tests/data/smollm2_kv_sample.npz)")
     p.add_argument("--text", default="prose", help="which of the sample's texts (default prose)")

@@ -22,7 +22,7 @@ import argparse
 import math
 from fractions import Fraction
 
-from ._common import CliError, add_json_flag, dilation_arg, print_json, print_table
+from ._common import CliError, add_json_flag, number_or_auto, print_json, print_table
 
 MS = 1e3
 
@@ -58,7 +58,7 @@ def register(subparsers) -> None:
     p.add_argument("--policy", choices=("reject", "host"), default="reject",
                    help="a scoring kernel the module cannot run (min/max needs a max): refuse it, or score at decode")
     p.add_argument("--steps", type=int, default=8, help="decode steps (default 8; the first warms up)")
-    p.add_argument("--dilation", type=dilation_arg, default="auto",
+    p.add_argument("--dilation", type=number_or_auto, default="auto",
                    help="stretch every modelled duration (default auto: what this host can carry)")
     p.add_argument("--no-baseline", action="store_true", help="with --select top-k, do not also run --select all")
     p.add_argument("--sample", default=None, help="the real-KV sample (default tests/data/smollm2_kv_sample.npz)")

@@ -18,18 +18,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from ._common import add_json_flag, dilation_arg, print_json, print_table
+from ._common import add_json_flag, number_or_auto, print_json, print_table
 
 MS = 1e3
-
-
-def _scale(text: str) -> float | str:
-    if text == "auto":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor 'auto'") from None
 
 
 def register(subparsers) -> None:
@@ -54,9 +45,9 @@ def register(subparsers) -> None:
     p.add_argument("--prompt", type=int, default=2048, help="prompt tokens a request (default 2048)")
     p.add_argument("--zipf", type=float, default=1.0, help="the adapters' Zipf exponent (default 1; 0: uniform)")
     p.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0)")
-    p.add_argument("--scale", type=_scale, default="auto",
+    p.add_argument("--scale", type=number_or_auto, default="auto",
                    help="every byte and the link's rate at this scale (default auto: what this host carries)")
-    p.add_argument("--dilation", type=dilation_arg, default="auto",
+    p.add_argument("--dilation", type=number_or_auto, default="auto",
                    help="stretch every modelled duration (default auto: what this host can carry)")
     add_json_flag(p)
     p.set_defaults(func=run)
