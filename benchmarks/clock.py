@@ -1,4 +1,5 @@
-"""Timer wake-ups: the loop's own timer + a 1 ms yield-spin vs a timerfd + a short spin (runtime/clock.py).
+"""Timer wake-ups: the loop's own timer + a 1 ms yield-spin vs a timerfd + a short spin (runtime/clock.py), and the
+default timerfd with real-time priority for the wake-up (runtime/wakeup_priority.py; skipped where not allowed).
 
     python benchmarks/clock.py [--sleeps 300] [--step-ms 5] [--procs 1 4] [--busy 0 1]
 
@@ -17,17 +18,20 @@ import multiprocessing
 import statistics
 import time
 
+from kvtransit.runtime import wakeup_priority
 from kvtransit.runtime.clock import MonotonicClock
 from kvtransit.runtime.loop import run
 
-# name -> (use_timerfd, spin_s); the first is the baseline the ratios divide by.
-TIMERS = {"loop + 1 ms spin": (False, 1e-3), "timerfd + 500 µs (default)": (True, 500e-6),
-          "timerfd + 200 µs spin": (True, 200e-6), "timerfd + 50 µs spin": (True, 50e-6)}
+# name -> (use_timerfd, spin_s, real-time wake-ups); the first is the baseline the ratios divide by.
+TIMERS = {"loop + 1 ms spin": (False, 1e-3, False), "timerfd + 500 µs": (True, 500e-6, False),
+          "timerfd + 500 µs + RT (default)": (True, 500e-6, True),
+          "timerfd + 200 µs spin": (True, 200e-6, False), "timerfd + 50 µs spin": (True, 50e-6, False)}
 
 
-def _sleeper(timer: tuple[bool, float], sleeps: int, step_s: float, out) -> None:
-    use_timerfd, spin_s = timer
-    clock = MonotonicClock(use_timerfd=use_timerfd, spin_s=spin_s)
+def _sleeper(timer: tuple[bool, float, bool], sleeps: int, step_s: float, out) -> None:
+    use_timerfd, spin_s, realtime = timer
+    clock = MonotonicClock(use_timerfd=use_timerfd, spin_s=spin_s,
+                           wakeup_priority=wakeup_priority.probe() if realtime else None)
     late: list[float] = []
 
     async def main() -> None:
@@ -51,7 +55,7 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))]
 
 
-def measure(timer: tuple[bool, float], *, procs: int, busy: int, sleeps: int, step_s: float) -> dict[str, float]:
+def measure(timer: tuple[bool, float, bool], *, procs: int, busy: int, sleeps: int, step_s: float) -> dict[str, float]:
     ctx = multiprocessing.get_context("fork")
     stop, out = ctx.Event(), ctx.Queue()
     hogs = [ctx.Process(target=_busy, args=(stop,)) for _ in range(busy)]
@@ -74,16 +78,20 @@ def main() -> None:
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--busy", type=int, nargs="+", default=[0, 1])
     args = parser.parse_args()
-    print(f"{'case':<24}{'timer':<28}{'mean µs':>9}{'p50 µs':>9}{'p90 µs':>9}{'p99 µs':>9}{'max µs':>9}{'CPU':>7}"
+    timers = dict(TIMERS)
+    if not (realtime := wakeup_priority.probe()).available:
+        print(f"real-time wake-ups skipped: {realtime.describe()}")
+        timers = {name: timer for name, timer in timers.items() if not timer[2]}
+    print(f"{'case':<24}{'timer':<32}{'mean µs':>9}{'p50 µs':>9}{'p90 µs':>9}{'p99 µs':>9}{'max µs':>9}{'CPU':>7}"
           f"{'mean / loop':>12}{'CPU / loop':>12}")
     for procs in args.procs:
         for busy in args.busy:
             case = f"{procs} sleeper(s), {busy} busy"
             base: dict[str, float] | None = None
-            for name, timer in TIMERS.items():
+            for name, timer in timers.items():
                 got = measure(timer, procs=procs, busy=busy, sleeps=args.sleeps, step_s=args.step_ms / 1e3)
                 base = base or got
-                print(f"{case:<24}{name:<28}{got['mean']:>9.1f}{got['p50']:>9.1f}{got['p90']:>9.1f}{got['p99']:>9.1f}"
+                print(f"{case:<24}{name:<32}{got['mean']:>9.1f}{got['p50']:>9.1f}{got['p90']:>9.1f}{got['p99']:>9.1f}"
                       f"{got['max']:>9.1f}{got['cpu']:>7.0%}{got['mean'] / base['mean']:>12.2f}"
                       f"{got['cpu'] / base['cpu']:>12.2f}")
 

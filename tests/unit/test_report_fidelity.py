@@ -96,6 +96,15 @@ def test_each_fidelity_check_can_make_the_run_unfaithful(check, stats, handoff_f
     assert failed == {check}
 
 
+def test_a_late_timer_that_ran_at_normal_priority_says_so_in_its_hint():
+    why = "normal: no permission for SCHED_RR (root, CAP_SYS_NICE or RLIMIT_RTPRIO needed)"
+    late = {"timer_lateness_mean_s": 0.0062 * 0.1}
+    normal = _report(stats=_stats(decode={**late, "timer_priority": why}))["fidelity"]["timer_decode-0"]
+    assert not normal["ok"] and normal["hint"].endswith(f"(its timers ran at {why})")
+    realtime = _report(stats=_stats(decode={**late, "timer_priority": "realtime (SCHED_RR 10 ...)"}))
+    assert "ran at" not in realtime["fidelity"]["timer_decode-0"]["hint"]
+
+
 def test_the_handoff_distribution_is_in_the_fidelity_block():
     block = _report(_records(1.01))["fidelity"]["handoff_model"]
     assert block["ok"] and block["measured"] == pytest.approx(0.01)

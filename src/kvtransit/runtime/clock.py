@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from . import precise_timer
+from .wakeup_priority import WakeupPriority
 
 # How long before a deadline MonotonicClock stops sleeping and yields in a loop instead (the yield-spin).
 # With a timerfd (runtime/precise_timer.py, Linux) the loop sleeps to within microseconds of the deadline and the
@@ -65,9 +66,10 @@ class MonotonicClock:
     """
 
     def __init__(self, *, spin_s: float | None = None, observe_lateness: LatenessObserver | None = None,
-                 use_timerfd: bool = True):
+                 use_timerfd: bool = True, wakeup_priority: WakeupPriority | None = None):
         """`spin_s`: None for the default of the timer in use (PRECISE_TIMER_SPIN_S or LOOP_TIMER_SPIN_S);
-        `use_timerfd=False` keeps to the loop's own timer (benchmarks/clock.py compares the two)."""
+        `use_timerfd=False` keeps to the loop's own timer (benchmarks/clock.py compares the two);
+        `wakeup_priority`: taken for the end of each sleep (runtime/wakeup_priority.py), None for none."""
         self.timer = "timerfd" if use_timerfd and precise_timer.available() else "loop"
         if spin_s is None:
             spin_s = PRECISE_TIMER_SPIN_S if self.timer == "timerfd" else LOOP_TIMER_SPIN_S
@@ -75,6 +77,7 @@ class MonotonicClock:
             raise ValueError(f"spin_s must be >= 0, got {spin_s!r}")
         self._spin_ns = int(spin_s * 1e9)
         self.observe_lateness = observe_lateness
+        self.wakeup_priority = wakeup_priority
 
     @property
     def spin_s(self) -> float:
@@ -85,18 +88,30 @@ class MonotonicClock:
 
     async def sleep_until(self, deadline_ns: int) -> int:
         timer = precise_timer.for_running_loop() if self.timer == "timerfd" else None
-        # A long wait in steps (LONG_WAIT_MARGIN says why): each wakes before the deadline by a share of what is left.
-        while (remaining := deadline_ns - time.monotonic_ns()) > self._spin_ns:
-            wake_ns = deadline_ns - max(self._spin_ns, int(remaining * LONG_WAIT_MARGIN))
-            if timer is not None:
-                await timer.wait_until(wake_ns)
-            else:
-                await asyncio.sleep((wake_ns - time.monotonic_ns()) / 1e9)
-        # The spin covers what the wait cannot (PRECISE_TIMER_SPIN_S, LOOP_TIMER_SPIN_S): the loop's own wake-up
-        # after a timerfd, or the loop timer's millisecond granularity; sleep(0) lets other tasks run meanwhile.
-        while time.monotonic_ns() < deadline_ns:  # noqa: ASYNC110 — deliberate yield-spin to the deadline
-            await asyncio.sleep(0)
-        lateness = time.monotonic_ns() - deadline_ns
+        priority = self.wakeup_priority if self.wakeup_priority is not None and self.wakeup_priority.available else None
+        promoted = False
+        try:
+            # A long wait in steps (LONG_WAIT_MARGIN says why): each wakes before the deadline by a share of what
+            # is left. Within the priority's lead of the deadline, the rest is waited at real-time priority.
+            while (remaining := deadline_ns - time.monotonic_ns()) > self._spin_ns:
+                if priority is not None and not promoted and remaining <= priority.lead_ns + self._spin_ns:
+                    priority.promote()
+                    promoted = True
+                wake_ns = deadline_ns - max(self._spin_ns, int(remaining * LONG_WAIT_MARGIN))
+                if priority is not None and not promoted:  # wake at the window's start at the latest
+                    wake_ns = min(wake_ns, deadline_ns - self._spin_ns - priority.lead_ns)
+                if timer is not None:
+                    await timer.wait_until(wake_ns)
+                else:
+                    await asyncio.sleep((wake_ns - time.monotonic_ns()) / 1e9)
+            # The spin covers what the wait cannot (PRECISE_TIMER_SPIN_S, LOOP_TIMER_SPIN_S): the loop's own
+            # wake-up after a timerfd, or the loop timer's millisecond granularity; sleep(0) lets other tasks run.
+            while time.monotonic_ns() < deadline_ns:  # noqa: ASYNC110 — deliberate yield-spin to the deadline
+                await asyncio.sleep(0)
+            lateness = time.monotonic_ns() - deadline_ns
+        finally:
+            if promoted and priority is not None:
+                priority.demote()
         if self.observe_lateness is not None:
             self.observe_lateness(lateness / 1e9)
         return lateness

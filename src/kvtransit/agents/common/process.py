@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.fidelity import lateness_mean, step_share
 from kvtransit.runtime import metrics as runtime_metrics
+from kvtransit.runtime import wakeup_priority
 from kvtransit.runtime.clock import Clock, MonotonicClock
 from kvtransit.runtime.http import HttpServer
 from kvtransit.runtime.signals import StopWatcher, run_until_signalled
@@ -213,12 +214,22 @@ def step_clock(shared: runtime_metrics.SharedMetrics, role: str, clock: Clock | 
                shortest_step_wall_s: Callable[[], float | None]) -> tuple[Clock, list[float]]:
     """The clock a stepping agent (prefill, decode) holds its steps on, and its wake-up lateness samples: `clock`
     as injected (a ManualClock in tests), else the monotonic clock, its lateness fed to the histogram and to the
-    fidelity guard; the guard's timer share exported either way."""
+    fidelity guard, its wake-ups at real-time priority where the host allows (runtime/wakeup_priority.py); the
+    guard's timer share exported either way. Call it on the thread that runs the loop."""
     lateness: list[float] = []
     if clock is None:
-        clock = MonotonicClock(observe_lateness=lateness_observer(shared, role, lateness))
+        clock = MonotonicClock(observe_lateness=lateness_observer(shared, role, lateness),
+                               wakeup_priority=wakeup_priority.probe())
     export_timer_share(shared, role, lateness, shortest_step_wall_s)
     return clock, lateness
+
+
+def timer_priority(clock: Clock) -> str:
+    """What a clock's wake-ups run at, for an agent's stats: "realtime (...)", "normal: <why>", or "manual"."""
+    if clock.timer == "manual":
+        return "manual"
+    priority = getattr(clock, "wakeup_priority", None)
+    return priority.describe() if priority is not None else "normal"
 
 
 # Set by the launcher in its children's environment: stop when the launcher is gone (its pid no longer our

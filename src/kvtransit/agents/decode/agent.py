@@ -39,6 +39,7 @@ from kvtransit.agents.common.process import (
     new_registry,
     start_http,
     step_clock,
+    timer_priority,
 )
 from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, QueueWaits, handoff_splits_body, queue_waits_body
 from kvtransit.agents.common.request_ids import wire_id
@@ -355,6 +356,7 @@ class DecodeAgent:
             "timer_wakeups": len(self.lateness),
             # What the holds wait on: "timerfd" (sub-ms, sleeping) or "loop" (ms timer + 1 ms spin).
             "timer": self.clock.timer,
+            "timer_priority": timer_priority(self.clock),
             "handoff_phases_s": dict(self.phase_s),
             "handoff_split": dict(self.splits.totals),
             "streamed_handoff_model": self.splits.streamed_model_stats(),

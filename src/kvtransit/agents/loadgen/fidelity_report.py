@@ -18,6 +18,7 @@ The checks, by name in the block:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -39,8 +40,11 @@ def _timer_gaps(records: list[RequestRecord], prefills: list[dict], decodes: lis
     for role, agents in (("prefill", prefills), ("decode", decodes)):
         timed = [s for s in agents if s.get("shortest_step_wall_s")]
         for s in timed:
-            gaps[f"timer_{s['name']}"] = fidelity.timer_gap(s.get("timer_lateness_mean_s"), s["shortest_step_wall_s"],
-                                                            dilation)
+            gap = fidelity.timer_gap(s.get("timer_lateness_mean_s"), s["shortest_step_wall_s"], dilation)
+            priority = s.get("timer_priority", "")
+            if not gap.ok and priority.startswith("normal"):  # what would have helped (runtime/wakeup_priority.py)
+                gap = dataclasses.replace(gap, hint=f"{gap.hint} (its timers ran at {priority})")
+            gaps[f"timer_{s['name']}"] = gap
         if not timed and drives[role]:
             what = f"no {role} stats" if not agents else f"no {role} step was timed"
             gaps[f"timer_{role}"] = fidelity.not_measured(what, fidelity.TIMER_TOLERANCE)

@@ -39,6 +39,7 @@ from kvtransit.agents.common.process import (
     new_registry,
     start_http,
     step_clock,
+    timer_priority,
 )
 from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.kernels.synthetic_kv import SyntheticKv
@@ -296,6 +297,7 @@ class PrefillAgent:
             "timer_wakeups": len(self.lateness),
             # What the holds wait on: "timerfd" (sub-ms, sleeping) or "loop" (ms timer + 1 ms spin).
             "timer": self.clock.timer,
+            "timer_priority": timer_priority(self.clock),
             "shortest_step_wall_s": self.shortest_step_wall_s if self.steps else None,
             "host_kv_s": self.handoffs.make_s,
             **({"prefix": self.prefix.stats()} if self.prefix is not None else {}),
