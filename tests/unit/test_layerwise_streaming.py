@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -66,12 +67,15 @@ async def test_each_layer_is_stamped_with_when_its_compute_ends_and_the_last_wit
         deadline = T0 + wall_ns(LAYERWISE, BatchEntry(1, 1000, 8))
         held = agent.handoffs.held[1]
         assert held.begin.first_token_ns == deadline
-        assert held.made is not None  # an idle link: made inside the step, to go out at once
         layers = LAYERWISE.kv_layout.layers
-        assert [c.layer for c in held.made] == list(range(layers))
-        assert [c.release_ns for c in held.made] == layer_releases(T0, deadline, layers)
+        releases = layer_releases(T0, deadline, layers)
+        # An idle link: its first layer made inside the step, to go out at once; the others as the link sends them.
+        assert held.made is not None and held.eager
+        assert {c.layer for c in held.made} == {0} and {c.release_ns for c in held.made} == {releases[0]}
+        recipe = [c.release_ns for layer in range(layers) for c in held.frames.layer_chunks(layer, 0, releases[layer])]
+        assert sorted(set(recipe)) == releases
         await clock.advance_ns(deadline - T0)
-        assert first_tokens(received) == {1: deadline} == {1: held.made[-1].release_ns}
+        assert first_tokens(received) == {1: deadline} == {1: releases[-1]}
     finally:
         await cancel(*tasks)
 
@@ -113,7 +117,7 @@ async def test_chunked_prefill_releases_each_chunks_kv_within_its_own_step_and_t
         held = agent.handoffs.held[1]
         # Staged with the first chunk: its first token is not planned yet, every segment's frames are counted.
         assert held.begin.first_token_ns == 0 and held.begin.n_chunks == 3 * layers
-        assert [c.release_ns for c in held.made] == layer_releases(ends[0], ends[1], layers)
+        assert [c.release_ns for c in held.made] == layer_releases(ends[0], ends[1], layers)[:1]  # its first layer
         assert held.schedule.windows[1:] == [None, None]  # later chunks' KV does not exist yet
         await clock.advance_ns(ends[1] - T0)
         assert held.schedule.windows[1] == StepWindow(ends[1], ends[2] - ends[1])
@@ -217,6 +221,34 @@ async def test_each_layer_crosses_the_link_from_its_release_and_decode_takes_the
         assert split.hidden_bytes == (LAYERS - 1) * len(PAYLOAD)  # all but the last layer crossed in the step
         assert split.exposed_s == pytest.approx((ready_ns - releases[-1]) / 1e9 / LAYERWISE.effective_dilation)
         assert decode.splits.streamed_handoffs == 1 and len(decode.splits.streamed_pairs) == 1
+
+
+async def test_the_middlebox_takes_a_burst_of_layers_one_per_loop_turn_so_a_release_due_meanwhile_is_on_time(
+        monkeypatch):
+    turns: list[int] = []
+    seen: list[int] = []
+    ingest = Middlebox._ingest_chunk
+
+    async def noting(self, handoff, event):
+        seen.append(len(turns))
+        await ingest(self, handoff, event)
+
+    monkeypatch.setattr(Middlebox, "_ingest_chunk", noting)
+
+    async def count_turns() -> None:
+        while True:
+            turns.append(1)
+            await asyncio.sleep(0)
+
+    async with streamed_path(monkeypatch) as (prefill, _decode, log, clock):
+        probe = asyncio.create_task(count_turns())
+        try:
+            await send_step(prefill, 1)  # every layer written at once: all buffered at the middlebox
+            await clock.advance_ns(LAYERS * LAYER_NS + 5_000_000)
+        finally:
+            await cancel(probe)
+        assert len(seen) == LAYERS and all(later > earlier for earlier, later in itertools.pairwise(seen))
+        assert [layer for kind, layer, _ in log if kind == "KvChunk"] == list(range(LAYERS))
 
 
 async def test_a_prefill_that_fails_mid_step_releases_no_further_layer_and_decode_holds_nothing_for_it(monkeypatch):

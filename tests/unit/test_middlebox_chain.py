@@ -76,7 +76,7 @@ def test_link_changes_keep_what_they_do_not_name(chain):
     assert chain.describe()[2]["latency_s"] == pytest.approx(0.002)
 
 
-def test_with_tc_the_link_refuses_a_rate_change_and_holds_each_hand_off_for_tbfs_burst():
+def test_with_tc_the_link_refuses_a_rate_change_and_holds_a_hand_off_for_what_tbf_lets_through_at_once():
     tc = StageChain.build(settings("tc"))
     try:
         link = tc.link
@@ -86,7 +86,12 @@ def test_with_tc_the_link_refuses_a_rate_change_and_holds_each_hand_off_for_tbfs
         assert link.shaper.rate_Bps == link.link.bandwidth_Bps * TC_BYPASS_FACTOR
         assert link.shaped_rate_Bps == link.link.bandwidth_Bps
         wire = wire_rate_Bps(link.link.bandwidth_Bps, SHAPED_MTU)
-        assert link.start_hold_ns == tc_burst_hold_ns(link.link.bandwidth_Bps) == round(burst_bytes(wire) / wire * 1e9)
+        full_burst_ns = tc_burst_hold_ns(link.link.bandwidth_Bps)
+        assert full_burst_ns == round(burst_bytes(wire) / wire * 1e9)
+        # A hand-off after an idle gap is held by tbf's full burst; one straight behind it finds no tokens.
+        assert link.burst_hold_ns(10**12, 10**9) == pytest.approx(full_burst_ns, abs=1)
+        link.on_wire(10**12, 10**9)
+        assert link.burst_hold_ns(10**12, 10**9) == 0
     finally:
         tc.close()
 

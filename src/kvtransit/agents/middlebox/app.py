@@ -27,6 +27,7 @@ KvBegin arrived.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -143,6 +144,10 @@ class Middlebox:
                         handoff = mine.get(event.request_id)
                         assert handoff is not None  # the wire guarantees KvBegin came first on this connection
                         await self._ingest_chunk(handoff, event)
+                        # A turn of the loop between frames: a prefill sends a layer-wise hand-off's layers as fast
+                        # as it makes them (4.6 MB at the issue-20 study's scale), and reading them in one callback
+                        # held the first layer's release timer 2.2 ms (median) past due; tbf cannot win that back.
+                        await asyncio.sleep(0)
                     case KvBegin():
                         mine[event.request_id] = self._begin(event, endpoint, budget)
                     case KvEnd():
@@ -221,18 +226,20 @@ class Middlebox:
         # and a host too slow to keep up still shows, as bytes that arrive after they were due.
         start_ns = begin.first_token_ns if begin.first_token_ns > 0 else handoff.arrived_ns
         link_stage = self.chain.link
-        start_ns += link_stage.start_hold_ns
-        # Streamed, each chunk is paced from its own release time (+ tbf's burst hold, as the whole hand-off's
-        # start is: the link idles between layers at light load, so tbf's bucket fills again before each), and the
+        # Under tc, held by what tbf lets through at once (stages/link.py: TbfMirror): a full burst after an idle gap,
+        # nothing behind a hand-off still in its queue. Streamed, each chunk is paced from its own release time (plus
+        # its own such hold: the link may idle between layers, and tbf's bucket fills again meanwhile), and the
         # KvBegin goes with the first chunk, ready when it is: were it ready later (the first token), it would hold
         # the link's timeline there; were it ready at "now", a first layer whose bytes reached us after its release
         # (the host's making and relaying take longer than one layer's compute) could not be paced from its release.
+        if not self.streamed:
+            start_ns += link_stage.burst_hold_ns(start_ns, begin.raw_bytes)
         async with link_stage.shaper.transfer(endpoint, label=f"request {rid}") as link:
             if not self.streamed:
                 await link.send(begin, ready_ns=start_ns)
             outcome = await handoff.stream.deliver(link, kv_end=endpoint.connection.kv_end, ready_ns=start_ns,
                                                    on_sent=self._on_chunk_sent, clock=self.clock,
-                                                   hold_ns=link_stage.start_hold_ns,
+                                                   burst=link_stage,
                                                    begin=begin if self.streamed else None)
         match outcome:
             case Delivered():

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -69,6 +69,14 @@ class ByteBudget:
         self.used -= nbytes
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+
+class BurstHold(Protocol):
+    """What holds a frame for tc's burst (stages/link.py: LinkStage, its tbf mirror)."""
+
+    def burst_hold_ns(self, ready_ns: int, nbytes: int) -> int: ...
+
+    def on_wire(self, at_ns: int, nbytes: int) -> None: ...
 
 
 # -- what the stream's queue holds ----------------------------------------------------------------------
@@ -179,19 +187,19 @@ class KvStream:
 
     async def deliver(self, link: Transfer, *, kv_end: Callable[[int], KvEnd], ready_ns: int | None = None,
                       on_sent: Callable[[ChunkInFlight], None], clock: Clock | None = None,
-                      hold_ns: int = 0, begin: KvBegin | None = None) -> StreamOutcome:
+                      burst: BurstHold | None = None, begin: KvBegin | None = None) -> StreamOutcome:
         """Put the stream on `link` in order, until it ends. `kv_end`: the downstream connection's closing
         frame (its CRC covers what that connection sent); `ready_ns`: when the chunks count as ready (the
         link paces from then); `on_sent`: called with each chunk once it is on the link. A chunk with a
-        `release_ns` of its own is ready then + `hold_ns` instead, and is held until that time on `clock`.
+        `release_ns` of its own is ready then, plus what `burst` holds it by, and is held until that time on
+        `clock`; `burst` is told every chunk's bytes as they leave (the link stage's tbf mirror, None without tc).
         `begin`: the stream's KvBegin, sent first, ready with the first entry (a streamed chunk released before
         its bytes got here is paced from its release: the link's timeline catches up on the host's delay)."""
         rid = self.request_id
         while True:
             entry = await self._queue.get()
             if begin is not None:
-                first_ready_ns = entry.release_ns + hold_ns if isinstance(entry, Staged) and entry.release_ns \
-                    else ready_ns
+                first_ready_ns = entry.release_ns if isinstance(entry, Staged) and entry.release_ns else ready_ns
                 await link.send(begin, ready_ns=first_ready_ns)
                 begin = None
             match entry:
@@ -214,7 +222,9 @@ class KvStream:
                         return Refused(reason)
                     chunk_ready_ns = ready_ns
                     if item.chunk.release_ns:
-                        chunk_ready_ns = item.chunk.release_ns + hold_ns
+                        release_ns = item.chunk.release_ns
+                        chunk_ready_ns = release_ns + (burst.burst_hold_ns(release_ns, item.wire_bytes)
+                                                       if burst is not None else 0)
                         if clock is not None:
                             aborted = await self._hold_until(clock, chunk_ready_ns)
                             if aborted is not None:  # the rest of the queue is drained by `discard`
@@ -223,6 +233,8 @@ class KvStream:
                                                       request_id=rid))
                                 return Abandoned(aborted.reason)
                     await link.send(item.chunk, ready_ns=chunk_ready_ns, min_serialise_s=item.modelled_compute_s)
+                    if burst is not None and (left_ns := chunk_ready_ns or (clock.now_ns() if clock else None)):
+                        burst.on_wire(left_ns, item.wire_bytes)
                     self._release(nbytes)
                     on_sent(item)
 

@@ -117,13 +117,9 @@ class ReleaseSchedule:
         return release_ns(self.mode, window.start_ns, window.duration_ns, layer, self.layers)
 
 
-def _segment_chunks(frames: FrameSource, schedule: ReleaseSchedule | None, segment: int) -> list[KvChunk]:
-    return [chunk for layer in range(frames.n_layers)
-            for chunk in frames.layer_chunks(layer, segment, schedule.release_ns(segment, layer) if schedule else 0)]
-
-
 def _all_chunks(frames: FrameSource) -> list[KvChunk]:
-    return [chunk for segment in range(frames.n_segments) for chunk in _segment_chunks(frames, None, segment)]
+    return [chunk for segment in range(frames.n_segments) for layer in range(frames.n_layers)
+            for chunk in frames.layer_chunks(layer, segment)]
 
 
 @dataclass
@@ -139,6 +135,7 @@ class HeldHandoff:
     last_error: str = ""
     queued: bool = False  # waiting in the send queue (never twice)
     made: list[KvChunk] | None = None  # its chunks, made at `hold` when the link was idle; dropped once sent
+    eager: bool = False  # streamed, found the link idle: its other layers are made on the loop (HandoffLink.hold)
     # Streamed (layer-wise, chunked prefill): when each segment's KV exists; None: whole, ready at the first token.
     schedule: ReleaseSchedule | None = None
     cancelled: str = ""  # why its client withdrew it (`HandoffLink.cancel`); its frames stop going out
@@ -176,14 +173,20 @@ class HandoffLink:
             # An idle link: make the bytes now, inside the step, so the sender only writes them and they reach
             # the middlebox before even a short step's first token (made lazily a layer at a time, a light run's
             # idle-link hand-offs measured up to 1.04x the model). Only behind a backlog is the KV left a recipe.
-            # Streamed: its first segment, the one this step computes (later chunks' KV does not exist yet), made
-            # at once too: the middlebox paces each layer from its release time, so a layer that reaches it after
-            # that still crosses on the model's timeline, while one made later (a layer at a time off the loop)
-            # could reach it after its bytes were due through (measured: the last layers past the first token).
+            # Streamed: only its first layer now, and the rest a layer at a time on the loop as the sender writes
+            # them (`eager`). Its layers are due from the step's start, one every step / L, so the first must not
+            # wait for all: made whole here (4.6 MB, 3-4 ms), layer 0 reached a tc-shaped link 3.3 ms (model) after
+            # its release, 1.8 ms of which the link had been due to spend on it, and tbf cannot win back lost time
+            # (idle-link exposed hand-offs 1.11-1.13x the model at 8 req/s, codec none, dilation 2). Made off the
+            # loop a layer at a time instead, each layer waits for a worker thread and the GIL: the last layers
+            # reached the middlebox after the first token (measured).
             started = time.perf_counter()
             schedule = handoff.schedule
-            handoff.made = (_all_chunks(handoff.frames) if schedule is None
-                            else _segment_chunks(handoff.frames, schedule, 0))
+            if schedule is None:
+                handoff.made = _all_chunks(handoff.frames)
+            else:
+                handoff.made = handoff.frames.layer_chunks(0, 0, schedule.release_ns(0, 0))
+                handoff.eager = True
             self.make_s += time.perf_counter() - started
         self._enqueue(handoff)
 
@@ -274,24 +277,32 @@ class HandoffLink:
     async def _chunk_batches(self, handoff: HeldHandoff) -> AsyncGenerator[list[KvChunk], None]:
         """The hand-off's chunks: the ones made at `hold` on an idle link (dropped once taken: a resend makes
         them again), else a layer at a time off the loop, which the step timers share (handoff_frames.py). A
-        streamed hand-off's segments each wait for their step to be planned (their KV exists from then on)."""
+        streamed hand-off's segments each wait for their step to be planned (their KV exists from then on); one that
+        found the link idle had its first layer made at `hold`, and its other layers are made on the loop, one per
+        turn (`hold` says why)."""
         made, handoff.made = handoff.made, None
+        eager, handoff.eager = handoff.eager, False
         frames, schedule = handoff.frames, handoff.schedule
         if made is not None:
             yield made
             if schedule is None:
                 return
-        for segment in range(1 if made is not None else 0, frames.n_segments):
+        for segment in range(frames.n_segments):
             if schedule is not None:
                 await schedule.wait(segment)
             if handoff.cancelled:
                 return
-            for layer in range(frames.n_layers):
+            for layer in range(1 if made is not None and segment == 0 else 0, frames.n_layers):
                 release = schedule.release_ns(segment, layer) if schedule is not None else 0
                 started = time.perf_counter()
-                chunks = await asyncio.to_thread(frames.layer_chunks, layer, segment, release)
+                if eager:
+                    chunks = frames.layer_chunks(layer, segment, release)
+                else:
+                    chunks = await asyncio.to_thread(frames.layer_chunks, layer, segment, release)
                 self.make_s += time.perf_counter() - started
                 yield chunks
+                if eager:
+                    await asyncio.sleep(0)  # one layer per turn: the step timer and the socket run between
 
     async def _acks(self, link: Endpoint) -> None:
         while (event := await link.next_event()) is not None:
