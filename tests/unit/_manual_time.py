@@ -50,6 +50,25 @@ def collect(endpoint: Endpoint, clock, into: list) -> asyncio.Task:
     return asyncio.create_task(read())
 
 
+async def prefill_link_to_memory_middlebox(clock: ManualClock):
+    """A prefill's HandoffLink greeted over memory to a middlebox end this test reads, and a client endpoint for its
+    hand-offs: (link, the middlebox's end, client, the link's metrics registry)."""
+    from kvtransit.agents.common.process import Address, new_registry
+    from kvtransit.agents.prefill.handoffs import HandoffLink
+    from kvtransit.runtime import metrics as runtime_metrics
+
+    registry, _ = new_registry("prefill")
+    link = HandoffLink(name="prefill-test", kv_to=Address("127.0.0.1", 0), clock=clock,
+                       metrics=runtime_metrics.prefill_metrics(registry))
+    ours, middlebox = memory_pair(Role.PREFILL, Role.MIDDLEBOX)
+    await ours.send(hello(Role.PREFILL))
+    await middlebox.send(hello(Role.MIDDLEBOX))
+    assert (await ours.next_event()).role == Role.MIDDLEBOX
+    link.link = ours
+    client, _loadgen = memory_pair(Role.PREFILL, Role.LOADGEN)
+    return link, middlebox, client, registry
+
+
 async def cancel(*tasks: asyncio.Task) -> None:
     for task in tasks:
         task.cancel()

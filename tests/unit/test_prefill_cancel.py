@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import asyncio
 
-from kvtransit.agents.common.process import Address, new_registry
+from kvtransit.agents.common.process import Address
 from kvtransit.agents.prefill.agent import PrefillAgent
-from kvtransit.agents.prefill.handoffs import HandoffLink, HeldHandoff, ReleaseSchedule
+from kvtransit.agents.prefill.handoffs import HeldHandoff, ReleaseSchedule
 from kvtransit.model.layerwise import HANDOFF_LAYERWISE, StepWindow
 from kvtransit.model.prefill_plan import BatchEntry, plan_prefill_step
 from kvtransit.model.scenario import Scenario
-from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import ManualClock
-from kvtransit.runtime.transport import memory_pair
 from kvtransit.wire import DType, ErrorCode
 from kvtransit.wire.events import Error, FirstToken, KvBegin, KvChunk, KvEnd, Request, Role
 
-from ._manual_time import cancel, collect, greeted_pair, hello
+from ._manual_time import cancel, collect, greeted_pair, prefill_link_to_memory_middlebox
 from ._wire_samples import PAYLOAD
 
 SCENARIO = Scenario(codec="none", dilation=2.0)
@@ -100,14 +98,7 @@ class OneChunk:
 
 async def test_a_stream_going_out_when_its_client_leaves_stops_and_is_aborted_with_an_error_naming_it():
     clock = ManualClock(T0)
-    registry, _ = new_registry("prefill")
-    link = HandoffLink(name="prefill-test", kv_to=ANY, clock=clock, metrics=runtime_metrics.prefill_metrics(registry))
-    ours, middlebox = memory_pair(Role.PREFILL, Role.MIDDLEBOX)
-    await ours.send(hello(Role.PREFILL))
-    await middlebox.send(hello(Role.MIDDLEBOX))
-    assert (await ours.next_event()).role == Role.MIDDLEBOX
-    link.link = ours
-    client, _loadgen = memory_pair(Role.PREFILL, Role.LOADGEN)
+    link, middlebox, client, registry = await prefill_link_to_memory_middlebox(clock)
     request = Request(request_id=7, prompt_tokens=8, output_tokens=4, sent_ns=T0)
     begin = KvBegin(7, prompt_tokens=8, output_tokens=4, n_layers=2, n_chunks=4, raw_bytes=4 * len(PAYLOAD),
                     codec="none", first_token_ns=0)

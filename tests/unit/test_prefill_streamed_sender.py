@@ -7,16 +7,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from kvtransit.agents.common.process import Address, new_registry
-from kvtransit.agents.prefill.handoffs import HandoffLink, HeldHandoff, ReleaseSchedule
+from kvtransit.agents.common.process import Address
+from kvtransit.agents.prefill.handoffs import HeldHandoff, ReleaseSchedule
 from kvtransit.model.layerwise import HANDOFF_LAYERWISE, StepWindow
-from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import ManualClock
-from kvtransit.runtime.transport import memory_pair
 from kvtransit.wire import DType
-from kvtransit.wire.events import KvBegin, KvChunk, KvEnd, Request, Role
+from kvtransit.wire.events import KvBegin, KvChunk, KvEnd, Request
 
-from ._manual_time import cancel, hello
+from ._manual_time import cancel, prefill_link_to_memory_middlebox
 from ._wire_samples import PAYLOAD
 
 ANY = Address("127.0.0.1", 0)
@@ -43,14 +41,7 @@ class CountedLayers:
 
 async def test_an_idle_links_layer_wise_hand_off_has_its_first_layer_made_at_once_and_the_rest_one_per_turn():
     clock = ManualClock(T0)
-    registry, _ = new_registry("prefill")
-    link = HandoffLink(name="prefill-test", kv_to=ANY, clock=clock, metrics=runtime_metrics.prefill_metrics(registry))
-    ours, middlebox = memory_pair(Role.PREFILL, Role.MIDDLEBOX)
-    await ours.send(hello(Role.PREFILL))
-    await middlebox.send(hello(Role.MIDDLEBOX))
-    assert (await ours.next_event()).role == Role.MIDDLEBOX
-    link.link = ours
-    client, _loadgen = memory_pair(Role.PREFILL, Role.LOADGEN)
+    link, middlebox, client, _registry = await prefill_link_to_memory_middlebox(clock)
     turns: list[int] = []
 
     async def count_turns() -> None:
