@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from kvtransit.agents.common.process import Address
 from kvtransit.agents.prefill.handoffs import HeldHandoff, ReleaseSchedule
 from kvtransit.model.layerwise import HANDOFF_LAYERWISE, StepWindow
 from kvtransit.runtime.clock import ManualClock
@@ -17,7 +16,6 @@ from kvtransit.wire.events import KvBegin, KvChunk, KvEnd, Request
 from ._manual_time import cancel, prefill_link_to_memory_middlebox
 from ._wire_samples import PAYLOAD
 
-ANY = Address("127.0.0.1", 0)
 T0 = 10**12
 LAYERS = 6
 STEP_NS = 6_000_000

@@ -147,9 +147,9 @@ DECK_WORKLOAD = dict(model="llama3-8b", device="h100", gpus=1, prefill=1, decode
 # eth-25g stay faithful with the scaled link at ~20-40 MB/s of real bytes and not at 78 MB/s (scale 0.05,
 # dilation 2); `scale="auto"` aims at HOST_BUDGET_BPS (200 MB/s), which this host cannot hold beside the
 # agents. Each link gets the most KV channels that fit the budget at dilation 2, and more dilation where even
-# one channel is too fast (nvlink4). Known gap: a full 800-request point at 14 req/s (link 93 % busy) misses
-# the prefill timer guard by ~1 point (3.8-4.2 % late vs 3 %) at scale 0.013-0.031 and dilation 2 or 3 alike,
-# with the same attainment, TPOT and hand-off to within 1 %: more dilation buys nothing there.
+# one channel is too fast (nvlink4). A full 800-request point at 14 req/s (link 93 % busy) used to miss the prefill
+# timer guard by ~1 point (3.8-4.2 % late vs 3 %) at any dilation; with the timers' wake-ups at real-time priority
+# (runtime/wakeup_priority.py) it passes (docs/results/handoff-layerwise-25g, 2026-12-01).
 PRESET_HOST_BUDGET_BPS = 40e6
 PRESET_DILATION = 2.0
 
@@ -186,10 +186,10 @@ PRESETS["deck"] = ("both deck studies: handoff-25g then links-8rps",
                    PRESETS["handoff-25g"][1] + PRESETS["links-8rps"][1])
 # Issue 20: the 25 GbE load study again with the KV handed off whole (the reference model) and layer-wise (each layer
 # as its compute ends, overlapping the prefill): does a codec on the hand-off still matter once it overlaps?
-# Layer-wise points run at LAYERWISE_PRESET_DILATION: at the preset's 2, the 8 req/s layer-wise point held idle-link
-# hand-offs at 1.174x the model (not faithful) twice in two runs on this box, and tests/integration/
-# test_layerwise_live.py needed 3 beside a busy CPU; whole points stay at the preset's (faithful there). Dilation is
-# emulation: results are in model time either way.
+# Layer-wise points run at LAYERWISE_PRESET_DILATION: at the preset's 2, a light band-keep layer-wise run reached 96.4 %
+# of the link's rate (its link idles between layers, and the check then judges a few ms of each hand-off), and
+# tests/integration/test_layerwise_live.py needed 3 beside a busy CPU; whole points stay at the preset's (faithful
+# there). Dilation is emulation: results are in model time either way.
 LAYERWISE_PRESET_DILATION = 3.0
 PRESETS["handoff-layerwise-25g"] = (
     ("issue 20: loads 8/10/12/14 req/s x codecs none/freq-keep-k in transit x hand-off whole/layerwise, over "
