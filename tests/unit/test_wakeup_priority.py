@@ -39,6 +39,17 @@ def test_nested_holders_take_it_once_and_the_last_to_leave_gives_it_back():
         wakeup.demote()
 
 
+def test_two_agents_on_one_thread_share_it_and_the_last_to_leave_gives_it_back():
+    setter = RecordingSetter()
+    prefill, decode = WakeupPriority(setter=setter), WakeupPriority(setter=setter)
+    prefill.promote()
+    decode.promote()
+    prefill.demote()  # decode is still inside its window: the thread stays real-time
+    assert [c[0] for c in setter.calls] == [os.SCHED_RR]
+    decode.demote()
+    assert [c[0] for c in setter.calls] == [os.SCHED_RR, os.SCHED_OTHER]
+
+
 @pytest.mark.parametrize("bad", [0, 100])
 def test_a_priority_outside_sched_rr_range_is_refused(bad):
     with pytest.raises(ValueError, match="1-99"):

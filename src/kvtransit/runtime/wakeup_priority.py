@@ -20,6 +20,7 @@ timer check that fails says so.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 
 # SCHED_RR priority 1-99. Low: above every normal task, below the kernel's own real-time threads (threaded IRQs
@@ -32,11 +33,15 @@ RT_PRIORITY = 10
 PROMOTE_LEAD_S = 5e-3
 
 SchedSetter = Callable[[int, int, "os.sched_param"], None]
+# Holders on this thread, whichever WakeupPriority they came through: agents run in one process (in-process tests)
+# share the loop's thread, and one agent leaving its window must not take the priority from another still in its.
+_THREAD = threading.local()
 
 
 class WakeupPriority:
-    """Takes and gives back real-time priority for the calling thread, counting nested holders (several tasks of
-    one loop may be inside their windows at once: the last to leave gives it back)."""
+    """Takes and gives back real-time priority for the calling thread, counting nested holders on the thread
+    (several tasks of one loop, or several agents on it, may be inside their windows at once: the last to leave
+    gives it back)."""
 
     def __init__(self, priority: int = RT_PRIORITY, *, lead_s: float = PROMOTE_LEAD_S,
                  setter: SchedSetter | None = None):
@@ -66,16 +71,19 @@ class WakeupPriority:
         return self._holders > 0
 
     def promote(self) -> None:
-        if self._holders == 0:
+        count = getattr(_THREAD, "holders", 0)
+        if count == 0:
             self._set(0, os.SCHED_RR, os.sched_param(self.priority))
             self.promotions += 1
+        _THREAD.holders = count + 1
         self._holders += 1
 
     def demote(self) -> None:
         if self._holders <= 0:
             raise RuntimeError("demote without a matching promote")
         self._holders -= 1
-        if self._holders == 0:
+        _THREAD.holders -= 1
+        if _THREAD.holders == 0:
             self._set(0, os.SCHED_OTHER, os.sched_param(0))
 
 
@@ -90,10 +98,8 @@ def probe(priority: int = RT_PRIORITY, *, setter: SchedSetter | None = None) -> 
         wakeup.promote()
         wakeup.demote()
     except PermissionError:
-        wakeup._holders = 0
         wakeup.unavailable = "no permission for SCHED_RR (root, CAP_SYS_NICE or RLIMIT_RTPRIO needed)"
     except OSError as exc:
-        wakeup._holders = 0
         wakeup.unavailable = f"SCHED_RR refused ({exc.strerror or exc})"
     wakeup.promotions = 0
     return wakeup
