@@ -233,6 +233,9 @@ class Middlebox:
         # the link's timeline there; were it ready at "now", a first layer whose bytes reached us after its release
         # (the host's making and relaying take longer than one layer's compute) could not be paced from its release.
         if not self.streamed:
+            # By its raw bytes: the wire's are known only after the kernel. A whole hand-off is far above the burst
+            # at the studies' scales (4 MB vs 130 KB at 1/64); one whose wire bytes are under it (a very short prompt
+            # compressed) is held up to (burst - wire) / rate too long.
             start_ns += link_stage.burst_hold_ns(start_ns, begin.raw_bytes)
         async with link_stage.shaper.transfer(endpoint, label=f"request {rid}") as link:
             if not self.streamed:

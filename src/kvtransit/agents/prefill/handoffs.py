@@ -175,9 +175,9 @@ class HandoffLink:
             # idle-link hand-offs measured up to 1.04x the model). Only behind a backlog is the KV left a recipe.
             # Streamed: only its first layer now, and the rest a layer at a time on the loop as the sender writes
             # them (`eager`). Its layers are due from the step's start, one every step / L, so the first must not
-            # wait for all: made whole here (4.6 MB, 3-4 ms), layer 0 reached a tc-shaped link 3.3 ms (model) after
-            # its release, 1.8 ms of which the link had been due to spend on it, and tbf cannot win back lost time
-            # (idle-link exposed hand-offs 1.11-1.13x the model at 8 req/s, codec none, dilation 2). Made off the
+            # wait for all: made whole here (4.6 MB, 3-4 ms), layer 0 crossed a tc-shaped link ~3 ms (model) later
+            # than the model has it, and tbf cannot win back lost time (idle-link exposed hand-offs 1.11-1.13x the
+            # model at 8 req/s, codec none, dilation 2; benchmarks/RESULTS.md, "Layer-wise"). Made off the
             # loop a layer at a time instead, each layer waits for a worker thread and the GIL: the last layers
             # reached the middlebox after the first token (measured).
             started = time.perf_counter()
