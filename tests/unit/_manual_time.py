@@ -69,6 +69,18 @@ async def prefill_link_to_memory_middlebox(clock: ManualClock):
     return link, middlebox, client, registry
 
 
+def count_loop_turns(turns: list[int]) -> asyncio.Task:
+    """A task appending to `turns` at each turn of the loop (cancel it when done): `len(turns)` read at two events
+    says whether the loop ran other tasks between them."""
+
+    async def count() -> None:
+        while True:
+            turns.append(1)
+            await asyncio.sleep(0)
+
+    return asyncio.create_task(count())
+
+
 async def cancel(*tasks: asyncio.Task) -> None:
     for task in tasks:
         task.cancel()

@@ -28,7 +28,7 @@ from kvtransit.runtime.transport import Endpoint, serve_memory
 from kvtransit.wire.events import DType, Error, FirstToken, Hello, KvBegin, KvChunk, KvEnd, Request, Role
 from tests._endpoints import hello
 
-from ._manual_time import cancel, collect, greeted_pair
+from ._manual_time import cancel, collect, count_loop_turns, greeted_pair
 
 ANY = Address("127.0.0.1", 0)
 T0 = 10**12  # a clock far from 0, as CLOCK_MONOTONIC is
@@ -235,13 +235,8 @@ async def test_the_middlebox_takes_a_burst_of_layers_one_per_loop_turn_so_a_rele
 
     monkeypatch.setattr(Middlebox, "_ingest_chunk", noting)
 
-    async def count_turns() -> None:
-        while True:
-            turns.append(1)
-            await asyncio.sleep(0)
-
     async with streamed_path(monkeypatch) as (prefill, _decode, log, clock):
-        probe = asyncio.create_task(count_turns())
+        probe = count_loop_turns(turns)
         try:
             await send_step(prefill, 1)  # every layer written at once: all buffered at the middlebox
             await clock.advance_ns(LAYERS * LAYER_NS + 5_000_000)

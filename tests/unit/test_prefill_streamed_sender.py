@@ -13,7 +13,7 @@ from kvtransit.runtime.clock import ManualClock
 from kvtransit.wire import DType
 from kvtransit.wire.events import KvBegin, KvChunk, KvEnd, Request
 
-from ._manual_time import cancel, prefill_link_to_memory_middlebox
+from ._manual_time import cancel, count_loop_turns, prefill_link_to_memory_middlebox
 from ._wire_samples import PAYLOAD
 
 T0 = 10**12
@@ -41,13 +41,7 @@ async def test_an_idle_links_layer_wise_hand_off_has_its_first_layer_made_at_onc
     clock = ManualClock(T0)
     link, middlebox, client, _registry = await prefill_link_to_memory_middlebox(clock)
     turns: list[int] = []
-
-    async def count_turns() -> None:
-        while True:
-            turns.append(1)
-            await asyncio.sleep(0)
-
-    probe = asyncio.create_task(count_turns())
+    probe = count_loop_turns(turns)
     schedule = ReleaseSchedule(HANDOFF_LAYERWISE, LAYERS, (8,))
     schedule.plan(8, StepWindow(T0, STEP_NS))
     frames = CountedLayers(turns)
