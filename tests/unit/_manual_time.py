@@ -27,6 +27,28 @@ class LateClock:
         return self.manual.now_ns() - deadline_ns
 
 
+class SlowAfterWakeClock:
+    """A ManualClock whose sleepers wake on time but read the clock `after_ns` later: an agent that woke at real-time
+    priority, gave it back and waited that long for a core (runtime/wakeup_priority.py) before its next read.
+    Reads stay late by `after_ns` until it sleeps again; sleeps are judged against the manual time."""
+
+    timer = "manual"
+
+    def __init__(self, manual: ManualClock, after_ns: int):
+        self.manual, self.after_ns = manual, after_ns
+        self._behind_ns = 0
+
+    def now_ns(self) -> int:
+        return self.manual.now_ns() + self._behind_ns
+
+    async def sleep_until(self, deadline_ns: int) -> int:
+        self._behind_ns = 0
+        await self.manual.sleep_until(deadline_ns)
+        lateness = self.manual.now_ns() - deadline_ns  # measured at the wake-up, as MonotonicClock does
+        self._behind_ns = self.after_ns
+        return lateness
+
+
 def hello(role: Role) -> Hello:
     return Hello(role=role, version=WIRE_VERSION, name=f"{role.name.lower()}-test")
 

@@ -15,7 +15,7 @@ from kvtransit.model.serving import DecodeBatcher, ServingRequest
 from kvtransit.runtime.clock import ManualClock
 from kvtransit.wire.events import Ack, AckStatus, Role, Tokens
 
-from ._manual_time import LateClock, cancel, collect, greeted_pair
+from ._manual_time import LateClock, SlowAfterWakeClock, cancel, collect, greeted_pair
 from ._wire_samples import kv_stream
 
 SCENARIO = Scenario(codec="none", dilation=3.0)
@@ -89,6 +89,20 @@ async def test_a_late_wake_up_is_not_carried_into_the_next_step():
         await manual.advance_ns(deadlines[2] + late - T0)
         # Each token is stamped at its (late) wake-up, but step k still ends at t0 + Σ holds: TPOT does not grow.
         assert token_times(tokens) == {0: T0, **{k + 1: deadlines[k] + late for k in range(3)}}
+    finally:
+        await cancel(*tasks)
+
+
+async def test_tokens_are_stamped_when_the_step_timer_woke_not_when_the_host_next_ran_decode():
+    manual = ManualClock(T0)
+    after = 2_000_000  # each read after a wake-up 2 ms late: the host's wait for a core, not the step's
+    _agent, link, tokens, tasks = await start(SlowAfterWakeClock(manual, after))
+    try:
+        await hand_off(link, 5)
+        holds = step_holds_s(ServingRequest(5, 8, 4), steps=3)
+        deadlines = [T0 + round(sum(holds[:k + 1]) * 1e9) for k in range(3)]
+        await manual.advance_ns(deadlines[2] - T0)
+        assert token_times(tokens) == {0: T0, **{k + 1: deadlines[k] for k in range(3)}}
     finally:
         await cancel(*tasks)
 

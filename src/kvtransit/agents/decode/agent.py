@@ -49,7 +49,7 @@ from kvtransit.model.kv_arrival import KNOWN_REQUESTS, NO_CLIENT_MESSAGE, KvArri
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import DecodeBatcher, ServingRequest
 from kvtransit.runtime import metrics as runtime_metrics
-from kvtransit.runtime.clock import Clock, DeadlineSchedule
+from kvtransit.runtime.clock import Clock, DeadlineSchedule, wake_stamp_ns
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire.errors import ErrorCode, RemoteProtocolError
@@ -302,9 +302,9 @@ class DecodeAgent:
             # Back-to-back steps start at the previous deadline, not at the (late) wake-up: step k is due at
             # t0 + Σ durations, so timer lateness never accumulates into TPOT (DESIGN §2).
             schedule = schedule or DeadlineSchedule(self.clock)
-            await schedule.hold(plan.wall_s)
+            late_ns = await schedule.hold(plan.wall_s)
+            t_ns = wake_stamp_ns(schedule.deadline_ns, late_ns)  # its tokens' stamp (wake_stamp_ns says why)
             result = self.batcher.step()
-            t_ns = self.clock.now_ns()
             self.steps += 1
             self.tokens += len(result.tokens)
             self.shortest_step_wall_s = min(self.shortest_step_wall_s, plan.wall_s)

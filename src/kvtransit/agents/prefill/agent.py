@@ -55,7 +55,7 @@ from kvtransit.model.prefill_plan import (
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving import PrefillQueue, ServingRequest
 from kvtransit.runtime import metrics as runtime_metrics
-from kvtransit.runtime.clock import Clock, DeadlineSchedule
+from kvtransit.runtime.clock import Clock, DeadlineSchedule, wake_stamp_ns
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire.events import Bye, Error, FirstToken, Hello, KvBegin, Request, Role
@@ -206,13 +206,14 @@ class PrefillAgent:
                                    else self.admitted[wire_id(e.request_id)]) for e in plan.entries}
             for entry in plan.handoffs:  # the link makes and sends their KV while the step's timer runs
                 self._step_handoff(step[entry.request_id], entry, window)
-            await self.clock.sleep_until(deadline_ns)
+            # The step ends when its timer wakes: that instant, not a later read of the clock, stamps its first
+            # tokens (wake_stamp_ns says why).
+            t_ns = wake_stamp_ns(deadline_ns, await self.clock.sleep_until(deadline_ns))
             self.steps += 1
             self.shortest_step_wall_s = min(self.shortest_step_wall_s, plan.wall_s)
             self.metrics.step_seconds.observe(plan.model_s)
             self.gpu_energy_j += plan.energy_j
             self.metrics.gpu_energy_joules.inc(plan.energy_j)
-            t_ns = self.clock.now_ns()
             finished = [entry for entry in plan.entries if entry.last_chunk]
             if self.prefix is not None:  # the blocks this step computed go to the cache, in the background
                 for entry in finished:
