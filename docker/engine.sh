@@ -4,13 +4,15 @@
 #   docker/engine.sh start STATE_DIR   dockerd with its data, exec root, pid file and socket under STATE_DIR;
 #                                      prints `export DOCKER_HOST=unix://STATE_DIR/docker.sock`
 #   docker/engine.sh stop STATE_DIR    stop that dockerd by its pid, delete exactly the nftables tables and
-#                                      the docker0 bridge it created, restore ip_forward, remove STATE_DIR
+#                                      the docker0 and docker_gwbridge bridges it created, restore ip_forward,
+#                                      remove STATE_DIR
 #
 # Why private: the engine is Debian's, started by hand (no systemd here), and must not meet an engine a user
 # already runs: its own socket, pid file and data root keep the two apart. Why the bookkeeping: an engine
 # started with iptables leaves `FORWARD DROP` and its chains in nftables tables, and sets ip_forward=1; a
 # later engine without iptables then silently drops container traffic (shared/notes/docker-on-this-machine.md).
-# Before starting, we record what existed; stopping removes only what did not.
+# Before starting, we record what existed; stopping removes only what did not. Swarm mode (tests/system/
+# test_swarm_stack.py) adds one more: `docker swarm leave --force` leaves the docker_gwbridge link behind.
 set -euo pipefail
 
 # dockerd answers `docker info` within a second here; 60 s covers a loaded CI box.
@@ -32,7 +34,9 @@ start() {
     mkdir -p "$state"
     nft_tables >"$state/nft-tables.before"
     cat /proc/sys/net/ipv4/ip_forward >"$state/ip_forward.before"
-    if has_link docker0; then echo yes; else echo no; fi >"$state/docker0.before"
+    for link in docker0 docker_gwbridge; do
+        if has_link "$link"; then echo yes; else echo no; fi >"$state/$link.before"
+    done
     # overlay2: vfs copies the whole image per container (4 GB for this testbed, measured).
     setsid dockerd \
         --host "unix://$state/docker.sock" \
@@ -74,9 +78,12 @@ stop() {
             nft delete table "$family" "$name"
         done
     fi
-    if [ "$(cat "$state/docker0.before" 2>/dev/null)" = no ] && has_link docker0; then
-        ip link delete docker0
-    fi
+    # The bridges the engine made (docker0; docker_gwbridge, by swarm), each by its exact name.
+    for link in docker0 docker_gwbridge; do
+        if [ "$(cat "$state/$link.before" 2>/dev/null)" = no ] && has_link "$link"; then
+            ip link delete "$link"
+        fi
+    done
     if [ -f "$state/ip_forward.before" ]; then
         cat "$state/ip_forward.before" >/proc/sys/net/ipv4/ip_forward
     fi

@@ -29,6 +29,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "chaos",
     "sweep",
     "k8s",
+    "swarm",
     "plot",
     "prefill",
     "middlebox",

@@ -29,8 +29,8 @@ NAME_LABEL = "app.kubernetes.io/name"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 # Which pods may share a node: a role's pods and what runs with it (the KV pool beside the middlebox).
 NODE_GROUP = "kvtransit.io/node-group"
-# The node label `--role-nodes` selects on (`kubectl label node N kvtransit.io/role=decode`), as the Swarm stack's
-# placement constraints do.
+# The node label `--role-nodes` selects on (`kubectl label node N kvtransit.io/role=decode`). (The Swarm stack uses
+# one boolean label a role, `kvtransit.decode=true`, so one node may carry all: emulator/swarm/stack.py.)
 ROLE_NODE_LABEL = "kvtransit.io/role"
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 # The pod's own name, from the downward API, given to the agent as its --name.
