@@ -278,6 +278,13 @@ def fidelity():
                       (Query(_quantile(0.99, "kvtransit_timer_lateness_seconds", "role"), "{{role}}"),), unit="s"),
             PanelSpec("Codec reconstruction error", "Relative error of K and V after the codec, on sampled requests.",
                       (Query("kvtransit_decode_codec_relative_error", "{{codec}} {{stage}}"),), unit="percentunit"),
+            PanelSpec("Real model: top-1 agreement", "--kv-sample real --accuracy model: share of scored tokens whose "
+                      "next-token prediction over the KV that crossed the link equals the one over the KV the prefill "
+                      "sent (the real model reading both; 1 = the link and kernel changed nothing it predicts).",
+                      (Query("kvtransit_decode_model_top1_agreement", "{{codec}}"),), unit="percentunit", line=1.0),
+            PanelSpec("Real model: KL(sent || arrived)", "--kv-sample real --accuracy model: mean KL divergence of "
+                      "the real model's next-token distributions, sent KV against arrived KV, per scored token (nats).",
+                      (Query("kvtransit_decode_model_kl_nats", "{{codec}}"),), unit="none"),
             PanelSpec("Scrape targets up", "1 per process Prometheus scrapes; 0 when one is down.",
                       (Query('up{job="kvtransit"}', "{{agent}}"),)),
         ])])

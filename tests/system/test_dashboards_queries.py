@@ -1,5 +1,6 @@
 """Every query of every dashboard panel returns data from a real Prometheus scraping a real `kvtransit up` run
-(with the shared KV pool: its row reads the pool's, the middlebox's pool path's and the prefix cache's series).
+(with the shared KV pool: its row reads the pool's, the middlebox's pool path's and the prefix cache's series; and
+with the real model reading the first requests' KV, for the Fidelity dashboard's real-model panels).
 
 The run is short and the queries are polled while it runs (its Prometheus stops with it): a query passes once
 it has returned at least one real number (not an empty result, not only NaN). Skips only when `prometheus` is
@@ -39,6 +40,9 @@ pytestmark = [
 RUN_FLAGS = ["--requests", "40", "--rate", "3", "--prompt-mean", "512", "--output-mean", "32", "--seed", "7",
              "--kv-pool", "pool", "--prefix-workload", "system-prompts", "--system-prompts", "2",
              "--system-prompt-tokens", "1024"]
+# The real model reads the first two requests' KV (`--kv-sample real --accuracy model`, the realkv extra that CI
+# installs), so the Fidelity dashboard's real-model panels have data too.
+REAL_MODEL_FLAGS = ["--kv-sample", "real", "--accuracy", "model", "--real-kv-requests", "2"]
 RUN_TIMEOUT_S = 240.0
 POLL_INTERVAL_S = 1.0
 
@@ -58,7 +62,7 @@ def _has_a_number(result: list[dict]) -> bool:
 def test_every_dashboard_query_returns_data_from_a_real_run(tmp_path: Path):
     queries = all_queries()
     assert queries, "no dashboards under dashboards/json"
-    argv = [sys.executable, "-m", "kvtransit.cli", "up", *RUN_FLAGS, "--prometheus", "--no-progress",
+    argv = [sys.executable, "-m", "kvtransit.cli", "up", *RUN_FLAGS, *REAL_MODEL_FLAGS, "--prometheus", "--no-progress",
             "--report", str(tmp_path / "report.json")]
     run = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)

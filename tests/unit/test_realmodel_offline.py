@@ -25,6 +25,18 @@ def _run_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
 
 
+def test_the_agents_that_carry_and_read_real_kv_import_neither_torch_nor_transformers():
+    # The model runs in a worker process of its own (agents/common/model_worker.py), never in an agent.
+    done = _run_python("""
+        import sys
+        import kvtransit.agents.prefill.agent, kvtransit.agents.decode.agent, kvtransit.agents.loadgen.agent
+        import kvtransit.agents.common.model_worker, kvtransit.realmodel.live
+        print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_importing_the_cli_and_the_models_pure_parts_loads_neither_torch_nor_transformers():
     done = _run_python("""
         import contextlib, io, sys

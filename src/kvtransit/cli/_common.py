@@ -31,6 +31,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
         errors.append(ShapingError)
     except ImportError:
         pass
+    from kvtransit.realmodel.errors import RealModelError  # no torch: the error type alone
+
+    errors.append(RealModelError)
     return tuple(errors)
 
 

@@ -73,7 +73,11 @@ _HELP = {
     "max_concurrency": "most requests in flight at once (0: unlimited, open loop)",
     "scale": "payload scale in (0, 1], or 'auto' (largest the host can carry)",
     "dilation": "time dilation >= 1: modelled durations stretched, link rates divided",
-    "kv_sample": "KV content: synthetic, or a real-KV sample (.npz) to seed it from",
+    "kv_sample": "KV content: synthetic, a real-KV sample (.npz) to seed it from, or real: the first "
+                 "--real-kv-requests requests carry the real model's own KV over real text (the realkv extra)",
+    "accuracy": "reconstruction: the codec's error on the sampled KV; model: decode feeds the KV that arrived into "
+                "the real model and scores top-1 agreement and KL (needs --kv-sample real)",
+    "real_kv_requests": "--kv-sample real: how many requests (the first ids) carry the real model's KV",
     "trace": "replay this request trace (Mooncake .jsonl or Azure .csv) instead of drawing the workload",
     "trace_format": "trace format (auto: by file extension)",
     "trace_sample": "which of the trace's requests to replay: the first N (--requests) or N at random",

@@ -78,11 +78,16 @@ def run(args) -> int:
     from kvtransit.agents.loadgen.report_text import headline, table_rows
     from kvtransit.emulator.agent_commands import FrontendOptions
     from kvtransit.emulator.launcher import Launcher, RunFailed
+    from kvtransit.model.scenario import REAL_MODEL_KV
     from kvtransit.runtime.signals import run_until_signalled
 
     scenario = scenario_from_args(args)
     if args.accuracy_sample < 0:
         raise CliError(f"--accuracy-sample must be >= 0, got {args.accuracy_sample}")
+    if scenario.kv_sample == REAL_MODEL_KV:
+        from kvtransit.realmodel.extra import require
+
+        require()  # the extra missing: one line naming the packages and the install command, before anything starts
     restart_roles = _restart_roles(args.restart)
     check_frontend_flags(args)
     frontend = (FrontendOptions(listen=args.openai_listen, max_requests=args.max_requests, duration_s=args.duration,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvtransit.agents.common.process import SUPERVISED_ENV, parse_ready_line
-from kvtransit.model.scenario import Scenario
+from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
 from kvtransit.runtime.http_client import get_json
 
 from .agent_commands import AGENT_MODULE, FrontendOptions, agent_commands
@@ -49,6 +49,9 @@ if TYPE_CHECKING:  # imported where it starts (only with --prometheus)
     from kvtransit.emulator.prometheus import PrometheusProcess
 
 READY_TIMEOUT_S = 60.0  # a cold start imports numpy, scipy, prometheus_client: seconds on a busy box
+# `--kv-sample real`: the prefill loads the real model and prefills its windows before it is ready (22 s to load
+# and 1.4 s a 512-token window on this 2-core box, measured; several times that on a busy one).
+REAL_KV_READY_EXTRA_S = 180.0
 STOP_GRACE_S = 5.0
 STDERR_TAIL_LINES = 12
 # After a normal end with --prometheus: keep agents and Prometheus up this many scrape intervals, so the
@@ -151,7 +154,9 @@ class Launcher:
                          asyncio.create_task(self._read_stderr(child, process.stderr))]
         ready = asyncio.create_task(child.ready_event.wait())
         exited = asyncio.create_task(process.wait())
-        done, _ = await asyncio.wait([ready, exited], timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+        timeout_s = READY_TIMEOUT_S + (REAL_KV_READY_EXTRA_S if child.role == "prefill"
+                                       and self.scenario.kv_sample == REAL_MODEL_KV else 0.0)
+        done, _ = await asyncio.wait([ready, exited], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         ready.cancel()
         if child.ready is not None:
             exited.cancel()
@@ -160,7 +165,7 @@ class Launcher:
             await asyncio.gather(*child.readers, return_exceptions=True)
             raise RunFailed(f"{child.name} failed to start: {child.describe_exit()}")
         exited.cancel()
-        raise RunFailed(f"{child.name} (pid {child.pid}) was not ready after {READY_TIMEOUT_S:.0f} s")
+        raise RunFailed(f"{child.name} (pid {child.pid}) was not ready after {timeout_s:.0f} s")
 
     async def _read_stdout(self, child: Child, stdout: asyncio.StreamReader) -> None:
         while line := await stdout.readline():

@@ -68,6 +68,11 @@ POLICIES = tuple(p.value for p in Policy)
 NONE_TEXT = "none"
 AUTO = "auto"
 SYNTHETIC_KV = "synthetic"
+# `kv_sample` "real": the first `real_kv_requests` requests carry the real model's own KV over real text (issue 16
+# part 3, realmodel/live.py), the others synthetic KV; `accuracy` "model": decode feeds the KV that arrived through
+# the middlebox into the real model and scores its predictions ("reconstruction": the codec's error only).
+REAL_MODEL_KV = "real"
+ACCURACY_MODES = ("reconstruction", "model")
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,8 @@ class Scenario:
     # KV content: "synthetic" templates, or the path of a real-KV sample (.npz, e.g.
     # tests/data/smollm2_kv_sample.npz) whose channels seed the templates instead.
     kv_sample: str = SYNTHETIC_KV
+    accuracy: str = "reconstruction"
+    real_kv_requests: int = 4
     # A request trace to replay instead of the drawn workload ("" = none; model/traces.py): `requests` of its
     # requests (the first N, or N at random), arrivals × time_scale, prompts capped at context_cap tokens.
     trace: str = ""
@@ -210,7 +217,17 @@ class Scenario:
             raise ConfigError(f"prefix_workload: {self.prefix_workload!r} and a trace both name the requests; "
                               "give one (a Mooncake trace brings its own hash_ids)")
         if not self.kv_sample:
-            raise ConfigError(f"kv_sample: expected {SYNTHETIC_KV!r} or the path of a KV sample (.npz), got ''")
+            raise ConfigError(f"kv_sample: expected {SYNTHETIC_KV!r}, {REAL_MODEL_KV!r} or the path of a KV sample "
+                              "(.npz), got ''")
+        choice("accuracy", self.accuracy, ACCURACY_MODES)
+        object.__setattr__(self, "real_kv_requests", number("real_kv_requests", self.real_kv_requests, lo=1,
+                                                            integer=True))
+        if self.accuracy == "model" and self.kv_sample != REAL_MODEL_KV:
+            raise ConfigError(f"accuracy: 'model' needs kv_sample {REAL_MODEL_KV!r} (the real model reads only its own "
+                              f"KV), got kv_sample {self.kv_sample!r}")
+        if self.kv_sample == REAL_MODEL_KV and self.prefill_chunk:
+            raise ConfigError(f"kv_sample: {REAL_MODEL_KV!r} does not combine with prefill_chunk "
+                              f"({self.prefill_chunk}): the real model's KV is made whole, not a chunk at a time")
         if self.scale != AUTO:
             if isinstance(self.scale, str):
                 raise ConfigError(f"scale: expected a number in (0, 1] or {AUTO!r}, got {self.scale!r}")
@@ -317,7 +334,12 @@ class Scenario:
     @property
     def kv_sample_path(self) -> str | None:
         """The real-KV sample seeding the KV content, or None for synthetic templates."""
-        return None if self.kv_sample == SYNTHETIC_KV else self.kv_sample
+        return None if self.kv_sample in (SYNTHETIC_KV, REAL_MODEL_KV) else self.kv_sample
+
+    def carries_real_kv(self, request_id: int) -> bool:
+        """Does this request's hand-off carry the real model's own KV (`kv_sample` "real": the first
+        `real_kv_requests` request ids), so that decode can read it with the real model?"""
+        return self.kv_sample == REAL_MODEL_KV and 0 <= request_id < self.real_kv_requests
 
     # --- scale and dilation -------------------------------------------------------------------------------
     def _channels_and_dilation(self) -> tuple[int, float]:

@@ -96,7 +96,7 @@ def score(logits: torch.Tensor, exact_logp: torch.Tensor, exact_top: torch.Tenso
     return _Tally(float(nll), float(kl), int(agree), int(targets.numel()))
 
 
-def _rows(keys: Sequence[torch.Tensor], values: Sequence[LayerKV], wire_dtype: str) -> list[np.ndarray]:
+def wire_rows(keys: Sequence[torch.Tensor], values: Sequence[LayerKV], wire_dtype: str) -> list[np.ndarray]:
     """Per layer [2·kv_heads, tokens, head_dim] (K heads, then V heads: kv_frames.as_rows) in the wire dtype."""
     return [kv_codecs.to_wire(torch.cat([k, v], dim=0).numpy(), wire_dtype)
             for k, (_, v) in zip(keys, values, strict=True)]
@@ -152,9 +152,9 @@ def run(session: Session, windows: Sequence[Window], specs: Sequence[CodecSpec],
         exact_logp = exact_logits.double().log_softmax(-1)
         exact_top = exact_logits.argmax(-1)
         exact.tally(w.text).add(score(exact_logits, exact_logp, exact_top, targets))
-        wire = {KEYS_POST_ROPE: _rows([k for k, _ in pre.cache], pre.cache, wire_dtype)}
+        wire = {KEYS_POST_ROPE: wire_rows([k for k, _ in pre.cache], pre.cache, wire_dtype)}
         if pre.keys_pre_rope is not None:
-            wire[KEYS_PRE_ROPE] = _rows(pre.keys_pre_rope, pre.cache, wire_dtype)
+            wire[KEYS_PRE_ROPE] = wire_rows(pre.keys_pre_rope, pre.cache, wire_dtype)
         say(f"window {wi + 1}/{len(windows)} {w.name}: exact prefill and continuation in {time.monotonic() - t0:.1f} s")
         for si, spec in enumerate(specs):
             t1 = time.monotonic()

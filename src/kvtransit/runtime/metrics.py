@@ -213,6 +213,9 @@ class DecodeMetrics:
     tokens: Counter
     gpu_energy_joules: Counter
     codec_relative_error: Gauge
+    model_top1_agreement: Gauge
+    model_kl_nats: Gauge
+    model_accuracy_requests: Counter
     kv_handoffs: Counter
     queue_wait_seconds: Histogram
     handoff_exposed_seconds: Histogram
@@ -243,6 +246,18 @@ def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
             registry, "decode_codec_relative_error",
             "Mean relative reconstruction error of the codec on the sampled requests; stage=k or v.",
             ("codec", "stage")),
+        model_top1_agreement=_gauge(
+            registry, "decode_model_top1_agreement",
+            "--kv-sample real --accuracy model: share of scored tokens whose next-token argmax over the KV that "
+            "arrived equals the one over the KV the prefill sent (the real model reading both), so far.",
+            ("codec",)),
+        model_kl_nats=_gauge(
+            registry, "decode_model_kl_nats",
+            "--kv-sample real --accuracy model: mean KL(sent || arrived) of the real model's next-token "
+            "distributions per scored token, nats, so far.", ("codec",)),
+        model_accuracy_requests=_counter(
+            registry, "decode_model_accuracy_requests",
+            "Real-KV hand-offs the real model read, by outcome (measured, failed).", ("outcome",)),
         kv_handoffs=_counter(
             registry, "decode_kv_handoffs",
             "KV streams that reached decode, by outcome: taken (new request), duplicate (a retry of one already "

@@ -16,7 +16,7 @@ import numpy as np
 
 from kvtransit.agents.common import kv_frames
 from kvtransit.kernels.accuracy import codec_roundtrip
-from kvtransit.kernels.registry import decode as codec_decode
+from kvtransit.kernels.chunk_rows import decoded_layers
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.five_tests import equal_bytes_baseline
 from kvtransit.model.scenario import Scenario
@@ -71,7 +71,7 @@ class AccuracySample:
         layout, tokens = self.layout, item.begin.prompt_tokens
         assert self._kv is not None  # only sampled requests get here, and sampling is on only with the reference
         raw = all(codec_id == kv_frames.IDENTITY_CODEC_ID for _, codec_id, *_ in item.chunks)
-        for layer, decoded in _decoded_layers(item, 2 * layout.kv_heads):
+        for layer, decoded in decoded_layers(item.chunks, 2 * layout.kv_heads):
             reference = kv_frames.as_rows(self._kv.layer(item.begin.request_id, layer, tokens))
             if raw and decoded.tobytes() != np.ascontiguousarray(reference).tobytes():
                 # Raw KV must arrive bit for bit: a difference is corruption the wire's CRCs missed, and it was
@@ -101,23 +101,3 @@ class AccuracySample:
                 "baseline_k_relative_error": self.baseline.relative("k") if measured else None,
                 "baseline_v_relative_error": self.baseline.relative("v") if measured else None,
                 "baseline_ratio": self.baseline_bytes["raw"] / self.baseline_bytes["wire"] if measured else None}
-
-
-def _decoded_layers(item: Incoming, rows_per_layer: int):
-    """Each layer's decoded rows, in layer order of first appearance: a layer's chunks are runs of rows that make
-    up its rows for one token segment (chunked prefill cuts along tokens too, prefill/handoff_frames.py), the
-    segments in token order, joined along tokens."""
-    layers: dict[int, list[list[np.ndarray]]] = {}
-    for layer, codec_id, header, payload, shape in item.chunks:
-        if codec_id == kv_frames.IDENTITY_CODEC_ID:
-            from ml_dtypes import bfloat16
-
-            decoded = np.frombuffer(payload, dtype=bfloat16).reshape(shape)
-        else:
-            decoded = codec_decode(header, payload)
-        segments = layers.setdefault(layer, [])
-        if not segments or sum(piece.shape[0] for piece in segments[-1]) == rows_per_layer:
-            segments.append([])
-        segments[-1].append(decoded)
-    for layer, segments in layers.items():
-        yield layer, np.concatenate([np.concatenate(pieces, axis=0) for pieces in segments], axis=1)

@@ -46,7 +46,7 @@ from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.model.decode_plan import plan_decode_step
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
 from kvtransit.model.kv_arrival import KNOWN_REQUESTS, NO_CLIENT_MESSAGE, KvArrivals, KvEndDecision, Verdict
-from kvtransit.model.scenario import Scenario
+from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
 from kvtransit.model.serving import DecodeBatcher, ServingRequest
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock, DeadlineSchedule, wake_stamp_ns
@@ -60,6 +60,7 @@ from .accuracy_sample import AccuracySample
 from .handoff_splits import HandoffSplits
 from .incoming import Arrived, Incoming
 from .link_meter import LinkMeter, streamed_idle_ns
+from .model_accuracy import ModelAccuracy
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,9 @@ class DecodeAgent:
             runtime_metrics.link_achieved_rate_gauge(self.registry).labels(link=scenario.link).set_function(
                 lambda: self.link.achieved_Bps * model_per_wall)
         self.sample = AccuracySample(scenario, accuracy_sample, self.metrics.codec_relative_error)
+        # `--kv-sample real`: the real model reads the real-KV hand-offs as they arrived (model_accuracy.py).
+        self.model_accuracy = (ModelAccuracy(scenario, self.metrics) if scenario.kv_sample == REAL_MODEL_KV
+                               else None)
         self.codecs_seen: set[str] = set()
         self.steps = 0
         self.tokens = 0
@@ -174,8 +178,12 @@ class DecodeAgent:
                 if isinstance(event, KvBegin):
                     now = self.clock.now_ns()
                     arrival = self.arrivals.begin(event.request_id)
-                    incoming[event.request_id] = Incoming(event, now, sampled=arrival.sampled,
-                                                           duplicate=arrival.duplicate)
+                    # A real-KV hand-off is read by the real model, not the synthetic accuracy sample: its KV is
+                    # not the synthetic bank's.
+                    real = (self.model_accuracy is not None and not arrival.duplicate
+                            and self.scenario.carries_real_kv(event.request_id))
+                    incoming[event.request_id] = Incoming(event, now, sampled=arrival.sampled or real,
+                                                           duplicate=arrival.duplicate, real=real)
                     self.link.begin(now)
                 elif isinstance(event, KvChunk):
                     item = incoming[event.request_id]
@@ -272,7 +280,10 @@ class DecodeAgent:
         self.batcher.enqueue(request)
         self.metrics.waiting.set(self.batcher.waiting)
         self._work.set()
-        if item.sampled:
+        if item.real:
+            assert self.model_accuracy is not None  # `real` is set only with it
+            self.model_accuracy.submit(item)  # a task of its own: the real model takes seconds
+        elif item.sampled:
             # Off the event loop: inverting the codec takes milliseconds a layer, which would make steps late.
             await asyncio.to_thread(self.sample.measure, item)
 
@@ -347,10 +358,12 @@ class DecodeAgent:
             # The batch now: a withdrawn request's reservation is gone from it at once.
             "batch": {"waiting": self.batcher.waiting, "running": self.batcher.running,
                       "kv_reserved_tokens": self.batcher.reserved_tokens},
-            "kv_content_mismatches": self.sample.kv_content_mismatches,
+            "kv_content_mismatches": self.sample.kv_content_mismatches + (
+                self.model_accuracy.raw_mismatches if self.model_accuracy is not None else 0),
             "failed_reasons": dict(self.failed_reasons),
             "link": self.link.stats(),
             "accuracy": {"codecs": sorted(self.codecs_seen), **self.sample.stats()},
+            **({"accuracy_model": self.model_accuracy.stats()} if self.model_accuracy is not None else {}),
             "timer_lateness_p99_s": lateness_p99(self.lateness),
             "timer_lateness_mean_s": lateness_mean(self.lateness),
             "timer_wakeups": len(self.lateness),
@@ -366,6 +379,8 @@ class DecodeAgent:
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.model_accuracy is not None:
+            await self.model_accuracy.start()  # the model loads in its worker meanwhile; we are ready at once
         kv_server = await listen(self.listen_address, "--listen", self.serve_kv, Role.DECODE, Role.MIDDLEBOX)
         client_server = await listen(self.client_listen, "--client-listen", self.serve_client, Role.DECODE,
                                      Role.LOADGEN)
@@ -388,6 +403,8 @@ class DecodeAgent:
                 client.abort()
             await client_server.shutdown(1.0)
             await http.close()
+            if self.model_accuracy is not None:
+                await self.model_accuracy.close()
 
 
 def _ack_status(decision: KvEndDecision) -> AckStatus:

@@ -31,6 +31,7 @@ class Incoming:
     sampled: bool = False
     duplicate: bool = False  # a retry of a request already taken: its bytes are drained, never used
     chunks: list[SampledChunk] = field(default_factory=list)  # kept only when sampled
+    real: bool = False  # it carries the real model's KV (`--kv-sample real`): the real model reads it
     arrived: list[Arrived] = field(default_factory=list)  # every chunk's arrival: the hand-off's split
 
     @property

@@ -30,7 +30,7 @@ from kvtransit.agents.common.process import Address, announce_ready, new_registr
 from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, parse_handoff_splits, parse_queue_waits
 from kvtransit.model.ledger_check import LEDGER_FILE
 from kvtransit.model.ledger_check import read as ledger_check
-from kvtransit.model.scenario import Scenario
+from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
 from kvtransit.model.serving import PrefillRouter, ServingRequest
 from kvtransit.model.slo import RequestRecord, percentile
 from kvtransit.model.workload import RequestSpec
@@ -46,6 +46,7 @@ from kvtransit.wire.limits import clip_message
 
 from . import report as run_report
 from .ledger_writer import LedgerWriter
+from .model_accuracy_report import wait_for_models, wait_for_readings
 from .workload_source import new_record, requests_for
 
 log = logging.getLogger(__name__)
@@ -387,6 +388,8 @@ class LoadGenerator:
         decodes = [await self._connect(a, Role.DECODE) for a in self.decode_addresses]
         announce_ready("loadgen", self.name, metrics_port=http.port)
         try:
+            if self.scenario.kv_sample == REAL_MODEL_KV:  # decode's real model loads before the workload starts
+                await wait_for_models(self.stats_from, self.clock)
             run_wall_s = await self.drive(prefills, decodes, stop)
             return await self._build_report(run_wall_s)
         finally:
@@ -440,6 +443,8 @@ class LoadGenerator:
         # Requests never sent (stopped early) are part of the run too: timed out, not vanished.
         for spec in self.workload[len(self.records):]:
             self.records[spec.request_id] = new_record(self.scenario, spec, spec.arrival_s, timed_out=True)
+        if self.scenario.kv_sample == REAL_MODEL_KV:  # decode's real model may still be reading the last hand-offs
+            await wait_for_readings(self.stats_from, self.clock)
         peer_stats, missing_stats = await self.collect_stats()
         if self.ledger is not None:
             for stats in peer_stats:

@@ -44,12 +44,14 @@ from kvtransit.model.energy import link_energy_j
 from kvtransit.model.five_tests import HandoffMeasured, PrecisionMeasured, judge_handoff
 from kvtransit.model.layerwise import HANDOFF_LAYERWISE
 from kvtransit.model.offered_load import offered_vs_capacity
-from kvtransit.model.scenario import SCENARIO_FIELDS, Scenario
+from kvtransit.model.scenario import REAL_MODEL_KV, SCENARIO_FIELDS, Scenario
 from kvtransit.model.slo import RequestRecord, distribution, kv_wait_share, summarise
+from kvtransit.model.task_accuracy import MeasuredTaskLoss
 from kvtransit.model.workload import RequestSpec
 
 from .fidelity_report import fidelity_block
 from .kv_pool_report import kv_pool_summary
+from .model_accuracy_report import model_accuracy_block, model_accuracy_errors
 from .peer_stats import stat_sum
 from .report_text import to_markdown
 from .workload_source import requests_for, workload_description
@@ -170,6 +172,11 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
                       if s["accuracy"]["sampled_requests"] and s["accuracy"][f"{part}_relative_error"] is not None]
             accuracy[f"{part}_relative_error"] = max(values) if values else None
     accuracy.update(_baseline_accuracy(decodes))
+    model_errors: list[str] = []
+    if scenario.kv_sample == REAL_MODEL_KV:  # the real model read the real-KV hand-offs (model_accuracy_report.py)
+        model_block = model_accuracy_block(scenario, prefills, decodes)
+        accuracy["model"] = model_block
+        model_errors = model_accuracy_errors(model_block)
 
     faithful, fidelity_dict = fidelity_block(scenario, records, prefills=prefills, decodes=decodes,
                                              middleboxes=middleboxes, scaled_achieved_Bps=link["scaled_achieved_Bps"],
@@ -200,7 +207,7 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         "accuracy": accuracy,
         "faithful": faithful,
         "fidelity": fidelity_dict,
-        "errors": list(missing_stats),
+        "errors": [*missing_stats, *model_errors],
         "verdict": None,  # filled in below, from the fields above
         "per_request": [
             {"id": r.request_id, "arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens,
@@ -293,9 +300,24 @@ def handoff_verdict(report: dict, scenario: Scenario | None = None, *,
         decl, why = None, f"no kernel on this link (codec {scenario.codec} runs at the {scenario.compress_at})"
     else:
         decl, why = scenario.codec_declaration, ""
-    tests = judge_handoff(decl, scenario.module_budget_ops_per_byte, measured, no_kernel_reason=why or "-")
+    tests = judge_handoff(decl, scenario.module_budget_ops_per_byte, measured, no_kernel_reason=why or "-",
+                          task=live_task_loss(scenario, accuracy.get("model")))
     return finite_json({**tests.as_dict(), "measured_at": {"scale": scenario.effective_scale,
                                                            "dilation": scenario.effective_dilation}})
+
+
+def live_task_loss(scenario: Scenario, block: Any) -> MeasuredTaskLoss | None:
+    """The real model's reading of this run's KV (`accuracy.model`, `--accuracy model`) as the precision test's
+    task-level loss: every real-KV request read and scored, perplexity pooled over them; else None (the test then
+    judges by tensor error, or by a results file given to `kvtransit verdict`)."""
+    if (not isinstance(block, dict) or not block.get("scored_tokens") or block.get("pending")
+            or block.get("failed") or block.get("ppl_increase") is None):
+        return None
+    return MeasuredTaskLoss(
+        key=f"{scenario.codec} (live)", ppl_exact=block["ppl_sent"], ppl=block["ppl"],
+        ppl_increase=block["ppl_increase"], kl=block["kl"], top1=block["top1"], tokens=block["scored_tokens"],
+        source=(f"{block['model']} reading the KV that crossed this run's link ({block['measured']} requests, "
+                f"{block['scored_tokens']} tokens scored, against the KV the prefill sent)"))
 
 
 def annotate_report(report: dict, *, links: dict | None = None, prometheus_url: str | None = None) -> dict:

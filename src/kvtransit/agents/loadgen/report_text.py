@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from kvtransit.model.scenario import SYNTHETIC_KV
+from kvtransit.model.scenario import REAL_MODEL_KV, SYNTHETIC_KV
 
 from .kv_pool_report import kv_pool_headline
 
@@ -67,7 +67,8 @@ def headline(report: dict) -> list[str]:
             f"K {num(report['accuracy'].get('baseline_k_relative_error'))}, "
             f"V {num(report['accuracy'].get('baseline_v_relative_error'))}"
             if report["accuracy"].get("baseline_codec") else "")),
-        *[line for line in (split_line(report.get("handoff_split")),) if line],
+        *[line for line in (model_accuracy_line(report["accuracy"].get("model")),
+                            split_line(report.get("handoff_split"))) if line],
         *verdict_lines(report.get("verdict")),
         "faithful: " + ("yes" if report["faithful"] else "NO: " + "; ".join(
             f"{k}: {v['hint']}" for k, v in report["fidelity"].items() if not v["ok"])),
@@ -81,6 +82,22 @@ def headline(report: dict) -> list[str]:
     if line := kv_pool_headline(report):
         lines.append(line)
     return lines
+
+
+def model_accuracy_line(block: dict | None) -> str | None:
+    """The real model's reading of the KV that crossed the link (`--kv-sample real`), in a line; None without it."""
+    if not block:
+        return None
+    where = (f"{block['model'] or 'the real model'} on the KV that crossed the link, {block['measured']} of "
+             f"{block['requests']} real-KV requests read")
+    if block["measured"] == 0:
+        return f"model accuracy: not measured ({where})"
+    errors = f"K {block['k_relative_error']:.3g}, V {block['v_relative_error']:.3g}"
+    if block["top1"] is None:
+        return f"model accuracy ({where}): reconstruction {errors}"
+    return (f"model accuracy ({where}, {block['scored_tokens']} tokens scored): top-1 {block['top1']:.1%}, KL "
+            f"{block['kl']:.3g} nats, ppl {block['ppl']:.4g} vs {block['ppl_sent']:.4g} sent "
+            f"({block['ppl_increase']:+.1%}); reconstruction {errors}")
 
 
 def split_line(split: dict | None) -> str | None:
@@ -124,7 +141,8 @@ def verdict_lines(verdict: dict | None) -> list[str]:
 
 def _kv_content(config: dict) -> str:
     sample = config.get("kv_sample", SYNTHETIC_KV)
-    return "synthetic" if sample == SYNTHETIC_KV else f"real-sample {sample}"
+    return {SYNTHETIC_KV: "synthetic", REAL_MODEL_KV: "synthetic and the real model's"}.get(sample,
+                                                                                           f"real-sample {sample}")
 
 
 def scale_note(config: dict) -> str | None:
@@ -136,8 +154,14 @@ def scale_note(config: dict) -> str | None:
     scale, channels = config["effective_scale"], config["kv_channels"]
     all_channels = round(channels / scale)
     layers = config["kv_layout"][0]
-    content = ("KV content synthetic" if config.get("kv_sample", SYNTHETIC_KV) == SYNTHETIC_KV
-               else f"KV content from the real sample {config['kv_sample']} (channels cycled, tokens tiled)")
+    sample = config.get("kv_sample", SYNTHETIC_KV)
+    if sample == SYNTHETIC_KV:
+        content = "KV content synthetic"
+    elif sample == REAL_MODEL_KV:
+        content = (f"KV content synthetic, except the first {config.get('real_kv_requests')} requests': the real "
+                   "model's own KV over real text, as many tokens as their KV's bytes at this scale")
+    else:
+        content = f"KV content from the real sample {sample} (channels cycled, tokens tiled)"
     if scale >= 1:
         line = f"scale 1: each request carries its real KV bytes ({all_channels} KV channels a layer); {content}"
     else:

@@ -44,6 +44,7 @@ from kvtransit.agents.common.process import (
 from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
+from kvtransit.model.kv_scale import KvLayout
 from kvtransit.model.layerwise import HANDOFF_LAYERWISE, StepWindow, chunk_stops, kv_segments
 from kvtransit.model.prefill_plan import (
     BatchEntry,
@@ -52,7 +53,7 @@ from kvtransit.model.prefill_plan import (
     codec_on_gpu,
     plan_prefill_step,
 )
-from kvtransit.model.scenario import Scenario
+from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
 from kvtransit.model.serving import PrefillQueue, ServingRequest
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock, DeadlineSchedule, wake_stamp_ns
@@ -61,9 +62,10 @@ from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire.events import Bye, Error, FirstToken, Hello, KvBegin, Request, Role
 from kvtransit.wire.limits import WIRE_VERSION
 
-from .handoff_frames import HandoffFrames
+from .handoff_frames import HandoffFrames, KvSource
 from .handoffs import HANDOFF_DEADLINE_S, HandoffLink, HeldHandoff, ReleaseSchedule
 from .prefix_cache import Lookup, PrefixReuse
+from .real_kv import RealKv
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,8 @@ class PrefillAgent:
         self.kv = SyntheticKv(layout.layers, layout.kv_heads, layout.head_dim, scenario.seed,
                               sample_path=scenario.kv_sample_path)
         self.gpu_codec = kv_frames.codec_for(scenario) if codec_on_gpu(scenario) else None
+        # `--kv-sample real`: the first requests carry the real model's own KV, made before we say we are ready.
+        self.real_kv = RealKv(scenario) if scenario.kv_sample == REAL_MODEL_KV else None
         # Prefix reuse (off by default): each request's lookup, kept until its step has run.
         self.prefix = (PrefixReuse(scenario, registry=self.registry, kv=self.kv, clock=self.clock, pool_via=pool_via,
                                    name=name) if scenario.kv_pool != "off" else None)
@@ -253,7 +257,7 @@ class PrefillAgent:
             cached = self._cached_tokens(request.request_id)
             stops = kv_segments(chunk_stops(request.prompt_tokens, cached, self.scenario.prefill_chunk),
                                 max(1, self.scenario.sinks))
-            schedule = ReleaseSchedule(self.scenario.handoff, self.layout.layers, stops)
+            schedule = ReleaseSchedule(self.scenario.handoff, self._kv_of(request)[1].layers, stops)
             schedule.plan(entry.prompt_tokens, window)
             self._schedules[request.request_id] = schedule
         begin, frames = self._make_frames(request, first_token_ns, schedule.stops if schedule else ())
@@ -270,18 +274,29 @@ class PrefillAgent:
                      stops: tuple[int, ...] = ()) -> tuple[KvBegin, HandoffFrames]:
         """The hand-off's KvBegin and the recipe of its chunks (made when the link sends them); `stops`: its token
         segments (chunked prefill), () for one."""
-        layout = self.layout
-        tokens = request.prompt_tokens
+        source, layout, tokens = self._kv_of(request)
         codec_name = self.scenario.codec if self.gpu_codec is not None else "none"
         codec = self.gpu_codec
         if codec is not None and tokens < self.scenario.sinks:
             codec = kv_frames.codec_for(self.scenario, tokens)
-        frames = HandoffFrames(request.request_id, tokens, layout, self.kv, codec, codec_name,
+        frames = HandoffFrames(request.request_id, tokens, layout, source, codec, codec_name,
                                stops if len(stops) > 1 else ())
-        begin = KvBegin(request_id=request.request_id, prompt_tokens=tokens, output_tokens=request.output_tokens,
-                        n_layers=layout.layers, n_chunks=frames.n_chunks, raw_bytes=layout.request_bytes(tokens),
-                        codec=codec_name, first_token_ns=first_token_ns)
+        # The KvBegin keeps the request's own prompt length (decode's batch and KV reservation are the model's); a
+        # real-KV hand-off's frames carry its real tokens, and its raw bytes are theirs.
+        begin = KvBegin(request_id=request.request_id, prompt_tokens=request.prompt_tokens,
+                        output_tokens=request.output_tokens, n_layers=layout.layers, n_chunks=frames.n_chunks,
+                        raw_bytes=layout.request_bytes(tokens), codec=codec_name, first_token_ns=first_token_ns)
         return begin, frames
+
+    def _kv_of(self, request: Request) -> tuple[KvSource, KvLayout, int]:
+        """Where the request's KV comes from, its layout and its tokens: synthetic over its prompt, or, for a request
+        that carries real KV (`--kv-sample real`), the real model's over as many tokens as its bytes (real_kv.py)."""
+        if self.real_kv is not None and self.scenario.carries_real_kv(request.request_id):
+            assert self.real_kv.layout is not None  # loaded before we said we were ready
+            carried = self.real_kv.carried.get(request.request_id) or self.real_kv.tokens_for(
+                request.request_id, request.prompt_tokens)
+            return self.real_kv, self.real_kv.layout, carried.tokens
+        return self.kv, self.layout, request.prompt_tokens
 
     # -- stats ---------------------------------------------------------------------------------------------
 
@@ -301,12 +316,15 @@ class PrefillAgent:
             "timer_priority": timer_priority(self.clock),
             "shortest_step_wall_s": self.shortest_step_wall_s if self.steps else None,
             "host_kv_s": self.handoffs.make_s,
+            **({"real_kv": self.real_kv.stats()} if self.real_kv is not None else {}),
             **({"prefix": self.prefix.stats()} if self.prefix is not None else {}),
         }
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.real_kv is not None:
+            await self.real_kv.load()
         await self.handoffs.connect()
         server = await listen(self.listen_address, "--listen", self.serve_client, Role.PREFILL, Role.LOADGEN)
         http = await start_http(self.metrics_listen, self.registry, self.stats)

@@ -24,12 +24,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
+
+import numpy as np
 
 from kvtransit.agents.common import kv_frames
-from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.kv_scale import KvLayout
 from kvtransit.wire import crc32c
 from kvtransit.wire.events import KvChunk
+
+
+class KvSource(Protocol):
+    """Where a request's KV comes from: synthetic templates (kernels/synthetic_kv.py) or the real model's own
+    (real_kv.py, `--kv-sample real`)."""
+
+    def layer(self, request_id: int, layer: int, tokens: int) -> np.ndarray:
+        """[2, kv_heads, tokens, head_dim] BF16."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -39,7 +50,7 @@ class HandoffFrames:
     request_id: int
     tokens: int
     layout: KvLayout
-    kv: SyntheticKv
+    kv: KvSource
     codec: object | None  # the GPU codec (compress_at="gpu"), or None: raw BF16 rows
     codec_name: str
     # Where each token segment ends (chunked prefill), the last at `tokens`; () for one segment, the whole prompt.

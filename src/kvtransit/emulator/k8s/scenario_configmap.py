@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.scenario import SCENARIO_FIELDS, Scenario, flag_for
+from kvtransit.model.scenario import REAL_MODEL_KV, SCENARIO_FIELDS, Scenario, flag_for
 from kvtransit.model.scenario_text import field_from_text
 
 ENV_PREFIX = "KVTRANSIT_SCENARIO_"
@@ -69,6 +69,10 @@ def expand(args: list[str], data: Mapping[str, str]) -> list[str]:
 
 def refuse_host_files(scenario: Scenario, what: str) -> None:
     """A scenario that reads a file of this host cannot run in a pod: say which field and why."""
+    if scenario.kv_sample == REAL_MODEL_KV:
+        raise ConfigError(f"--kv-sample {REAL_MODEL_KV}: {what} runs in pods, whose image has no real-model extra "
+                          "(torch, transformers, the model file); run it with `kvtransit up` on a host with "
+                          "pip install -e '.[realkv]', or leave --kv-sample at synthetic")
     for field_name, default in HOST_FILE_FIELDS.items():
         value = getattr(scenario, field_name)
         if value != default:
