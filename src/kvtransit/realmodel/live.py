@@ -21,6 +21,8 @@ and the kernel's doing (the BF16 cast itself is what `kvtransit accuracy --end-t
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .texts import DEFAULT_OFFSETS, Window
@@ -75,3 +77,22 @@ def real_tokens(request_bytes: int, real_bytes_per_token: int, *, min_tokens: in
     wanted = max(1, round(request_bytes / real_bytes_per_token))
     return RealTokens(min(max(wanted, min_tokens), max_tokens), wanted)
 
+
+
+# What a reading of the worker adds up (live_worker.score): sums over scored tokens and over K and V values, so that
+# readings pool over requests and decode instances token by token, never as a mean of means.
+SUMS = ("scored", "nll_reference", "nll", "kl", "agree", "k_err2", "k_ref2", "v_err2", "v_ref2")
+
+
+def figures(sums: Mapping[str, float]) -> dict[str, float | None]:
+    """What pooled sums say (None where nothing was measured): top-1 agreement and mean KL per scored token, the
+    continuation's perplexity over the arrived and over the sent KV and its increase, and K and V relative error."""
+    scored = sums["scored"]
+    ppl = math.exp(sums["nll"] / scored) if scored else None
+    ppl_sent = math.exp(sums["nll_reference"] / scored) if scored else None
+    return {"top1": sums["agree"] / scored if scored else None,
+            "kl": sums["kl"] / scored if scored else None,
+            "ppl": ppl, "ppl_sent": ppl_sent,
+            "ppl_increase": ppl / ppl_sent - 1 if ppl is not None and ppl_sent else None,
+            "k_relative_error": math.sqrt(sums["k_err2"] / sums["k_ref2"]) if sums["k_ref2"] else None,
+            "v_relative_error": math.sqrt(sums["v_err2"] / sums["v_ref2"]) if sums["v_ref2"] else None}

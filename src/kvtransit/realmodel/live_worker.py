@@ -35,7 +35,7 @@ from .end_to_end import wire_rows
 from .errors import RealModelError
 from .session import LayerKV, Session
 from .texts import Window, read_text, window_tokens
-from .worker_wire import LENGTH_BYTES, pack, unpack
+from .worker_wire import LENGTH_BYTES, frame, unpack
 
 WIRE_DTYPE = "bfloat16"  # what the prefill sends (REFERENCE §1)
 REQUESTS = ("describe", "exact_rows", "prepare", "score")  # what a worker answers
@@ -135,8 +135,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def write_message(stream: IO[bytes], message: Any) -> None:
-    data = pack(message)
-    stream.write(len(data).to_bytes(LENGTH_BYTES, "big") + data)
+    stream.write(frame(message))
     stream.flush()
 
 
@@ -154,9 +153,10 @@ def read_message(stream: IO[bytes]) -> Any:
 
 def renice_threads(increment: int) -> None:
     """Add `increment` to the niceness of every thread of this process. Linux keeps a niceness per thread and
-    os.nice sets only the caller's: torch's OpenMP threads, started while the model loaded, would have kept theirs
-    (measured: decode's step timers 5-7x later on average, p99 18-27 ms against 4 ms, while the worker read hand-offs
-    with only its main thread niced). Threads started later inherit the main thread's."""
+    os.nice sets only the caller's: torch's OpenMP threads, started while the model loaded, kept niceness 0 (seen in
+    /proc). Niced all, the run's timers did not improve by themselves (the stalls were the first readings' fresh
+    memory: `_Worker.prepare`), but a worker meant to take only what the run leaves must not keep two threads at 0.
+    Threads started later inherit the main thread's."""
     for tid in (int(name) for name in os.listdir("/proc/self/task")):
         try:
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))

@@ -3,13 +3,14 @@ without pickle (tests/unit/test_security_basics.py: nothing here unpickles data,
 
 A message is JSON-able data in which `bytes` and numpy arrays may appear anywhere: `pack` puts each of them in a
 buffer of its own, after a JSON header that says where each goes back, its byte count and, for an array, its dtype
-(from ALLOWED_DTYPES) and shape. On the pipe a message is its length (8 bytes, big-endian), then the packed bytes.
-Tuples come back as lists.
+(from ALLOWED_DTYPES) and shape. On the pipe a message is its length (8 bytes, big-endian), then the packed bytes
+(`frame`). Tuples come back as lists, dataclasses (a texts.Window) as dicts of their fields.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, is_dataclass
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,8 @@ def pack(message: Any) -> bytes:
             described.append({"kind": "array", "nbytes": len(raw), "dtype": name, "shape": list(value.shape)})
             buffers.append(raw)
             return {_BUFFER: len(buffers) - 1}
+        if is_dataclass(value) and not isinstance(value, type):
+            return walk(asdict(value))
         if isinstance(value, dict):
             return {str(k): walk(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
@@ -52,6 +55,12 @@ def pack(message: Any) -> bytes:
 
     header = json.dumps({"message": walk(message), "buffers": described}).encode()
     return len(header).to_bytes(_HEADER_BYTES, "big") + header + b"".join(buffers)
+
+
+def frame(message: Any) -> bytes:
+    """The message as it goes on the pipe: its packed length, then `pack`'s bytes."""
+    data = pack(message)
+    return len(data).to_bytes(LENGTH_BYTES, "big") + data
 
 
 def unpack(data: bytes) -> Any:

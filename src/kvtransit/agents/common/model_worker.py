@@ -15,23 +15,13 @@ import asyncio
 import contextlib
 import os
 import sys
-from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from kvtransit.realmodel.errors import RealModelError
-from kvtransit.realmodel.worker_wire import LENGTH_BYTES, pack, unpack
+from kvtransit.realmodel.worker_wire import LENGTH_BYTES, frame, unpack
 
 # How long a stopping worker may take to finish the request it is on before it is killed.
 STOP_GRACE_S = 5.0
-
-
-def _fields(value: Any) -> Any:
-    """A dataclass (a texts.Window) crosses as its fields, also inside a list."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    if isinstance(value, list | tuple):
-        return [_fields(v) for v in value]
-    return value
 
 
 def worker_environment() -> dict[str, str]:
@@ -67,9 +57,8 @@ class ModelWorker:
         if process is None or process.stdin is None or process.stdout is None:
             raise RealModelError("the real model's worker was not started")
         async with self._lock:  # one request on the pipe at a time
-            data = pack([name, [_fields(a) for a in args]])
             try:
-                process.stdin.write(len(data).to_bytes(LENGTH_BYTES, "big") + data)
+                process.stdin.write(frame([name, list(args)]))
                 await process.stdin.drain()
                 size = int.from_bytes(await process.stdout.readexactly(LENGTH_BYTES), "big")
                 status, value = unpack(await process.stdout.readexactly(size))

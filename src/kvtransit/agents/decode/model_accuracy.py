@@ -5,7 +5,7 @@ to a worker process (agents/common/model_worker.py), niced to the bottom so it t
 answers with the K and V reconstruction error against the KV the prefill sent (bit for bit, raw KV), and with
 `--accuracy model`, the continuation scored over both caches. Nothing here waits on the loop: a request's reading
 is a task of its own, and `pending` says how many are still out (the load generator waits for them before its
-report, agents/loadgen/model_accuracy_wait.py).
+report, agents/loadgen/model_accuracy_report.py).
 
 The worker loads the model in the background from decode's start (about 20 s), so decode is ready at once, and the
 load generator starts the workload once it has loaded (`loaded` in /stats); were a hand-off to come first, it would
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from typing import Any
 
 from kvtransit.agents.common.model_worker import ModelWorker
@@ -29,9 +28,6 @@ from kvtransit.runtime.tasks import TaskSet
 from .incoming import Incoming
 
 log = logging.getLogger(__name__)
-
-SUMS = ("scored", "nll_reference", "nll", "kl", "agree", "k_err2", "k_ref2", "v_err2", "v_ref2")
-
 
 class ModelAccuracy:
     """Sums over the real-KV hand-offs read so far, the per-request figures, and what is still pending."""
@@ -48,7 +44,7 @@ class ModelAccuracy:
         self.model: dict[str, Any] = {}
         self.failure = ""  # why the worker could not serve at all (then every request fails with it)
         self.pending = 0
-        self.sums = dict.fromkeys(SUMS, 0.0)
+        self.sums = dict.fromkeys(live.SUMS, 0.0)
         self.per_request: dict[int, dict[str, Any]] = {}
         self.failed: dict[int, str] = {}
         self.raw_mismatches = 0  # raw real KV that arrived not bit for bit (corruption the CRCs missed)
@@ -92,7 +88,7 @@ class ModelAccuracy:
         self._add(rid, codec, out)
 
     def _add(self, rid: int, codec: str, out: dict[str, Any]) -> None:
-        for key in SUMS:
+        for key in live.SUMS:
             self.sums[key] += float(out.get(key, 0.0))
         if out["raw_mismatch"]:
             self.raw_mismatches += 1
@@ -101,22 +97,19 @@ class ModelAccuracy:
                                  **({"top1": out["agree"] / out["scored"], "kl": out["kl"] / out["scored"]}
                                     if out.get("scored") else {})}
         self._metrics.model_accuracy_requests.labels(outcome="measured").inc()
-        if self.sums["scored"]:
-            self._metrics.model_top1_agreement.labels(codec=codec).set(self.sums["agree"] / self.sums["scored"])
-            self._metrics.model_kl_nats.labels(codec=codec).set(self.sums["kl"] / self.sums["scored"])
+        so_far = live.figures(self.sums)
+        if so_far["top1"] is not None and so_far["kl"] is not None:
+            self._metrics.model_top1_agreement.labels(codec=codec).set(so_far["top1"])
+            self._metrics.model_kl_nats.labels(codec=codec).set(so_far["kl"])
 
     def stats(self) -> dict[str, Any]:
         """Sums (the load generator pools them over decode instances) and what they say on this instance."""
-        s = self.sums
         return {"scored_model": self.score_model, "model": self.model.get("name"), "failure": self.failure,
                 "loaded": bool(self.model or self.failure),
                 "pending": self.pending, "measured": len(self.per_request), "failed": dict(self.failed),
-                "raw_mismatches": self.raw_mismatches, "sums": dict(s),
+                "raw_mismatches": self.raw_mismatches, "sums": dict(self.sums),
                 "per_request": {str(rid): v for rid, v in sorted(self.per_request.items())},
-                "top1": s["agree"] / s["scored"] if s["scored"] else None,
-                "kl": s["kl"] / s["scored"] if s["scored"] else None,
-                "k_relative_error": math.sqrt(s["k_err2"] / s["k_ref2"]) if s["k_ref2"] else None,
-                "v_relative_error": math.sqrt(s["v_err2"] / s["v_ref2"]) if s["v_ref2"] else None}
+                **live.figures(self.sums)}
 
     async def close(self) -> None:
         await self._tasks.close()

@@ -15,9 +15,8 @@ Sent = what the prefill put on the link (BF16, the wire dtype): codec none over 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvtransit.agents.common.process import Address
@@ -50,38 +49,45 @@ async def _decode_blocks(addresses: Sequence[Address]) -> list[dict[str, Any]]:
     return blocks
 
 
+async def _poll(addresses: Sequence[Address], clock: Clock,
+                done: Callable[[list[dict[str, Any]]], bool]) -> tuple[bool, list[dict[str, Any]]]:
+    """Poll the decodes' blocks every POLL_S until `done` says so (True, them) or PENDING_WAIT_S host seconds passed
+    (False, the last ones read)."""
+    started = time.monotonic()
+    while not done(blocks := await _decode_blocks(addresses)):
+        if time.monotonic() - started > PENDING_WAIT_S:
+            return False, blocks
+        await sleep_for(clock, POLL_S)
+    return True, blocks
+
+
 async def wait_for_models(addresses: Sequence[Address], clock: Clock) -> bool:
     """Before the workload starts: poll until every decode's worker has loaded the model (or said why it cannot), so
     that no model loads while the run is timed (it loads at normal priority, beside the prefill's own load, and
     reads hand-offs niced; agents/decode/model_accuracy.py). False if PENDING_WAIT_S passed first."""
-    started = time.monotonic()
-    while not all(block.get("loaded") for block in await _decode_blocks(addresses)):
-        if time.monotonic() - started > PENDING_WAIT_S:
-            log.warning("decode's real model had not loaded after %.0f s; the run starts anyway", PENDING_WAIT_S)
-            return False
-        await sleep_for(clock, POLL_S)
-    return True
+    loaded, _ = await _poll(addresses, clock, lambda blocks: all(b.get("loaded") for b in blocks))
+    if not loaded:
+        log.warning("decode's real model had not loaded after %.0f s; the run starts anyway", PENDING_WAIT_S)
+    return loaded
+
+
+def _pending(blocks: list[dict[str, Any]]) -> int:
+    return sum(int(b.get("pending", 0)) for b in blocks)
 
 
 async def wait_for_readings(addresses: Sequence[Address], clock: Clock) -> int:
     """Once the run's requests are over: poll until no decode has a real-KV reading pending, or PENDING_WAIT_S
     passed; returns how many were still pending (0: all read)."""
-    started = time.monotonic()
-    while True:
-        pending = sum(int(block.get("pending", 0)) for block in await _decode_blocks(addresses))
-        if pending == 0 or time.monotonic() - started > PENDING_WAIT_S:
-            if pending:
-                log.warning("%d real-model reading(s) still pending after %.0f s; reported as such", pending,
-                            PENDING_WAIT_S)
-            return pending
-        await sleep_for(clock, POLL_S)
+    _, blocks = await _poll(addresses, clock, lambda blocks: _pending(blocks) == 0)
+    if pending := _pending(blocks):
+        log.warning("%d real-model reading(s) still pending after %.0f s; reported as such", pending, PENDING_WAIT_S)
+    return pending
 
 
 def model_accuracy_block(scenario: Scenario, prefills: list[dict], decodes: list[dict]) -> dict[str, Any]:
     """The pooled figures (module docstring), the requests read and how, and why any was not."""
     blocks = [d["accuracy_model"] for d in decodes if isinstance(d.get("accuracy_model"), dict)]
-    sums = {key: stat_sum(blocks, "sums", key) for key in ("scored", "nll_reference", "nll", "kl", "agree", "k_err2",
-                                                            "k_ref2", "v_err2", "v_ref2")}
+    sums = {key: stat_sum(blocks, "sums", key) for key in live.SUMS}
     carried: dict[str, Any] = {}
     capped: list[int] = []
     model_names = {b["model"] for b in blocks if b.get("model")}
@@ -95,9 +101,6 @@ def model_accuracy_block(scenario: Scenario, prefills: list[dict], decodes: list
                    for rid, reading in b.get("per_request", {}).items()}
     failed = {rid: reason for b in blocks for rid, reason in b.get("failed", {}).items()}
     failures = sorted({b["failure"] for b in blocks if b.get("failure")})
-    scored = sums["scored"]
-    ppl = math.exp(sums["nll"] / scored) if scored else None
-    ppl_sent = math.exp(sums["nll_reference"] / scored) if scored else None
     return {
         "mode": scenario.accuracy,
         "model": ", ".join(sorted(model_names)) or None,
@@ -110,14 +113,8 @@ def model_accuracy_block(scenario: Scenario, prefills: list[dict], decodes: list
         "context_tokens_max": live.CONTEXT_MAX,
         "continuation_tokens": live.CONTINUATION if scenario.accuracy == "model" else None,
         "windows": sorted({w.name for w in map(live.window_for, range(scenario.real_kv_requests))}),
-        "scored_tokens": int(scored),
-        "top1": sums["agree"] / scored if scored else None,
-        "kl": sums["kl"] / scored if scored else None,
-        "ppl": ppl,
-        "ppl_sent": ppl_sent,
-        "ppl_increase": (ppl / ppl_sent - 1) if ppl is not None and ppl_sent else None,
-        "k_relative_error": math.sqrt(sums["k_err2"] / sums["k_ref2"]) if sums["k_ref2"] else None,
-        "v_relative_error": math.sqrt(sums["v_err2"] / sums["v_ref2"]) if sums["v_ref2"] else None,
+        "scored_tokens": int(sums["scored"]),
+        **live.figures(sums),
         "capped_requests": sorted(capped),
         "per_request": dict(sorted(per_request.items(), key=lambda kv: int(kv[0]))),
     }

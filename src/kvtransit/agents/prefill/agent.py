@@ -293,9 +293,8 @@ class PrefillAgent:
         that carries real KV (`--kv-sample real`), the real model's over as many tokens as its bytes (real_kv.py)."""
         if self.real_kv is not None and self.scenario.carries_real_kv(request.request_id):
             assert self.real_kv.layout is not None  # loaded before we said we were ready
-            carried = self.real_kv.carried.get(request.request_id) or self.real_kv.tokens_for(
-                request.request_id, request.prompt_tokens)
-            return self.real_kv, self.real_kv.layout, carried.tokens
+            return self.real_kv, self.real_kv.layout, self.real_kv.tokens_for(request.request_id,
+                                                                              request.prompt_tokens).tokens
         return self.kv, self.layout, request.prompt_tokens
 
     # -- stats ---------------------------------------------------------------------------------------------

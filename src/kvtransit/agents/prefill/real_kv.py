@@ -55,9 +55,12 @@ class RealKv:
 
     def tokens_for(self, request_id: int, prompt_tokens: int) -> live.RealTokens:
         """The real tokens request `request_id` carries: its KV's bytes at the run's scale (live.real_tokens), at
-        least the sink count so that a band-keep codec keeps its sinks exact."""
+        least the sink count so that a band-keep codec keeps its sinks exact. Decided once a request (a resend, or the
+        release schedule's look, gets the same)."""
         if self.layout is None:
             raise RealModelError("the real model's KV is not made yet (RealKv.load)")
+        if request_id in self.carried:
+            return self.carried[request_id]
         carried = live.real_tokens(self.scenario.kv_layout.request_bytes(prompt_tokens), self.layout.bytes_per_token,
                                    min_tokens=max(live.MIN_TOKENS, self.scenario.sinks))
         self.carried[request_id] = carried
