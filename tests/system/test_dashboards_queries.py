@@ -1,6 +1,7 @@
 """Every query of every dashboard panel returns data from a real Prometheus scraping a real `kvtransit up` run
-(with the shared KV pool: its row reads the pool's, the middlebox's pool path's and the prefix cache's series; and
-with the real model reading the first requests' KV, for the Fidelity dashboard's real-model panels).
+(with the shared KV pool: its row reads the pool's, the middlebox's pool path's and the prefix cache's series; with
+the real model reading the first requests' KV, for the Fidelity dashboard's real-model panels; and with decode a TP
+group of 2 whose all-reduce goes through a switch, for the Collectives row).
 
 The run is short and the queries are polled while it runs (its Prometheus stops with it): a query passes once
 it has returned at least one real number (not an empty result, not only NaN). Skips only when `prometheus` is
@@ -39,7 +40,7 @@ pytestmark = [
 # (two 512-token blocks each), written back by the first request that computes them and fetched by the rest.
 RUN_FLAGS = ["--requests", "40", "--rate", "3", "--prompt-mean", "512", "--output-mean", "32", "--seed", "7",
              "--kv-pool", "pool", "--prefix-workload", "system-prompts", "--system-prompts", "2",
-             "--system-prompt-tokens", "1024"]
+             "--system-prompt-tokens", "1024", "--decode-tp", "2", "--allreduce", "switch"]
 # The real model reads the first two requests' KV (`--kv-sample real --accuracy model`, the realkv extra that CI
 # installs), so the Fidelity dashboard's real-model panels have data too.
 REAL_MODEL_FLAGS = ["--kv-sample", "real", "--accuracy", "model", "--real-kv-requests", "2"]

@@ -43,8 +43,8 @@ def register(subparsers) -> None:
     p.add_argument("--switch-config", default=None, metavar="JSON",
                    help="with --ranks: the switch's ports and module as kvtransit collective plans them (keys: "
                         "rate_Bps, latency_s, module_ops_per_byte, module_latency_s, module_pj_per_bit, scale, "
-                        "deadline_s, collectives); default: --link at the run's scale and dilation, the --module-* "
-                        "flags")
+                        "deadline_s, collectives, idle_s); default: --link at the run's scale and dilation, the "
+                        "--module-* flags")
     p.add_argument("--control-listen", default="127.0.0.1:0", metavar="HOST:PORT",
                    help="the live control API (default 127.0.0.1:0; loopback unless you expose it)")
     p.add_argument("--control-token-env", default="KVTRANSIT_CONTROL_TOKEN", metavar="VAR",

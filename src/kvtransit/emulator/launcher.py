@@ -38,12 +38,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvtransit.agents.common.process import SUPERVISED_ENV, parse_ready_line
+from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
 from kvtransit.runtime.http_client import get_json
 
 from .agent_commands import AGENT_MODULE, FrontendOptions, agent_commands
 from .placement import LOOPBACK, LinkSetup, choose_links
 from .supervisor import MAX_RESTARTS, pinned_argv
+from .tp_groups import check_host, follower_argv, leader_config, switch_argv
 
 if TYPE_CHECKING:  # imported where it starts (only with --prometheus)
     from kvtransit.emulator.prometheus import PrometheusProcess
@@ -60,8 +62,11 @@ PROMETHEUS_LINGER_SCRAPES = 2
 PROMETHEUS_SCRAPE_INTERVAL_S = 1.0  # prometheus/prometheus.yml: global.scrape_interval
 
 
-# Roles that run in another role's place (network namespace, addresses): the KV pool beside the middlebox.
-RUNS_WITH = {"kvpool": "middlebox"}
+# Roles that run in another role's place (network namespace, addresses): the KV pool beside the middlebox, a decode
+# TP group's follower ranks and switch beside their decode (tp_groups.py).
+RUNS_WITH = {"kvpool": "middlebox", "tp-rank": "decode", "switch": "decode"}
+# A decode TP group's processes (tp_groups.py): one that exits fails its group, not the run.
+GROUP_ROLES = ("tp-rank", "switch")
 # The client roles: one of them per run, started last and stopped first (it writes the report).
 CLIENT_ROLES = ("loadgen", "frontend")
 
@@ -138,6 +143,7 @@ class Launcher:
         self.crashed: Child | None = None
         self.restart_roles = tuple(restart_roles)
         self.restarts: list[dict] = []  # {"name", "exited_at", "ready_at"}: monotonic seconds
+        self.group_losses: list[str] = []  # TP group processes that exited mid-run (their decode fails requests)
         self.frontend = frontend
         self.frontend_url: str | None = None  # once the front end said it is ready
 
@@ -227,7 +233,9 @@ class Launcher:
     async def _start_prometheus(self, ready: list[Child]) -> None:
         from kvtransit.emulator.prometheus import ScrapeTarget, start_prometheus
 
-        targets = [ScrapeTarget(child.role, child.address("metrics_port")) for child in ready]
+        # A decode TP group's follower ranks serve no metrics (their decode reports the group's).
+        targets = [ScrapeTarget(child.role, child.address("metrics_port")) for child in ready
+                   if "metrics_port" in child.ready_info]
         testbed = self._links.testbed
         run_id = testbed.run_id if testbed is not None else None
         # Blocking (it waits for /-/ready): in a thread, so the children's output keeps being read meanwhile.
@@ -282,6 +290,10 @@ class Launcher:
 
             find_prometheus()  # missing: a one-line error with the install hint, before anything starts
             config_source_dir()
+        check_host(scenario)  # a TP group larger than this host can start: one line, before anything starts
+        if scenario.decode_tp > 1 and "decode" in self.restart_roles:
+            raise ConfigError("--restart decode: a decode that leads a TP group (--decode-tp > 1) cannot be restarted "
+                              "alone (its followers' ring is joined to it); restart: middlebox")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Blocking ip/tc calls (well under a second); nothing else runs yet.
         self.link_setup = choose_links(scenario, self.links_mode, manifest_path=self.run_dir / "links.json")
@@ -290,10 +302,14 @@ class Launcher:
             self.log(f"links: {note}")
         try:
             try:
-                decode_children = [self._child(f"decode-{i}", "decode", self._command("decode", i))
-                                   for i in range(scenario.decode)]
-                for child in decode_children:
-                    await self._start(child)
+                decode_children = []
+                for i in range(scenario.decode):
+                    tp_group = await self._start_tp_group(i)
+                    argv = self._command("decode", i)
+                    if tp_group:
+                        argv += ["--tp-group", tp_group]
+                    decode_children.append(self._child(f"decode-{i}", "decode", argv))
+                    await self._start(decode_children[-1])
                 pool_children = []  # --kv-pool pool: the KV pool, before the middlebox that reaches it
                 if scenario.kv_pool == "pool":
                     pool_children.append(self._child("kvpool-0", "kvpool", self._command("kvpool")))
@@ -344,6 +360,24 @@ class Launcher:
         if loadgen_exit not in (0, -signal.SIGTERM) and not self.report_path.exists():
             raise RunFailed(loadgen_child.describe_exit())
         return self.report_path if self.report_path.exists() else None
+
+    async def _start_tp_group(self, index: int) -> str:
+        """`--decode-tp N`: decode `index`'s follower ranks (and switch), started where it will run; its
+        `--tp-group` JSON (tp_groups.py), or "" without a group."""
+        scenario, setup = self.scenario, self._links
+        if scenario.decode_tp == 1:
+            return ""
+        switch = None
+        if scenario.allreduce == "switch":
+            child = self._child(f"switch-{index}", "switch",
+                                setup.wrap("decode", switch_argv(scenario, index, setup.host("decode", "front"))))
+            switch = await self._start(child)
+        followers = []
+        for rank in range(1, scenario.decode_tp):
+            child = self._child(f"decode-{index}-rank-{rank}", "tp-rank",
+                                setup.wrap("decode", follower_argv(scenario, index, rank)))
+            followers.append(await self._start(child))
+        return leader_config(scenario, index, followers, switch)
 
     def _announce_frontend(self, child: Child) -> None:
         assert self.frontend is not None  # called only with a front end
@@ -405,6 +439,13 @@ class Launcher:
                     child = waits.pop(task)
                     if child is loadgen:
                         return
+                    if child.role in GROUP_ROLES and not stop.is_set():
+                        # A TP group's rank or switch: its decode finds the group failed and fails every request it
+                        # takes with the reason (agents/tp_group/leader.py), so the run goes on and ends accounted.
+                        self.group_losses.append(child.name)
+                        self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: its decode's TP group has "
+                                 "failed; that decode fails its requests with the reason")
+                        continue
                     restarted = sum(1 for r in self.restarts if r["name"] == child.name)
                     if child.role in self.restart_roles and restarted < MAX_RESTARTS and not stop.is_set():
                         fresh = await self._restart(child)

@@ -70,6 +70,7 @@ def row_from_report(key: str, scenario: Scenario, report: dict, *, wall_s: float
         "exposed_share": (report.get("handoff_split") or {}).get("exposed_share"),
         "hidden_bytes_share": (report.get("handoff_split") or {}).get("hidden_bytes_share"),
         **_kv_pool_columns(report),
+        **_collectives_columns(report),
     }
 
 
@@ -90,6 +91,18 @@ def _kv_pool_columns(report: dict) -> dict:
     return {"kv_pool": pool["mode"], "hit_rate": pool["hit_rate"], "ttft_mean_ms": _ms(report["ttft_s"]["mean"]),
             "ttft_p50_ms": _ms(report["ttft_s"]["p50"]), "fetch_mean_ms": _ms(pool["fetch_s_mean"]),
             "fetch_wire_bytes": pool["fetch_wire_bytes"]}
+
+
+def _collectives_columns(report: dict) -> dict:
+    """A decode TP group's headline figures (extra CSV columns), for runs with --decode-tp > 1 (the sweep axes
+    `--grid decode_tp=1,4,8 --grid allreduce=ring,switch`)."""
+    block = report.get("collectives")
+    if not block:
+        return {}
+    return {"decode_tp": block["size"], "allreduce": block["allreduce"],
+            "collective_share": block["collective_share"]["measured"],
+            "model_collective_share": block["collective_share"]["model"],
+            "tp_step_ms": _ms(block["step_s"]["measured"]), "model_tp_step_ms": _ms(block["step_s"]["model"])}
 
 
 def failed_row(key: str, scenario: Scenario, error: str, *, wall_s: float) -> dict:

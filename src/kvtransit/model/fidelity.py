@@ -150,6 +150,26 @@ def model_gap(measured_s: float | None, modelled_s: float, dilation: float, what
     return Gap(error, tolerance, ok, hint)
 
 
+# Issue 17's target for a TP group's step: the all-reduce share of the step within 3 points of the model's.
+COLLECTIVE_SHARE_TOLERANCE = 0.03
+
+
+def collective_gap(measured_share: float | None, model_share: float | None, dilation: float,
+                   failure: str | None = None) -> Gap:
+    """A decode TP group's measured collective share of its step time against the model's, in points of the
+    step; a group that failed, or ran no step, is never a pass."""
+    if failure:
+        return not_measured(f"the TP group failed ({failure[:200]})", COLLECTIVE_SHARE_TOLERANCE)
+    if measured_share is None or model_share is None or not math.isfinite(measured_share):
+        return not_measured("the TP group ran no step", COLLECTIVE_SHARE_TOLERANCE)
+    error = measured_share - model_share
+    ok = abs(error) <= COLLECTIVE_SHARE_TOLERANCE
+    needed = dilation * (1 + abs(error) / COLLECTIVE_SHARE_TOLERANCE)
+    hint = "ok" if ok else (f"the TP group's collectives took {measured_share:.1%} of its steps, the model "
+                            f"{model_share:.1%}: try --dilation {math.ceil(needed * 10 - 1e-9) / 10:g}")
+    return Gap(error, COLLECTIVE_SHARE_TOLERANCE, ok, hint)
+
+
 def verdict_line(faithful: bool, gaps: dict[str, dict[str, Any]]) -> str:
     """`yes`, or `NO (` the first failed checks' hints `)`: what a run's output prints after "faithful: "."""
     if faithful:

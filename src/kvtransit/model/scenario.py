@@ -21,6 +21,7 @@ from typing import Any
 from . import gpu_codec
 from .catalog import MODELS, ModelSpec, model_by_name
 from .codecs import CODEC_NAMES, codec_declaration
+from .collectives import ALLREDUCE_KINDS, ALLREDUCE_RING, check_tp
 from .cost import StepWork, kv_capacity_tokens
 from .devices import DEVICES, Device, device_by_name
 from .errors import ConfigError, unknown_name
@@ -83,6 +84,13 @@ class Scenario:
     gpus: int = 1
     prefill: int = 1  # prefill instances
     decode: int = 1  # decode instances
+    # The decode instance as a tensor-parallel group (issue 17 part 4, model/collectives.py): 1 is one process whose
+    # `gpus` GPUs share nothing over a link (REFERENCE §3); n > 1 is n GPUs, the decode process (rank 0) and n − 1
+    # rank processes, every step holding its shard's roofline compute and then all-reducing real bytes over the
+    # scale-up link (`scaleup_link`), in a ring between the ranks or through a switch that sums (`allreduce`).
+    decode_tp: int = 1
+    allreduce: str = ALLREDUCE_RING
+    scaleup_link: str = "nvlink4"
     # The hand-off link and what runs on it.
     link: str = "eth-25g"
     channels: int = 1  # parallel link channels (REFERENCE §4: one shared FIFO link by default)
@@ -180,8 +188,16 @@ class Scenario:
                                number("precision_bits", self.precision_bits, lo=lo, hi=hi, integer=True))
         choice("placement", self.placement, PLACEMENTS)
         choice("arrival", self.arrival, ARRIVALS)
-        for name in ("gpus", "prefill", "decode", "channels", "requests"):
+        for name in ("gpus", "prefill", "decode", "channels", "requests", "decode_tp"):
             object.__setattr__(self, name, number(name, getattr(self, name), lo=1, integer=True))
+        if self.decode_tp > 1:
+            try:
+                check_tp(self.model_spec, self.decode_tp)
+            except ConfigError as exc:
+                raise ConfigError(f"decode_tp: {exc}") from None
+        choice("allreduce", self.allreduce, ALLREDUCE_KINDS)
+        if self.scaleup_link not in LINKS:
+            raise ConfigError(f"scaleup_link: {unknown_name('link', self.scaleup_link, LINKS)}")
         object.__setattr__(self, "sinks", number("sinks", self.sinks, lo=0, integer=True))
         object.__setattr__(self, "prefill_chunk", number("prefill_chunk", self.prefill_chunk, integer=True))
         if self.prefill_chunk and not PREFILL_CHUNK_RANGE[0] <= self.prefill_chunk <= PREFILL_CHUNK_RANGE[1]:
@@ -308,8 +324,23 @@ class Scenario:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        """KV tokens one decode instance holds (REFERENCE §3)."""
+        """KV tokens one instance of `gpus` GPUs holds (REFERENCE §3)."""
         return kv_capacity_tokens(self.model_spec, self.device_spec, self.gpus)
+
+    @property
+    def decode_gpus(self) -> int:
+        """The GPUs of one decode instance: its TP group's (`decode_tp` > 1), else `gpus`."""
+        return self.decode_tp if self.decode_tp > 1 else self.gpus
+
+    @property
+    def decode_kv_capacity_tokens(self) -> int:
+        """KV tokens one decode instance holds (REFERENCE §3), on its `decode_gpus`."""
+        return kv_capacity_tokens(self.model_spec, self.device_spec, self.decode_gpus)
+
+    @property
+    def scaleup_link_spec(self) -> Link:
+        """The decode TP group's link between its GPUs (unscaled)."""
+        return link_by_name(self.scaleup_link)
 
     # --- the codec on a GPU (compress_at="gpu"): its work and roofline time, model/gpu_codec.py ------------
     def gpu_codec_work(self, prompt_tokens: int) -> StepWork:
@@ -373,6 +404,15 @@ class Scenario:
             latency_s=link.latency_s * self.effective_dilation,
             pj_per_bit=link.pj_per_bit,
         )
+
+    @property
+    def scaled_scaleup_link(self) -> Link:
+        """The decode TP group's scale-up link as the emulation shapes it: its activations are cut by the same
+        effective scale as the KV (model/decode_plan.py: GroupAllReduce), so the rate is too; ÷ dilation."""
+        link = self.scaleup_link_spec
+        return Link(name=f"{link.name}@scale",
+                    bandwidth_Bps=link.bandwidth_Bps * self.effective_scale / self.effective_dilation,
+                    latency_s=link.latency_s * self.effective_dilation, pj_per_bit=link.pj_per_bit)
 
     @property
     def real_size_dilation(self) -> float:

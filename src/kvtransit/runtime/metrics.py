@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 NAMESPACE = "kvtransit"
 # The only label names a metric may carry: each has a small, fixed set of values.
 # `route` and `status` are the front end's: its four routes and the HTTP status codes it answers with.
-ALLOWED_LABELS = frozenset({"link", "codec", "stage", "outcome", "role", "phase", "route", "status"})
+ALLOWED_LABELS = frozenset({"link", "codec", "stage", "outcome", "role", "phase", "route", "status", "source"})
 
 # SLO thresholds (REFERENCE §4: SLO met ⇔ TTFT ≤ 1 s and TPOT ≤ 25 ms). Buckets of the latency histograms
 # contain them exactly, so "fraction within SLO" is a bucket ratio, not an interpolation.
@@ -221,6 +221,9 @@ class DecodeMetrics:
     handoff_exposed_seconds: Histogram
     handoff_hidden_seconds: Histogram
     handoff_bytes: Counter
+    collective_seconds: Counter
+    group_step_seconds: Counter
+    collective_late_seconds: Counter
 
 
 def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
@@ -280,6 +283,20 @@ def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
             registry, "decode_handoff_bytes",
             "KV payload bytes of taken hand-offs that reached decode before their first token (phase=hidden) or "
             "after it (phase=exposed).", ("phase",)),
+        # Issue 17 part 4: a decode TP group's collectives (agents/decode/tp_steps.py), zero without one.
+        collective_seconds=_counter(
+            registry, "decode_collective_seconds",
+            "--decode-tp N: the group's all-reduce time of its steps, model seconds: source=measured (compute "
+            "held -> step end, as the step ran, real bytes over the scale-up link included) or model.",
+            ("source",)),
+        group_step_seconds=_counter(
+            registry, "decode_group_step_seconds",
+            "--decode-tp N: the group's step time, model seconds, source=measured (step start -> end) or model; "
+            "the collective share is decode_collective_seconds over this.", ("source",)),
+        collective_late_seconds=_counter(
+            registry, "decode_collective_late_seconds",
+            "--decode-tp N: how late the real all-reduce's frames reached rank 0 after their due time on the "
+            "modelled scale-up link, wall seconds: what this host added to the model."),
     )
 
 

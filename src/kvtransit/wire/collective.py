@@ -18,7 +18,11 @@ collective failed for everyone), BYE. A query-aware selection's step (agents/sel
 step's query, to the module that scores), SUMMARIES (the pages' key summaries, from the pool), SCORES (one per page
 and kv head, to the host that ranks), FETCH (the pages wanted, int32 ids) and PAGES (their K and V, from the pool);
 `step` is the decode step, `rank` the sender's role. Weight streaming's (agents/weights) adds LOAD (an instance
-asks for the weights or an adapter) and BLOB (their bytes, as the link carries them).
+asks for the weights or an adapter) and BLOB (their bytes, as the link carries them). A decode TP group's leader
+(agents/tp_group) adds, on its control connection to each follower rank: GO (the payload is UTF-8 JSON saying where
+the rank's ring neighbour or the switch is), STEP (a step's order: `step`, `due_ns` when its compute ends and the
+all-reduce starts, the payload the all-reduce's BF16 value count as a u32) and, back, DONE (the rank's sum of that
+step was exact).
 
 `encode(frame)` gives the bytes (header, payload: two parts, for a writelines without a copy);
 `FrameReader.feed(data)` takes bytes in and returns the whole frames they completed. A frame that breaks the
@@ -61,6 +65,9 @@ class Kind(enum.IntEnum):
     PAGES = 10
     LOAD = 11
     BLOB = 12
+    GO = 13
+    STEP = 14
+    DONE = 15
 
 
 class CollectiveFrameError(ValueError):

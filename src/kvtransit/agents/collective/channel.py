@@ -47,6 +47,10 @@ class PeerGone(Exception):
     """The peer closed, broke the framing, or said nothing within the deadline; the message says which."""
 
 
+class PeerSilent(PeerGone):
+    """The peer said nothing within the deadline (it may still be there: a serving group idles between steps)."""
+
+
 class Channel:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, clock: Clock, *,
                  rate_Bps: float, latency_s: float, peer: str):
@@ -110,7 +114,7 @@ class Channel:
             async with asyncio.timeout(timeout_s):
                 item = await self._frames.get()
         except TimeoutError:
-            raise PeerGone(f"no frame from {self.peer} within {timeout_s:g} s, waiting for {what}") from None
+            raise PeerSilent(f"no frame from {self.peer} within {timeout_s:g} s, waiting for {what}") from None
         if item is None:
             self._frames.put_nowait(None)  # EOF stays EOF for the next reader
             raise PeerGone(f"{self.peer} closed its connection, waiting for {what}")

@@ -22,7 +22,11 @@ tests).
 Beside this loop, one module per job: `incoming.py` (a hand-off being reassembled), `link_meter.py` (the link's
 bytes and busy time at the receiving end), `handoff_splits.py` (each hand-off split at its first token, streamed ones
 held against the model), `accuracy_sample.py` (the codec's measured error on the first `accuracy_sample` requests,
-with the equal-bytes baseline's on the same tensors).
+with the equal-bytes baseline's on the same tensors), `tp_steps.py` (with `--decode-tp N`: the group's collective
+time per step, measured beside the model's). The group itself is `agents/tp_group/leader.py`: this process is its
+rank 0, and a step holds the shard's compute, then all-reduces real bytes with the followers, then holds the rest of
+the step's collective time (model/decode_plan.py says which part is real); a group that fails fails every request
+in the batch with its reason.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ from kvtransit.agents.common.process import (
 )
 from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, QueueWaits, handoff_splits_body, queue_waits_body
 from kvtransit.agents.common.request_ids import wire_id
-from kvtransit.model.decode_plan import plan_decode_step
+from kvtransit.agents.tp_group.leader import GroupFailed, GroupLeader, LeaderConfig
+from kvtransit.model.decode_plan import DecodeStepPlan, plan_decode_step
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
 from kvtransit.model.kv_arrival import KNOWN_REQUESTS, NO_CLIENT_MESSAGE, KvArrivals, KvEndDecision, Verdict
 from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
@@ -61,6 +66,7 @@ from .handoff_splits import HandoffSplits
 from .incoming import Arrived, Incoming
 from .link_meter import LinkMeter, streamed_idle_ns
 from .model_accuracy import ModelAccuracy
+from .tp_steps import TpSteps
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +76,11 @@ TOKENS_PER_FRAME = MAX_META // 32
 class DecodeAgent:
     def __init__(self, scenario: Scenario, *, name: str, listen: Address, client_listen: Address,
                  metrics_listen: Address, accuracy_sample: int = 8, link_backend: str = "userspace",
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, tp_group: LeaderConfig | None = None):
         """`link_backend` "tc": the kernel shapes the link's rate, so the middlebox cannot see what crossed it;
         this receiving end then exports the link's achieved rate (model units) from its own measurement.
-        `clock`: what steps are held on (default: the monotonic clock, its lateness fed to the fidelity guard)."""
+        `clock`: what steps are held on (default: the monotonic clock, its lateness fed to the fidelity guard).
+        `tp_group`: with `decode_tp` > 1, the follower ranks to lead (the launcher starts them first)."""
         self.scenario = scenario
         self.name = name
         self.listen_address, self.client_listen, self.metrics_listen = listen, client_listen, metrics_listen
@@ -81,7 +88,13 @@ class DecodeAgent:
         self.metrics = runtime_metrics.decode_metrics(self.registry)
         self.clock, self.lateness = step_clock(shared, "decode", clock,
                                                lambda: self.shortest_step_wall_s if self.steps else None)
-        self.batcher = DecodeBatcher(scenario.kv_capacity_tokens)
+        self.batcher = DecodeBatcher(scenario.decode_kv_capacity_tokens)
+        if (tp_group is None) != (scenario.decode_tp == 1):
+            raise ValueError(f"decode_tp {scenario.decode_tp} needs its group's followers (--tp-group), and only then")
+        link = scenario.scaled_scaleup_link
+        self.group = (GroupLeader(tp_group, self.clock, rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s)
+                      if tp_group is not None else None)
+        self.tp_steps = TpSteps(scenario, self.metrics) if tp_group is not None else None
         self._clients: set[Endpoint] = set()
         self._work = asyncio.Event()
         self.link = LinkMeter()
@@ -313,7 +326,15 @@ class DecodeAgent:
             # Back-to-back steps start at the previous deadline, not at the (late) wake-up: step k is due at
             # t0 + Σ durations, so timer lateness never accumulates into TPOT (DESIGN §2).
             schedule = schedule or DeadlineSchedule(self.clock)
-            late_ns = await schedule.hold(plan.wall_s)
+            if plan.group is None:
+                late_ns = await schedule.hold(plan.wall_s)
+            else:
+                try:
+                    late_ns = await self._group_step(schedule, plan)
+                except GroupFailed as exc:
+                    await self._fail_batch(str(exc))
+                    schedule = None
+                    continue
             t_ns = wake_stamp_ns(schedule.deadline_ns, late_ns)  # its tokens' stamp (wake_stamp_ns says why)
             result = self.batcher.step()
             self.steps += 1
@@ -328,6 +349,33 @@ class DecodeAgent:
                 self.metrics.requests.labels(outcome="ok").inc()
             await self._tokens([TokenEntry(request_id=wire_id(rid), token_index=index, t_ns=t_ns)
                                 for rid, index in result.tokens])
+
+    async def _group_step(self, schedule: DeadlineSchedule, plan: DecodeStepPlan) -> int:
+        """A TP group's step: order it, hold the shard's compute, all-reduce real bytes with the followers (their
+        hops held to the scale-up link's model), then hold the rest of the step's collective time; the lateness of
+        the step's end (a real all-reduce that outlasted its step shows here, as a late wake-up)."""
+        assert self.group is not None and self.tp_steps is not None and plan.group is not None
+        step, values = self.tp_steps.steps, plan.group.values
+        fresh_start_ns = schedule.start_ns if schedule.steps == 0 else None
+        compute_end_ns = schedule.add(self.scenario.wall_s(plan.compute_s))
+        await self.group.order(step, values, compute_end_ns)
+        compute_late_ns = await self.clock.sleep_until(compute_end_ns)
+        await self.group.allreduce(step, values, compute_end_ns)
+        reduced_ns = self.clock.now_ns()
+        late_ns = await schedule.hold(self.scenario.wall_s(plan.collective_s))
+        self.tp_steps.record(plan, fresh_start_ns=fresh_start_ns,
+                             compute_end_ns=wake_stamp_ns(compute_end_ns, compute_late_ns), reduced_ns=reduced_ns,
+                             end_ns=wake_stamp_ns(schedule.deadline_ns, late_ns), due_ns=schedule.deadline_ns,
+                             late_ns=self.group.late_ns)
+        return late_ns
+
+    async def _fail_batch(self, reason: str) -> None:
+        """The group cannot step: every request in the batch ends failed with the reason (none is left hanging)."""
+        for request_id in self.batcher.running_ids:
+            self.batcher.cancel(request_id)
+            await self._fail(wire_id(request_id), reason)
+        self.metrics.running.set(self.batcher.running)
+        self.metrics.kv_reserved_tokens.set(self.batcher.reserved_tokens)
 
     def _admitted(self, requests: list[ServingRequest]) -> None:
         """Each admitted request's queue wait, KV ready → now (the step boundary that admitted it), model seconds."""
@@ -374,6 +422,7 @@ class DecodeAgent:
             "handoff_split": dict(self.splits.totals),
             "streamed_handoff_model": self.splits.streamed_model_stats(),
             "shortest_step_wall_s": self.shortest_step_wall_s if self.steps else None,
+            **({"tp_group": self.tp_steps.stats(self.group)} if self.tp_steps is not None else {}),
         }
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -381,6 +430,8 @@ class DecodeAgent:
     async def run(self, stop: asyncio.Event) -> None:
         if self.model_accuracy is not None:
             await self.model_accuracy.start()  # the model loads in its worker meanwhile; we are ready at once
+        if self.group is not None:
+            await self.group.start()  # its followers are up (the launcher started them first): a failure is fatal
         kv_server = await listen(self.listen_address, "--listen", self.serve_kv, Role.DECODE, Role.MIDDLEBOX)
         client_server = await listen(self.client_listen, "--client-listen", self.serve_client, Role.DECODE,
                                      Role.LOADGEN)
@@ -403,6 +454,8 @@ class DecodeAgent:
                 client.abort()
             await client_server.shutdown(1.0)
             await http.close()
+            if self.group is not None:
+                await self.group.close()
             if self.model_accuracy is not None:
                 await self.model_accuracy.close()
 

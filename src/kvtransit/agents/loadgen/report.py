@@ -49,6 +49,7 @@ from kvtransit.model.slo import RequestRecord, distribution, kv_wait_share, summ
 from kvtransit.model.task_accuracy import MeasuredTaskLoss
 from kvtransit.model.workload import RequestSpec
 
+from .collectives_report import collectives_summary
 from .fidelity_report import fidelity_block
 from .kv_pool_report import kv_pool_summary
 from .model_accuracy_report import model_accuracy_block, model_accuracy_errors
@@ -201,6 +202,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         "handoff_split": handoff_split(scenario, records, decodes),
         # Prefix reuse (--kv-pool local|pool): hit rate, fetch bytes and time, TTFT split; None when off.
         "kv_pool": kv_pool_summary(scenario, peer_stats, summary.as_dict()["ttft_s"]["mean"]),
+        # --decode-tp N: each decode TP group's collective time beside the model's; None without one.
+        "collectives": collectives_summary(scenario, decodes, run_wall_s / dilation),
         "link": link,
         "energy_j": energy,
         "j_per_token": j_per_token,

@@ -49,6 +49,7 @@ class SwitchConfig:
     scale: float = 1.0
     deadline_s: float = 60.0
     collectives: int = 0  # all-reduces a step (0: unknown), to name the next one in a failure
+    idle_s: float = 0.0  # how long a rank may be silent between collectives (0: deadline_s; a serving group idles)
 
     def __post_init__(self) -> None:
         def integer(name: str, lo: int, hi: int) -> None:
@@ -68,7 +69,7 @@ class SwitchConfig:
         integer("collectives", 0, U32)
         for name in ("rate_Bps", "module_ops_per_byte", "scale", "deadline_s"):
             number(name, positive=True)
-        for name in ("latency_s", "module_latency_s", "module_pj_per_bit"):
+        for name in ("latency_s", "module_latency_s", "module_pj_per_bit", "idle_s"):
             number(name, positive=False)
         if self.scale > 1:
             raise ConfigError(f"switch config: scale must be in (0, 1], got {self.scale!r}")
@@ -96,7 +97,8 @@ class SwitchProcess:
         self.server = SwitchServer(
             MonotonicClock(spin_s=RANK_SPIN_S), group=config.group, size=config.size, rate_Bps=config.rate_Bps,
             latency_s=config.latency_s, module=config.module, scale=config.scale, deadline_s=config.deadline_s,
-            collectives=config.collectives, declaration=declaration, metrics=switch_metrics(self.registry))
+            collectives=config.collectives, declaration=declaration, metrics=switch_metrics(self.registry),
+            idle_s=config.idle_s)
         self.name = name
         self.listen_address = listen
         self.metrics_listen = metrics_listen

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from kvtransit.agents.collective.channel import Channel, PeerGone
+from kvtransit.agents.collective.channel import Channel, PeerGone, PeerSilent
 from kvtransit.model.collectives import switch_sum_s
 from kvtransit.model.five_tests import placement_test
 from kvtransit.model.link_catalog import Link
@@ -36,14 +36,18 @@ SWITCH_STREAMS_MEASURED_AS = "ingress streams the switch merged per sum"
 class SwitchServer:
     def __init__(self, clock: Clock, *, group: int, size: int, rate_Bps: float, latency_s: float,
                  module: Module = Module(), scale: float = 1.0, deadline_s: float = 60.0, collectives: int = 0,
-                 declaration: KernelDeclaration | None = None, metrics: SwitchMetrics | None = None):
+                 declaration: KernelDeclaration | None = None, metrics: SwitchMetrics | None = None,
+                 idle_s: float = 0.0):
         """`rate_Bps`, `latency_s` and `module.added_latency_s`: already scaled and stretched by the dilation.
-        `declaration`: the kernel the sum runs as (checked by kernel_check.py; None: the stream sum's own)."""
+        `declaration`: the kernel the sum runs as (checked by kernel_check.py; None: the stream sum's own).
+        `idle_s`: how long a rank may say nothing between collectives (a serving group idles with its decode;
+        0: `deadline_s`, as a fixed run of steps has it); inside a collective the deadline is `deadline_s`."""
         self.clock = clock
         self.reducer = GroupReducer(group, size, module, scale, collectives, declaration)
         self.metrics = metrics
         self.port_link = Link("switch-port", rate_Bps, latency_s, 0.0)
         self.rate_Bps, self.latency_s, self.deadline_s = rate_Bps, latency_s, deadline_s
+        self.idle_s = idle_s or deadline_s
         self.channels: dict[int, Channel] = {}
         self.finished: set[int] = set()
         self.failure = ""
@@ -90,7 +94,7 @@ class SwitchServer:
         self.channels[rank] = channel
         while not self.failure:
             try:
-                frame = await channel.receive(self.deadline_s, f"rank {rank}'s next part")
+                frame = await self._next_frame(channel, rank)
             except PeerGone:
                 if rank not in self.finished:
                     await self._fail(f"rank {rank} left group {self.reducer.group} at {self.reducer.where_next()} "
@@ -119,6 +123,18 @@ class SwitchServer:
                 if self.metrics is not None:
                     self.metrics.merged_streams.inc(self.reducer.size)
                 await self._send_sum(reduction)
+
+    async def _next_frame(self, channel: Channel, rank: int) -> Frame:
+        """The rank's next frame: within `deadline_s` while a collective is in progress, else within `idle_s`
+        of silence (checked a deadline at a time, since a collective may open while this rank is silent)."""
+        silent_s = 0.0
+        while True:
+            try:
+                return await channel.receive(self.deadline_s, f"rank {rank}'s next part")
+            except PeerSilent:
+                silent_s += self.deadline_s
+                if self.reducer.in_progress is not None or silent_s >= self.idle_s:
+                    raise
 
     async def _send_sum(self, reduction: Reduction) -> None:
         per_stream = reduction.total.nbytes

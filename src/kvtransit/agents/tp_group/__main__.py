@@ -1,0 +1,19 @@
+"""`python -m kvtransit.agents.tp_group --config JSON`: a decode TP group's follower rank (follower.py)."""
+
+from __future__ import annotations
+
+import sys
+
+from kvtransit.agents.common.process import run_config_process
+
+from .follower import run
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_config_process("python -m kvtransit.agents.tp_group",
+                              "JSON: FollowerConfig fields (group, rank, size, mode, rate_Bps, latency_s, ...)", run,
+                              argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
