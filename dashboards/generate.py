@@ -232,26 +232,27 @@ def agents():
 
 
 def collectives_panels() -> list[PanelSpec]:
-    """A decode TP group's collectives (`--decode-tp N`, agents/decode/tp_steps.py); empty without one. Model
-    seconds, as the run report's `collectives` block gives them."""
+    """A prefill or decode TP group's collectives (`--prefill-tp`, `--decode-tp N`, agents/common/tp_steps.py); empty
+    without one. Model seconds, as the run report's `collectives` block gives them."""
     return [
-        PanelSpec("Collective share of the decode step", "The TP group's all-reduce time over its step time, last "
-                  "30 s: measured (compute held -> step end, the real all-reduce over the scale-up link included) "
+        PanelSpec("Collective share of the step", "A TP group's collective time over its step time, last 30 s, by "
+                  "role: measured (compute held -> step end, the real all-reduce over the scale-up link included) "
                   "next to the model's (REFERENCE §7); the run is not faithful when they are more than 3 points "
                   "apart.",
-                  (Query(f"{_rate('kvtransit_decode_collective_seconds_total', 'source')} / "
-                         f"{_rate('kvtransit_decode_group_step_seconds_total', 'source')}", "{{source}}"),),
+                  (Query(f"{_rate('kvtransit_tp_collective_seconds_total', 'role, source')} / "
+                         f"{_rate('kvtransit_tp_step_seconds_total', 'role, source')}", "{{role}} {{source}}"),),
                   unit="percentunit"),
-        PanelSpec("Decode TP step, measured vs model", "The TP group's mean step time (model seconds), measured "
-                  "from step end to step end and as the model holds it.",
-                  (Query(f"{_rate('kvtransit_decode_group_step_seconds_total', 'source')} / ignoring(source) "
-                         f"group_left {_rate('kvtransit_decode_step_seconds_count')}", "{{source}}"),), unit="s"),
+        PanelSpec("TP step time, measured vs model", "A TP group's step time per second of run (model seconds, "
+                  "by role): the measured and the modelled lines agree when the host keeps up.",
+                  (Query(_rate("kvtransit_tp_step_seconds_total", "role, source"), "{{role}} {{source}}"),),
+                  unit="none"),
         PanelSpec("Switch: streams merged", "--allreduce switch: ingress streams the switch summed into one, per "
                   "second (n per all-reduce of a group of n: the placement test's streams seen).",
                   (Query(_rate("kvtransit_switch_merged_streams_total"), "merged"),), unit="ops"),
-        PanelSpec("All-reduce frames late", "How late the real all-reduce's frames reached rank 0 after their due "
-                  "time on the modelled scale-up link, seconds per second: what this host added to the model.",
-                  (Query(_rate("kvtransit_decode_collective_late_seconds_total"), "late"),), unit="none"),
+        PanelSpec("Collective frames late", "How late the real collectives' frames reached rank 0 after their due "
+                  "time on the modelled scale-up link, seconds per second, by role: what this host added to the "
+                  "model.",
+                  (Query(_rate("kvtransit_tp_collective_late_seconds_total", "role"), "{{role}}"),), unit="none"),
     ]
 
 

@@ -94,3 +94,61 @@ def test_the_collective_check_passes_within_three_points_and_fails_closed():
     for unmeasured in (collective_gap(None, 0.4, 1.0), collective_gap(math.nan, 0.4, 1.0),
                        collective_gap(0.4, 0.4, 1.0, failure="rank 1 is gone")):
         assert not unmeasured.ok and unmeasured.hint.startswith(NOT_MEASURED)
+
+
+def test_an_ep_group_holds_l_allreduces_and_l_alltoalls_and_carries_one_of_each_for_real():
+    s = Scenario(model="mixtral-8x7b", gpus=2, decode_tp=2, decode_ep=True, scale=1 / 64)
+    model, link = s.model_spec, s.scaleup_link_spec
+    plan = plan_decode_step(s, 8, 8 * 2300)
+    step = tp_decode_step(model, s.device_spec, link, ep=2, batch=8, context_total=8 * 2300)
+    assert (step.allreduces, step.alltoalls) == (model.layers, model.layers)
+    assert plan.collective_s == pytest.approx(step.collective_s) and plan.model_s == pytest.approx(step.total_s)
+    group = plan.group
+    assert group is not None
+    # One real all-reduce of L all-reduces' values, one real all-to-all of L layers' dispatch + combine: a ring hop
+    # carries 1/n of the tokens' k activations of every layer.
+    assert group.values >= model.layers * 8 * model.d_model * s.effective_scale
+    assert group.alltoall_values == pytest.approx(model.layers * 8 * model.experts_active * model.d_model / 2
+                                                  * s.effective_scale, abs=1)
+    real = (ring_allreduce_s(model.layers * 8 * model.d_model * 2, 2, link)
+            + link.serialisation_s(model.layers * step.alltoall_bytes) + 2 * link.latency_s)
+    assert group.real_model_s == pytest.approx(real)
+    assert group.real_model_s + group.held_s == pytest.approx(plan.collective_s)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"decode_ep": True}, "decode_ep: expert parallelism needs a decode group: give --decode-tp N"),
+    ({"decode_tp": 2, "decode_ep": True},
+     "decode_ep: expert parallelism needs a mixture-of-experts model; llama3-8b is dense (valid models: mixtral-8x7b)"),
+    ({"model": "mixtral-8x7b", "gpus": 2, "decode_tp": 2, "decode_ep": True, "allreduce": "switch"},
+     "decode_ep: the all-to-all goes between the ranks, a ring: --allreduce ring (valid: ring)"),
+    ({"model": "mixtral-8x7b", "gpus": 2, "decode_tp": 16, "decode_ep": True}, "decode_ep: EP 16 does not divide"),
+])
+def test_a_bad_ep_group_is_one_line_with_the_valid_values(fields, message):
+    with pytest.raises(ConfigError) as err:
+        Scenario(**fields)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_tp_prefill_step_reduces_every_token_it_computes():
+    from kvtransit.model.collectives import activation_bytes
+    from kvtransit.model.cost import prefill_step_cached_s
+    from kvtransit.model.prefill_plan import BatchEntry, plan_prefill_step
+
+    s = Scenario(prefill_tp=4, scale=1 / 256)
+    model, link = s.model_spec, s.scaleup_link_spec
+    entries = [BatchEntry(0, 2048, 64), BatchEntry(1, 1024, 64, cached_tokens=512)]
+    plan = plan_prefill_step(s, entries)
+    computed = 2048 + 512
+    assert plan.compute_s == pytest.approx(prefill_step_cached_s(model, s.device_spec, 4, [(2048, 0), (1024, 512)]))
+    assert plan.collective_s == pytest.approx(2 * model.layers * ring_allreduce_s(activation_bytes(model, computed),
+                                                                                  4, link))
+    group = plan.group
+    assert group is not None and group.values % 4 == 0
+    assert group.values == pytest.approx(2 * model.layers * computed * model.d_model * s.effective_scale, abs=4)
+    assert plan_decode_step(Scenario(prefill_tp=4), 1, 2048).group is None  # the decode is one GPU still
+
+
+def test_a_prefill_group_that_does_not_divide_the_heads_is_one_line():
+    with pytest.raises(ConfigError, match=r"prefill_tp: TP 6 does not divide llama3-8b's 32 heads \(valid: "):
+        Scenario(prefill_tp=6)

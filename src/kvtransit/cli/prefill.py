@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._agent import add_common_agent_flags, run_agent
+from ._tp_group import add_tp_group_flag, tp_group_config
 from .scenario_flags import add_scenario_args, scenario_from_args
 
 
@@ -14,6 +15,7 @@ def register(subparsers) -> None:
     p.add_argument("--kv-to", required=True, metavar="HOST:PORT", help="the middlebox that carries the KV to decode")
     p.add_argument("--kv-pool-via", default=None, metavar="HOST:PORT",
                    help="with --kv-pool pool: the middlebox's pool port (its --pool-listen), the way to the KV pool")
+    add_tp_group_flag(p, "prefill")
     add_common_agent_flags(p, "prefill")
     p.set_defaults(func=run)
 
@@ -22,8 +24,10 @@ def run(args) -> int:
     from kvtransit.agents.common.process import parse_address
     from kvtransit.agents.prefill.agent import PrefillAgent
 
-    agent = PrefillAgent(scenario_from_args(args), name=args.name, listen=parse_address(args.listen, "--listen"),
+    scenario = scenario_from_args(args)
+    agent = PrefillAgent(scenario, name=args.name, listen=parse_address(args.listen, "--listen"),
                          kv_to=parse_address(args.kv_to, "--kv-to"),
                          metrics_listen=parse_address(args.metrics_listen, "--metrics-listen"),
-                         pool_via=parse_address(args.kv_pool_via, "--kv-pool-via") if args.kv_pool_via else None)
+                         pool_via=parse_address(args.kv_pool_via, "--kv-pool-via") if args.kv_pool_via else None,
+                         tp_group=tp_group_config(args.tp_group, "--prefill-tp", scenario.prefill_tp))
     return run_agent(args, lambda: agent.run)

@@ -78,6 +78,15 @@ _HELP = {
     "accuracy": "reconstruction: the codec's error on the sampled KV; model: decode feeds the KV that arrived into "
                 "the real model and scores top-1 agreement and KL (needs --kv-sample real)",
     "real_kv_requests": "--kv-sample real: how many requests (the first ids) carry the real model's KV",
+    "decode_tp": "each decode instance as a TP group of N GPUs: the decode and N - 1 follower rank processes, every "
+                 "step's all-reduces real bytes over --scaleup-link (1: one process, no collectives)",
+    "prefill_tp": "each prefill instance as a TP group of N GPUs likewise (its all-reduces carry every prompt token: "
+                  "give a small --scale)",
+    "allreduce": "how a TP group all-reduces: ring (between the ranks) or switch (a switch process sums in the "
+                 "network)",
+    "scaleup_link": "the TP groups' link between their GPUs (nvlink3, nvlink4, nvlink5, ...)",
+    "decode_ep": "the decode group of a mixture-of-experts model as EP = TP = --decode-tp: an all-to-all a step too "
+                 "(ring only)",
     "trace": "replay this request trace (Mooncake .jsonl or Azure .csv) instead of drawing the workload",
     "trace_format": "trace format (auto: by file extension)",
     "trace_sample": "which of the trace's requests to replay: the first N (--requests) or N at random",

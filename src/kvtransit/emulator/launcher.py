@@ -45,7 +45,7 @@ from kvtransit.runtime.http_client import get_json
 from .agent_commands import AGENT_MODULE, FrontendOptions, agent_commands
 from .placement import LOOPBACK, LinkSetup, choose_links
 from .supervisor import MAX_RESTARTS, pinned_argv
-from .tp_groups import check_host, follower_argv, leader_config, switch_argv
+from .tp_groups import check_host, follower_argv, group_size, leader_config, switch_argv
 
 if TYPE_CHECKING:  # imported where it starts (only with --prometheus)
     from kvtransit.emulator.prometheus import PrometheusProcess
@@ -62,10 +62,10 @@ PROMETHEUS_LINGER_SCRAPES = 2
 PROMETHEUS_SCRAPE_INTERVAL_S = 1.0  # prometheus/prometheus.yml: global.scrape_interval
 
 
-# Roles that run in another role's place (network namespace, addresses): the KV pool beside the middlebox, a decode
-# TP group's follower ranks and switch beside their decode (tp_groups.py).
-RUNS_WITH = {"kvpool": "middlebox", "tp-rank": "decode", "switch": "decode"}
-# A decode TP group's processes (tp_groups.py): one that exits fails its group, not the run.
+# Roles that run in another role's place (network namespace, addresses): the KV pool beside the middlebox. A TP
+# group's follower ranks and switch run beside their prefill or decode (tp_groups.py; `Launcher._child(place=)`).
+RUNS_WITH = {"kvpool": "middlebox"}
+# A TP group's processes (tp_groups.py): one that exits fails its group, not the run.
 GROUP_ROLES = ("tp-rank", "switch")
 # The client roles: one of them per run, started last and stopped first (it writes the report).
 CLIENT_ROLES = ("loadgen", "frontend")
@@ -226,8 +226,9 @@ class Launcher:
                               hosts=setup.host, frontend=self.frontend, **known)[role]
         return setup.wrap(RUNS_WITH.get(role, role), argv)
 
-    def _child(self, name: str, role: str, argv: list[str]) -> Child:
-        setup, place = self._links, RUNS_WITH.get(role, role)
+    def _child(self, name: str, role: str, argv: list[str], place: str | None = None) -> Child:
+        """`place`: the role it runs beside (RUNS_WITH's, unless given: a TP group's processes run with theirs)."""
+        setup, place = self._links, place or RUNS_WITH.get(role, role)
         return Child(name, role, argv, host=setup.host(place, "front"), kv_host=setup.host(place, "kv"))
 
     async def _start_prometheus(self, ready: list[Child]) -> None:
@@ -304,7 +305,7 @@ class Launcher:
             try:
                 decode_children = []
                 for i in range(scenario.decode):
-                    tp_group = await self._start_tp_group(i)
+                    tp_group = await self._start_tp_group("decode", i)
                     argv = self._command("decode", i)
                     if tp_group:
                         argv += ["--tp-group", tp_group]
@@ -324,8 +325,11 @@ class Launcher:
                 pool_via = middlebox_child.address("pool_port") if pool_children else ""
                 prefill_children = []
                 for i in range(scenario.prefill):
-                    prefill_children.append(self._child(f"prefill-{i}", "prefill", self._command(
-                        "prefill", i, middlebox_kv=_addresses([middlebox_child], "listen_port"), pool_via=pool_via)))
+                    tp_group = await self._start_tp_group("prefill", i)
+                    argv = self._command("prefill", i, middlebox_kv=_addresses([middlebox_child], "listen_port"),
+                                         pool_via=pool_via)
+                    prefill_children.append(self._child(f"prefill-{i}", "prefill",
+                                                        argv + (["--tp-group", tp_group] if tp_group else [])))
                     await self._start(prefill_children[-1])
                 client = "frontend" if self.frontend is not None else "loadgen"
                 loadgen_child = self._child(f"{client}-0", client, self._command(
@@ -361,23 +365,23 @@ class Launcher:
             raise RunFailed(loadgen_child.describe_exit())
         return self.report_path if self.report_path.exists() else None
 
-    async def _start_tp_group(self, index: int) -> str:
-        """`--decode-tp N`: decode `index`'s follower ranks (and switch), started where it will run; its
-        `--tp-group` JSON (tp_groups.py), or "" without a group."""
+    async def _start_tp_group(self, role: str, index: int) -> str:
+        """`--prefill-tp / --decode-tp N`: the follower ranks (and switch) of `role` instance `index`, started where
+        it will run; its `--tp-group` JSON (tp_groups.py), or "" without a group."""
         scenario, setup = self.scenario, self._links
-        if scenario.decode_tp == 1:
+        if group_size(scenario, role) == 1:
             return ""
         switch = None
         if scenario.allreduce == "switch":
-            child = self._child(f"switch-{index}", "switch",
-                                setup.wrap("decode", switch_argv(scenario, index, setup.host("decode", "front"))))
+            child = self._child(f"{role}-{index}-switch", "switch", setup.wrap(role, switch_argv(
+                scenario, role, index, setup.host(role, "front"))), place=role)
             switch = await self._start(child)
         followers = []
-        for rank in range(1, scenario.decode_tp):
-            child = self._child(f"decode-{index}-rank-{rank}", "tp-rank",
-                                setup.wrap("decode", follower_argv(scenario, index, rank)))
+        for rank in range(1, group_size(scenario, role)):
+            child = self._child(f"{role}-{index}-rank-{rank}", "tp-rank",
+                                setup.wrap(role, follower_argv(scenario, role, index, rank)), place=role)
             followers.append(await self._start(child))
-        return leader_config(scenario, index, followers, switch)
+        return leader_config(scenario, role, index, followers, switch)
 
     def _announce_frontend(self, child: Child) -> None:
         assert self.frontend is not None  # called only with a front end
@@ -440,11 +444,11 @@ class Launcher:
                     if child is loadgen:
                         return
                     if child.role in GROUP_ROLES and not stop.is_set():
-                        # A TP group's rank or switch: its decode finds the group failed and fails every request it
+                        # A TP group's rank or switch: its leader finds the group failed and fails every request it
                         # takes with the reason (agents/tp_group/leader.py), so the run goes on and ends accounted.
                         self.group_losses.append(child.name)
-                        self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: its decode's TP group has "
-                                 "failed; that decode fails its requests with the reason")
+                        self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: its TP group has failed; its "
+                                 "prefill or decode fails its requests with the reason")
                         continue
                     restarted = sum(1 for r in self.restarts if r["name"] == child.name)
                     if child.role in self.restart_roles and restarted < MAX_RESTARTS and not stop.is_set():

@@ -94,15 +94,17 @@ def _kv_pool_columns(report: dict) -> dict:
 
 
 def _collectives_columns(report: dict) -> dict:
-    """A decode TP group's headline figures (extra CSV columns), for runs with --decode-tp > 1 (the sweep axes
-    `--grid decode_tp=1,4,8 --grid allreduce=ring,switch`)."""
-    block = report.get("collectives")
-    if not block:
-        return {}
-    return {"decode_tp": block["size"], "allreduce": block["allreduce"],
-            "collective_share": block["collective_share"]["measured"],
-            "model_collective_share": block["collective_share"]["model"],
-            "tp_step_ms": _ms(block["step_s"]["measured"]), "model_tp_step_ms": _ms(block["step_s"]["model"])}
+    """TP groups' headline figures (extra CSV columns, a role's prefixed by it), for runs with --prefill-tp or
+    --decode-tp > 1 (the sweep axes `--grid decode_tp=1,4,8 --grid allreduce=ring,switch`)."""
+    columns: dict = {}
+    for role, block in (report.get("collectives") or {}).items():
+        if block:
+            columns |= {f"{role}_tp": block["size"], "allreduce": block["allreduce"],
+                        f"{role}_collective_share": block["collective_share"]["measured"],
+                        f"{role}_model_collective_share": block["collective_share"]["model"],
+                        f"{role}_tp_step_ms": _ms(block["step_s"]["measured"]),
+                        f"{role}_model_tp_step_ms": _ms(block["step_s"]["model"])}
+    return columns
 
 
 def failed_row(key: str, scenario: Scenario, error: str, *, wall_s: float) -> dict:

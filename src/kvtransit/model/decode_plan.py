@@ -15,10 +15,9 @@ what it costs:
 
 With `decode_tp` = n > 1 the instance is a TP group (issue 17 part 4, model/collectives.py): the roofline runs on n
 GPUs and the step adds its 2·L all-reduces of the batch's activations over the scale-up link, ring or switch, not
-overlapped (REFERENCE §7). The live group carries them as one real all-reduce a step (`GroupAllReduce`: all 2·L
-all-reduces' bytes at the run's scale, with one set of latencies) and holds the other 2·L − 1 latency terms: a
-modelled hop over NVLink is 5 µs, under what a hop costs this host in Python (~100-250 µs,
-emulator/collective_run.py: HOST_HOP_S), so per-layer messages could not keep up at any dilation a serving run uses.
+overlapped (REFERENCE §7); with `decode_ep` (a MoE model, EP = TP = n) L all-reduces and L dispatch + combine
+all-to-alls, the busiest rank's experts touched. What the live group carries for real and what it holds is
+`model/group_step.py`'s.
 
 With the codec in the module (`compress_at="transit"`) the far end's inverse is the second module's, charged
 by the middlebox (agents/middlebox/stages/module.py), not here. The live decode and any simulation of decode
@@ -27,25 +26,14 @@ plan their steps here, so the two cannot charge the inverse differently.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .collectives import allreduce_s, tp_decode_step
+from .collectives import tp_decode_step
 from .cost import decode_step_s, decode_work, step_energy_j
+from .group_step import GroupCollectives, live_collectives
 from .prefill_plan import codec_on_gpu
 from .scenario import Scenario
-
-
-@dataclass(frozen=True)
-class GroupAllReduce:
-    """What a TP group's live step carries (`decode_tp` > 1): one real all-reduce of `values` BF16 values (the
-    step's 2·L all-reduces' bytes at the run's scale, a multiple of the group size), which the model says takes
-    `real_model_s`, and `held_s` more (the other all-reduces' latency terms), both model seconds."""
-
-    values: int
-    real_model_s: float
-    held_s: float
 
 
 @dataclass(frozen=True)
@@ -55,23 +43,12 @@ class DecodeStepPlan:
     energy_j: float  # GPU energy of the step, the inverse's included
     inverse_s: float  # of model_s, the inverse of the requests admitted at this boundary (0 without)
     collective_s: float = 0.0  # of model_s, the TP group's all-reduces (0 without a group)
-    group: GroupAllReduce | None = None  # what the live group carries (decode_tp > 1)
+    group: GroupCollectives | None = None  # what the live group carries (decode_tp > 1)
 
     @property
     def compute_s(self) -> float:
         """The part held before the all-reduces: the shard's roofline and the inverse."""
         return self.model_s - self.collective_s
-
-
-def group_allreduce(scenario: Scenario, batch: int, per_step_s: float) -> GroupAllReduce:
-    """The step's 2·L all-reduces (`per_step_s` in all, the model's) as one real all-reduce and a held rest."""
-    model, n = scenario.model_spec, scenario.decode_tp
-    per_reduce = batch * model.d_model  # S / 2 B: one all-reduce's values (REFERENCE §7)
-    reduces = 2 * model.layers
-    values = max(n, math.ceil(reduces * per_reduce * scenario.effective_scale / n) * n)
-    real_s = allreduce_s(scenario.allreduce, reduces * per_reduce * model.bytes_per_value, n,
-                         scenario.scaleup_link_spec, scenario.module)
-    return GroupAllReduce(values, real_s, max(0.0, per_step_s - real_s))
 
 
 def plan_decode_step(scenario: Scenario, batch: int, context_tokens: int,
@@ -86,8 +63,9 @@ def plan_decode_step(scenario: Scenario, batch: int, context_tokens: int,
     if scenario.decode_tp == 1:
         model_s = decode_step_s(model, device, scenario.gpus, batch, context_tokens) + inverse_s
         return DecodeStepPlan(model_s, scenario.wall_s(model_s), energy_j, inverse_s)
-    step = tp_decode_step(model, device, scenario.scaleup_link_spec, tp=scenario.decode_tp, batch=batch,
-                          context_total=context_tokens, allreduce=scenario.allreduce, module=scenario.module)
+    step = tp_decode_step(model, device, scenario.scaleup_link_spec, tp=scenario.decode_tp,
+                          ep=scenario.decode_tp if scenario.decode_ep else 0, batch=batch, context_total=context_tokens,
+                          allreduce=scenario.allreduce, module=scenario.module)
     model_s = step.total_s + inverse_s
     return DecodeStepPlan(model_s, scenario.wall_s(model_s), energy_j, inverse_s, step.collective_s,
-                          group_allreduce(scenario, batch, step.collective_s))
+                          live_collectives(scenario, scenario.decode_tp, step))

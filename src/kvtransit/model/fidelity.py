@@ -166,7 +166,8 @@ def collective_gap(measured_share: float | None, model_share: float | None, dila
     ok = abs(error) <= COLLECTIVE_SHARE_TOLERANCE
     needed = dilation * (1 + abs(error) / COLLECTIVE_SHARE_TOLERANCE)
     hint = "ok" if ok else (f"the TP group's collectives took {measured_share:.1%} of its steps, the model "
-                            f"{model_share:.1%}: try --dilation {math.ceil(needed * 10 - 1e-9) / 10:g}")
+                            f"{model_share:.1%}: try --dilation {math.ceil(needed * 10 - 1e-9) / 10:g} at a fixed "
+                            "--scale (the auto scale grows with the dilation, and the all-reduce's bytes with it)")
     return Gap(error, COLLECTIVE_SHARE_TOLERANCE, ok, hint)
 
 

@@ -98,10 +98,11 @@ def offered_vs_capacity(scenario: Scenario, requests: Sequence[RequestSpec]) -> 
         none: dict[str, float | None] = dict.fromkeys(STAGES)
         return LoadCheck(n, span, None, none, dict(none), open_loop)
     rate = (n - 1) / span
-    model, device, gpus = scenario.model_spec, scenario.device_spec, scenario.gpus
-    prefill_s = math.fsum(prefill_share_s(model, device, gpus, r.prompt_tokens) for r in requests)
+    # A TP group's instance on its own GPUs; its collectives are left out (a first-order check, said before a run).
+    model, device = scenario.model_spec, scenario.device_spec
+    prefill_s = math.fsum(prefill_share_s(model, device, scenario.prefill_gpus, r.prompt_tokens) for r in requests)
     decode_tokens = sum(r.output_tokens - 1 for r in requests)
-    decode_rate = decode_tokens_per_s(model, device, gpus, scenario.kv_capacity_tokens,
+    decode_rate = decode_tokens_per_s(model, device, scenario.decode_gpus, scenario.decode_kv_capacity_tokens,
                                       sum(r.prompt_tokens for r in requests) / n,
                                       sum(r.output_tokens for r in requests) / n)
     ratio = scenario.codec_declaration.ratio if scenario.codec != "none" else 1.0

@@ -25,8 +25,10 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from .collectives import parallel_step
 from .cost import prefill_step_cached_s, prefill_work_cached, step_energy_j
 from .errors import ConfigError
+from .group_step import GroupCollectives, live_collectives
 from .scenario import PREFILL_CHUNK_RANGE, Scenario
 from .serving import PREFILL_BATCH_TOKEN_LIMIT, PromptFifo, ServingRequest
 
@@ -59,9 +61,16 @@ class BatchEntry:
 @dataclass(frozen=True)
 class PrefillStepPlan:
     entries: tuple[BatchEntry, ...]
-    model_s: float  # modelled step time, the GPU codec's included
+    model_s: float  # modelled step time, the GPU codec's and the TP group's all-reduces included
     wall_s: float  # as held: model_s × dilation
     energy_j: float  # GPU energy of the step, the GPU codec's included
+    collective_s: float = 0.0  # of model_s, the TP group's all-reduces (0 without a group)
+    group: GroupCollectives | None = None  # what the live group carries (prefill_tp > 1)
+
+    @property
+    def compute_s(self) -> float:
+        """The part held before the all-reduces."""
+        return self.model_s - self.collective_s
 
     @property
     def handoffs(self) -> tuple[BatchEntry, ...]:
@@ -81,12 +90,20 @@ def plan_prefill_step(scenario: Scenario, entries: Sequence[BatchEntry]) -> Pref
     """The plan of a step over `entries` (at least one); the module docstring says what goes in."""
     model, device = scenario.model_spec, scenario.device_spec
     prompts = [(e.prompt_tokens, e.cached_tokens) for e in entries]
-    model_s = prefill_step_cached_s(model, device, scenario.gpus, prompts)
-    model_s += sum(scenario.gpu_codec_s(e.kv_tokens) for e in entries)
+    codec_s = sum(scenario.gpu_codec_s(e.kv_tokens) for e in entries)
     energy_j = step_energy_j(device, prefill_work_cached(model, prompts))
     if codec_on_gpu(scenario):
         energy_j += sum(step_energy_j(device, scenario.gpu_codec_work(e.kv_tokens)) for e in entries)
-    return PrefillStepPlan(tuple(entries), model_s, scenario.wall_s(model_s), energy_j)
+    if scenario.prefill_tp == 1:
+        model_s = prefill_step_cached_s(model, device, scenario.gpus, prompts) + codec_s
+        return PrefillStepPlan(tuple(entries), model_s, scenario.wall_s(model_s), energy_j)
+    # A TP group (issue 17 part 4): the shard's roofline, then 2·L all-reduces of every token the step computes.
+    computed = max(1, sum(p - c for p, c in prompts))
+    step = parallel_step(model, device, prefill_work_cached(model, prompts), computed, scenario.scaleup_link_spec,
+                         tp=scenario.prefill_tp, allreduce=scenario.allreduce, module=scenario.module)
+    model_s = step.total_s + codec_s
+    return PrefillStepPlan(tuple(entries), model_s, scenario.wall_s(model_s), energy_j, step.collective_s,
+                           live_collectives(scenario, scenario.prefill_tp, step))
 
 
 # --- chunked prefill ------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any
 from . import gpu_codec
 from .catalog import MODELS, ModelSpec, model_by_name
 from .codecs import CODEC_NAMES, codec_declaration
-from .collectives import ALLREDUCE_KINDS, ALLREDUCE_RING, check_tp
+from .collectives import ALLREDUCE_KINDS, ALLREDUCE_RING, check_ep, check_tp
 from .cost import StepWork, kv_capacity_tokens
 from .devices import DEVICES, Device, device_by_name
 from .errors import ConfigError, unknown_name
@@ -89,8 +89,14 @@ class Scenario:
     # rank processes, every step holding its shard's roofline compute and then all-reducing real bytes over the
     # scale-up link (`scaleup_link`), in a ring between the ranks or through a switch that sums (`allreduce`).
     decode_tp: int = 1
+    # Each prefill instance as a TP group of `prefill_tp` GPUs likewise: its step's all-reduces are over every token it
+    # computes (REFERENCE §7), its first tokens come when they are done.
+    prefill_tp: int = 1
     allreduce: str = ALLREDUCE_RING
     scaleup_link: str = "nvlink4"
+    # The decode group of a mixture-of-experts model as EP = TP = decode_tp (REFERENCE §7): each layer's attention
+    # all-reduce stays and its MLP's becomes a dispatch + combine all-to-all between the ranks (a ring).
+    decode_ep: bool = False
     # The hand-off link and what runs on it.
     link: str = "eth-25g"
     channels: int = 1  # parallel link channels (REFERENCE §4: one shared FIFO link by default)
@@ -188,14 +194,32 @@ class Scenario:
                                number("precision_bits", self.precision_bits, lo=lo, hi=hi, integer=True))
         choice("placement", self.placement, PLACEMENTS)
         choice("arrival", self.arrival, ARRIVALS)
-        for name in ("gpus", "prefill", "decode", "channels", "requests", "decode_tp"):
+        for name in ("gpus", "prefill", "decode", "channels", "requests", "decode_tp", "prefill_tp"):
             object.__setattr__(self, name, number(name, getattr(self, name), lo=1, integer=True))
-        if self.decode_tp > 1:
-            try:
-                check_tp(self.model_spec, self.decode_tp)
-            except ConfigError as exc:
-                raise ConfigError(f"decode_tp: {exc}") from None
+        for name in ("decode_tp", "prefill_tp"):
+            if getattr(self, name) > 1:
+                try:
+                    check_tp(self.model_spec, getattr(self, name))
+                except ConfigError as exc:
+                    raise ConfigError(f"{name}: {exc}") from None
         choice("allreduce", self.allreduce, ALLREDUCE_KINDS)
+        if not isinstance(self.decode_ep, bool):
+            raise ConfigError(f"decode_ep: expected yes or no (a bool), got {self.decode_ep!r}")
+        if self.decode_ep:
+            if self.decode_tp == 1:
+                raise ConfigError("decode_ep: expert parallelism needs a decode group: give --decode-tp N "
+                                  "(EP = TP = N)")
+            if self.model_spec.experts < 2:
+                moe = ", ".join(name for name, spec in MODELS.items() if spec.experts > 1)
+                raise ConfigError(f"decode_ep: expert parallelism needs a mixture-of-experts model; {self.model} is "
+                                  f"dense (valid models: {moe})")
+            try:
+                check_ep(self.model_spec, self.decode_tp)
+            except ConfigError as exc:
+                raise ConfigError(f"decode_ep: {exc}") from None
+            if self.allreduce != ALLREDUCE_RING:
+                raise ConfigError("decode_ep: the all-to-all goes between the ranks, a ring: --allreduce ring "
+                                  "(valid: ring)")
         if self.scaleup_link not in LINKS:
             raise ConfigError(f"scaleup_link: {unknown_name('link', self.scaleup_link, LINKS)}")
         object.__setattr__(self, "sinks", number("sinks", self.sinks, lo=0, integer=True))
@@ -328,6 +352,11 @@ class Scenario:
         return kv_capacity_tokens(self.model_spec, self.device_spec, self.gpus)
 
     @property
+    def prefill_gpus(self) -> int:
+        """The GPUs of one prefill instance: its TP group's (`prefill_tp` > 1), else `gpus`."""
+        return self.prefill_tp if self.prefill_tp > 1 else self.gpus
+
+    @property
     def decode_gpus(self) -> int:
         """The GPUs of one decode instance: its TP group's (`decode_tp` > 1), else `gpus`."""
         return self.decode_tp if self.decode_tp > 1 else self.gpus
@@ -350,7 +379,7 @@ class Scenario:
     def gpu_codec_s(self, prompt_tokens: int) -> float:
         if self.compress_at != "gpu" or self.codec == "none":
             return 0.0
-        return gpu_codec.fused_s(self.gpu_codec_work(prompt_tokens), self.device_spec, self.gpus)
+        return gpu_codec.fused_s(self.gpu_codec_work(prompt_tokens), self.device_spec, self.prefill_gpus)
 
     def gpu_codec_inverse_work(self, prompt_tokens: int) -> StepWork:
         """Decode's GPU undoing that codec on one request's KV, when it admits it."""
@@ -360,7 +389,7 @@ class Scenario:
         """0 unless the codec ran on the prefill GPU; fused into the decode step that admits the request."""
         if self.compress_at != "gpu" or self.codec == "none":
             return 0.0
-        return gpu_codec.fused_s(self.gpu_codec_inverse_work(prompt_tokens), self.device_spec, self.gpus)
+        return gpu_codec.fused_s(self.gpu_codec_inverse_work(prompt_tokens), self.device_spec, self.decode_gpus)
 
     @property
     def kv_sample_path(self) -> str | None:
@@ -408,7 +437,7 @@ class Scenario:
     @property
     def scaled_scaleup_link(self) -> Link:
         """The decode TP group's scale-up link as the emulation shapes it: its activations are cut by the same
-        effective scale as the KV (model/decode_plan.py: GroupAllReduce), so the rate is too; ÷ dilation."""
+        effective scale as the KV (model/group_step.py), so the rate is too; ÷ dilation."""
         link = self.scaleup_link_spec
         return Link(name=f"{link.name}@scale",
                     bandwidth_Bps=link.bandwidth_Bps * self.effective_scale / self.effective_dilation,

@@ -221,9 +221,6 @@ class DecodeMetrics:
     handoff_exposed_seconds: Histogram
     handoff_hidden_seconds: Histogram
     handoff_bytes: Counter
-    collective_seconds: Counter
-    group_step_seconds: Counter
-    collective_late_seconds: Counter
 
 
 def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
@@ -283,20 +280,6 @@ def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
             registry, "decode_handoff_bytes",
             "KV payload bytes of taken hand-offs that reached decode before their first token (phase=hidden) or "
             "after it (phase=exposed).", ("phase",)),
-        # Issue 17 part 4: a decode TP group's collectives (agents/decode/tp_steps.py), zero without one.
-        collective_seconds=_counter(
-            registry, "decode_collective_seconds",
-            "--decode-tp N: the group's all-reduce time of its steps, model seconds: source=measured (compute "
-            "held -> step end, as the step ran, real bytes over the scale-up link included) or model.",
-            ("source",)),
-        group_step_seconds=_counter(
-            registry, "decode_group_step_seconds",
-            "--decode-tp N: the group's step time, model seconds, source=measured (step start -> end) or model; "
-            "the collective share is decode_collective_seconds over this.", ("source",)),
-        collective_late_seconds=_counter(
-            registry, "decode_collective_late_seconds",
-            "--decode-tp N: how late the real all-reduce's frames reached rank 0 after their due time on the "
-            "modelled scale-up link, wall seconds: what this host added to the model."),
     )
 
 
@@ -474,6 +457,34 @@ def switch_metrics(registry: CollectorRegistry) -> SwitchMetrics:
 
 
 # Every role's metric factory, for METRICS.md's check (add each new role's here).
+@dataclass(frozen=True)
+class TpGroupMetrics:
+    """A prefill or decode instance that is a TP group (`--prefill-tp`, `--decode-tp`; issue 17 part 4): its
+    collectives measured beside the model's, by the role of the process that leads it (agents/common/tp_steps.py)."""
+
+    collective_seconds: Counter
+    step_seconds: Counter
+    collective_late_seconds: Counter
+
+
+def tp_group_metrics(registry: CollectorRegistry) -> TpGroupMetrics:
+    return TpGroupMetrics(
+        collective_seconds=_counter(
+            registry, "tp_collective_seconds",
+            "--prefill-tp / --decode-tp N: the group's collective time of its steps, model seconds, by role: "
+            "source=measured (compute held -> step end, as the step ran, real bytes over the scale-up link "
+            "included) or model.", ("role", "source")),
+        step_seconds=_counter(
+            registry, "tp_step_seconds",
+            "--prefill-tp / --decode-tp N: the group's step time, model seconds, by role, source=measured (step start "
+            "-> end) or model; the collective share is tp_collective_seconds over this.", ("role", "source")),
+        collective_late_seconds=_counter(
+            registry, "tp_collective_late_seconds",
+            "--prefill-tp / --decode-tp N: how late the real collectives' frames reached rank 0 after their due time "
+            "on the modelled scale-up link, wall seconds, by role: what this host added to the model.", ("role",)),
+    )
+
+
 METRIC_FACTORIES = {
     "shared": shared_metrics,
     "middlebox": middlebox_metrics,
@@ -485,4 +496,5 @@ METRIC_FACTORIES = {
     "pool_relay": pool_relay_metrics,
     "frontend": frontend_metrics,
     "switch": switch_metrics,
+    "tp_group": tp_group_metrics,
 }

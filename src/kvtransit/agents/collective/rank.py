@@ -18,7 +18,7 @@ fails with that reason. Nothing waits past `deadline_s` (PeerGone).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -89,6 +89,13 @@ class RankResult:
                           for s in self.steps]}
 
 
+class PartSource(Protocol):
+    """Where a rank's parts come from (payloads.py's Payloads, or a serving group's view of one at a step's size)."""
+
+    def part(self, rank: int, step: int, collective: int) -> np.ndarray: ...
+    def phase(self, rank: int, step: int, collective: int) -> int: ...
+
+
 class CollectiveFailed(Exception):
     """The step failed; the message is the one reason every rank reports."""
 
@@ -130,7 +137,7 @@ class _Ring:
                 raise CollectiveFailed(f"rank {self.plan.rank}: the fp8 kernel decodes dispatch chunk {phase} "
                                        "outside FP8's rounding")
 
-    def _on_wire(self, parts: Payloads, rank: int, step: int, collective: int, dispatch_hop: bool) -> bytes:
+    def _on_wire(self, parts: PartSource, rank: int, step: int, collective: int, dispatch_hop: bool) -> bytes:
         """A chunk as a hop carries it: a dispatch hop's through the fp8 kernel (header, codes, scales)."""
         if self._fp8 is None or not dispatch_hop:
             return parts.part(rank, step, collective).tobytes()
@@ -159,7 +166,7 @@ class _Ring:
             buf[recv_idx] = got if gather else sum_streams([buf[recv_idx], got])
         return buf.reshape(-1), at_ns
 
-    async def alltoall(self, parts: Payloads, step: int, collective: int, at_ns: int) -> int:
+    async def alltoall(self, parts: PartSource, step: int, collective: int, at_ns: int) -> int:
         """The MoE dispatch + combine of one layer (REFERENCE §7) as 2(n − 1) ring hops of 1/n of the tokens'
         activations each: the model's bytes (2·t·k·d·(n − 1)/n values a rank) and its 2(n − 1) latencies. Each
         chunk received is checked against what its sender's part is (a lost or mixed-up chunk is found)."""

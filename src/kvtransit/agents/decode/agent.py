@@ -22,11 +22,10 @@ tests).
 Beside this loop, one module per job: `incoming.py` (a hand-off being reassembled), `link_meter.py` (the link's
 bytes and busy time at the receiving end), `handoff_splits.py` (each hand-off split at its first token, streamed ones
 held against the model), `accuracy_sample.py` (the codec's measured error on the first `accuracy_sample` requests,
-with the equal-bytes baseline's on the same tensors), `tp_steps.py` (with `--decode-tp N`: the group's collective
-time per step, measured beside the model's). The group itself is `agents/tp_group/leader.py`: this process is its
-rank 0, and a step holds the shard's compute, then all-reduces real bytes with the followers, then holds the rest of
-the step's collective time (model/decode_plan.py says which part is real); a group that fails fails every request
-in the batch with its reason.
+with the equal-bytes baseline's on the same tensors). With `--decode-tp N` this process is rank 0 of a TP group
+(`agents/tp_group/leader.py`); `agents/common/tp_steps.py` runs and measures each step (hold the shard's compute,
+the real collectives with the followers, hold the rest of the step's collective time: model/group_step.py says which
+part is real); a group that fails fails every request in the batch with its reason.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ from kvtransit.agents.common.process import (
 )
 from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, QueueWaits, handoff_splits_body, queue_waits_body
 from kvtransit.agents.common.request_ids import wire_id
+from kvtransit.agents.common.tp_steps import TpSteps
 from kvtransit.agents.tp_group.leader import GroupFailed, GroupLeader, LeaderConfig
 from kvtransit.model.decode_plan import DecodeStepPlan, plan_decode_step
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
@@ -66,7 +66,6 @@ from .handoff_splits import HandoffSplits
 from .incoming import Arrived, Incoming
 from .link_meter import LinkMeter, streamed_idle_ns
 from .model_accuracy import ModelAccuracy
-from .tp_steps import TpSteps
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +93,8 @@ class DecodeAgent:
         link = scenario.scaled_scaleup_link
         self.group = (GroupLeader(tp_group, self.clock, rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s)
                       if tp_group is not None else None)
-        self.tp_steps = TpSteps(scenario, self.metrics) if tp_group is not None else None
+        self.tp_steps = (TpSteps(scenario, "decode", self.registry, size=scenario.decode_tp,
+                                 parallelism="ep" if scenario.decode_ep else "tp") if tp_group is not None else None)
         self._clients: set[Endpoint] = set()
         self._work = asyncio.Event()
         self.link = LinkMeter()
@@ -351,23 +351,13 @@ class DecodeAgent:
                                 for rid, index in result.tokens])
 
     async def _group_step(self, schedule: DeadlineSchedule, plan: DecodeStepPlan) -> int:
-        """A TP group's step: order it, hold the shard's compute, all-reduce real bytes with the followers (their
-        hops held to the scale-up link's model), then hold the rest of the step's collective time; the lateness of
-        the step's end (a real all-reduce that outlasted its step shows here, as a late wake-up)."""
-        assert self.group is not None and self.tp_steps is not None and plan.group is not None
-        step, values = self.tp_steps.steps, plan.group.values
+        """A TP group's step (agents/common/tp_steps.py: TpSteps.run); the lateness of its end."""
+        assert self.group is not None and self.tp_steps is not None
         fresh_start_ns = schedule.start_ns if schedule.steps == 0 else None
         compute_end_ns = schedule.add(self.scenario.wall_s(plan.compute_s))
-        await self.group.order(step, values, compute_end_ns)
-        compute_late_ns = await self.clock.sleep_until(compute_end_ns)
-        await self.group.allreduce(step, values, compute_end_ns)
-        reduced_ns = self.clock.now_ns()
-        late_ns = await schedule.hold(self.scenario.wall_s(plan.collective_s))
-        self.tp_steps.record(plan, fresh_start_ns=fresh_start_ns,
-                             compute_end_ns=wake_stamp_ns(compute_end_ns, compute_late_ns), reduced_ns=reduced_ns,
-                             end_ns=wake_stamp_ns(schedule.deadline_ns, late_ns), due_ns=schedule.deadline_ns,
-                             late_ns=self.group.late_ns)
-        return late_ns
+        end_ns = schedule.add(self.scenario.wall_s(plan.collective_s))
+        return await self.tp_steps.run(self.group, self.clock, plan, fresh_start_ns=fresh_start_ns,
+                                       compute_end_ns=compute_end_ns, end_ns=end_ns)
 
     async def _fail_batch(self, reason: str) -> None:
         """The group cannot step: every request in the batch ends failed with the reason (none is left hanging)."""

@@ -14,8 +14,8 @@ The checks, by name in the block:
   against the model's (`model.fidelity.prescribed_exposed_s`: max(0, transfer − prefill compute overlap)) by the
   same rule; decode judges it, where each chunk's release time and bytes are known (its /stats'
   `streamed_handoff_model`), the worst decode's figure counting;
-- `collectives_<decode>` (`--decode-tp N`): each decode TP group's measured collective share of its step time
-  against the model's (its /stats' `tp_group`), within 3 points; a group that failed is not a pass.
+- `collectives_<leader>` (`--prefill-tp` / `--decode-tp N`): each TP group's measured collective share of its step
+  time against the model's (its leader's /stats' `tp_group`), within 3 points; a group that failed is not a pass.
 """
 
 from __future__ import annotations
@@ -96,11 +96,11 @@ def _streamed_handoffs(decodes: list[dict]) -> tuple[fidelity.Gap, dict]:
     return gap, {**worst["distribution"], "measured_at": "decode"}
 
 
-def _collectives(decodes: list[dict], dilation: float) -> dict[str, fidelity.Gap]:
-    groups = {d.get("name", "decode"): d["tp_group"] for d in decodes if isinstance(d.get("tp_group"), dict)}
+def _collectives(role: str, leaders: list[dict], dilation: float) -> dict[str, fidelity.Gap]:
+    groups = {s.get("name", role): s["tp_group"] for s in leaders if isinstance(s.get("tp_group"), dict)}
     if not groups:
-        return {"collectives": fidelity.not_measured("no decode reported its TP group",
-                                                     fidelity.COLLECTIVE_SHARE_TOLERANCE)}
+        return {f"collectives_{role}": fidelity.not_measured(f"no {role} reported its TP group",
+                                                             fidelity.COLLECTIVE_SHARE_TOLERANCE)}
     return {f"collectives_{name}": fidelity.collective_gap(g.get("measured_collective_share"),
                                                            g.get("model_collective_share"), dilation, g.get("failure"))
             for name, g in groups.items()}
@@ -138,8 +138,10 @@ def fidelity_block(scenario: Scenario, records: list[RequestRecord], *, prefills
         gaps["handoff_model"], distribution = _streamed_handoffs(decodes)
     else:
         gaps["handoff_model"], distribution = _handoffs(scenario, records, decodes)
+    if scenario.prefill_tp > 1:
+        gaps.update(_collectives("prefill", prefills, dilation))
     if scenario.decode_tp > 1:
-        gaps.update(_collectives(decodes, dilation))
+        gaps.update(_collectives("decode", decodes, dilation))
     faithful, block = fidelity.assess(gaps)
     block["handoff_model"]["distribution"] = distribution
     return faithful, block

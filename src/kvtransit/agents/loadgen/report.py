@@ -202,8 +202,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         "handoff_split": handoff_split(scenario, records, decodes),
         # Prefix reuse (--kv-pool local|pool): hit rate, fetch bytes and time, TTFT split; None when off.
         "kv_pool": kv_pool_summary(scenario, peer_stats, summary.as_dict()["ttft_s"]["mean"]),
-        # --decode-tp N: each decode TP group's collective time beside the model's; None without one.
-        "collectives": collectives_summary(scenario, decodes, run_wall_s / dilation),
+        # --prefill-tp / --decode-tp N: each TP group's collective time beside the model's; None without one.
+        "collectives": collectives_summary(scenario, prefills, decodes, run_wall_s / dilation),
         "link": link,
         "energy_j": energy,
         "j_per_token": j_per_token,

@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from kvtransit.model.scenario import REAL_MODEL_KV, SYNTHETIC_KV
 
-from .collectives_report import collectives_line
+from .collectives_report import collectives_lines
 from .kv_pool_report import kv_pool_headline
 
 
@@ -69,8 +69,8 @@ def headline(report: dict) -> list[str]:
             f"V {num(report['accuracy'].get('baseline_v_relative_error'))}"
             if report["accuracy"].get("baseline_codec") else "")),
         *[line for line in (model_accuracy_line(report["accuracy"].get("model")),
-                            split_line(report.get("handoff_split")), collectives_line(report.get("collectives")))
-          if line],
+                            split_line(report.get("handoff_split"))) if line],
+        *collectives_lines(report.get("collectives")),
         *verdict_lines(report.get("verdict")),
         "faithful: " + ("yes" if report["faithful"] else "NO: " + "; ".join(
             f"{k}: {v['hint']}" for k, v in report["fidelity"].items() if not v["ok"])),

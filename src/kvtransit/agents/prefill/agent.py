@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,8 @@ from kvtransit.agents.common.process import (
     timer_priority,
 )
 from kvtransit.agents.common.request_ids import wire_id
+from kvtransit.agents.common.tp_steps import TpSteps
+from kvtransit.agents.tp_group.leader import GroupFailed, GroupLeader, LeaderConfig
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
 from kvtransit.model.kv_scale import KvLayout
@@ -50,6 +53,7 @@ from kvtransit.model.prefill_plan import (
     BatchEntry,
     ChunkedPrefillQueue,
     PrefillChunk,
+    PrefillStepPlan,
     codec_on_gpu,
     plan_prefill_step,
 )
@@ -59,8 +63,9 @@ from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock, DeadlineSchedule, wake_stamp_ns
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint
+from kvtransit.wire.errors import ErrorCode
 from kvtransit.wire.events import Bye, Error, FirstToken, Hello, KvBegin, Request, Role
-from kvtransit.wire.limits import WIRE_VERSION
+from kvtransit.wire.limits import WIRE_VERSION, clip_message
 
 from .handoff_frames import HandoffFrames, KvSource
 from .handoffs import HANDOFF_DEADLINE_S, HandoffLink, HeldHandoff, ReleaseSchedule
@@ -80,9 +85,10 @@ class _Admitted:
 
 class PrefillAgent:
     def __init__(self, scenario: Scenario, *, name: str, listen: Address, kv_to: Address, metrics_listen: Address,
-                 pool_via: Address | None = None, clock: Clock | None = None):
+                 pool_via: Address | None = None, clock: Clock | None = None, tp_group: LeaderConfig | None = None):
         """`pool_via`: the middlebox's pool port, for `--kv-pool pool` (prefix_cache.py). `clock`: what steps are
-        held on (default: the monotonic clock, its wake-up lateness fed to the fidelity guard)."""
+        held on (default: the monotonic clock, its wake-up lateness fed to the fidelity guard). `tp_group`: with
+        `prefill_tp` > 1, the follower ranks to lead (the launcher starts them first; agents/tp_group/)."""
         self.scenario = scenario
         self.name = name
         self.listen_address, self.kv_to, self.metrics_listen = listen, kv_to, metrics_listen
@@ -110,10 +116,19 @@ class PrefillAgent:
         self._schedules: dict[int, ReleaseSchedule] = {}  # streamed hand-offs whose last chunk has not run
         self._work = asyncio.Event()
         self.handoffs = HandoffLink(name=name, kv_to=kv_to, clock=self.clock, metrics=self.metrics)
+        if (tp_group is None) != (scenario.prefill_tp == 1):
+            raise ValueError(f"prefill_tp {scenario.prefill_tp} needs its group's followers (--tp-group), and only "
+                             "then")
+        link = scenario.scaled_scaleup_link
+        self.group = (GroupLeader(tp_group, self.clock, rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s)
+                      if tp_group is not None else None)
+        self.tp_steps = (TpSteps(scenario, "prefill", self.registry, size=scenario.prefill_tp, parallelism="tp")
+                         if tp_group is not None else None)
         # stats for /stats and the report
         self.steps = 0
         self.shortest_step_wall_s = float("inf")
         self.cancelled = {"queued": 0, "handoff": 0}  # withdrawn by their client, by where they were
+        self.group_failed = 0  # requests whose step's TP group failed (their clients told why)
         self.gpu_energy_j = 0.0
 
     # -- the loadgen side --------------------------------------------------------------------------------
@@ -201,6 +216,7 @@ class PrefillAgent:
             # Back-to-back steps chain on deadlines (step k due at t0 + Σ durations, so a late wake-up is not
             # carried into the next step); after idling, from now.
             schedule = schedule or DeadlineSchedule(self.clock)
+            fresh_start_ns = schedule.start_ns if schedule.steps == 0 else None
             start_ns = schedule.deadline_ns
             deadline_ns = schedule.add(plan.wall_s)
             window = StepWindow(start_ns, deadline_ns - start_ns)
@@ -211,8 +227,22 @@ class PrefillAgent:
             for entry in plan.handoffs:  # the link makes and sends their KV while the step's timer runs
                 self._step_handoff(step[entry.request_id], entry, window)
             # The step ends when its timer wakes: that instant, not a later read of the clock, stamps its first
-            # tokens (wake_stamp_ns says why).
-            t_ns = wake_stamp_ns(deadline_ns, await self.clock.sleep_until(deadline_ns))
+            # tokens (wake_stamp_ns says why). A TP group's step holds its compute, all-reduces real bytes with its
+            # followers, then holds to the same end (agents/common/tp_steps.py).
+            if plan.group is None:
+                late_ns = await self.clock.sleep_until(deadline_ns)
+            else:
+                assert self.group is not None and self.tp_steps is not None
+                try:
+                    late_ns = await self.tp_steps.run(
+                        self.group, self.clock, plan, fresh_start_ns=fresh_start_ns,
+                        compute_end_ns=start_ns + round(self.scenario.wall_s(plan.compute_s) * 1e9),
+                        end_ns=deadline_ns)
+                except GroupFailed as exc:
+                    await self._fail_step(plan, step, str(exc))
+                    schedule = None
+                    continue
+            t_ns = wake_stamp_ns(deadline_ns, late_ns)
             self.steps += 1
             self.shortest_step_wall_s = min(self.shortest_step_wall_s, plan.wall_s)
             self.metrics.step_seconds.observe(plan.model_s)
@@ -227,6 +257,24 @@ class PrefillAgent:
                 await self._first_token(step[entry.request_id], t_ns)
                 if not entry.hands_off:  # nothing to decode: done at prefill (as in the simulator)
                     self.metrics.requests.labels(outcome="ok").inc()
+
+    async def _fail_step(self, plan: PrefillStepPlan, step: dict[Hashable, _Admitted], reason: str) -> None:
+        """The TP group failed during the step: none of its requests gets a first token; each one's hand-off (staged
+        as the step began) is released and aborted downstream, its later chunks unqueued, and its client told why."""
+        for entry in plan.entries:
+            rid = wire_id(entry.request_id)
+            self.handoffs.cancel(rid, reason)
+            self.admitted.pop(rid, None)
+            self.queue.cancel(rid)
+            self._schedules.pop(rid, None)
+            self._lookups.pop(rid, None)
+            self.group_failed += 1
+            try:
+                await step[entry.request_id].client.send(Error(code=ErrorCode.REQUEST_FAILED,
+                                                               message=clip_message(reason), request_id=rid))
+            except (ConnectionError, RuntimeError) as exc:
+                log.warning("could not tell the client request %d failed: %s", rid, exc)
+        self.metrics.queued_tokens.set(self.queue.queued_tokens)
 
     def _step_handoff(self, admitted: _Admitted, entry: BatchEntry, window: StepWindow) -> None:
         """What this step does to a request's hand-off: staged with its first chunk (the whole prompt without
@@ -317,6 +365,8 @@ class PrefillAgent:
             "host_kv_s": self.handoffs.make_s,
             **({"real_kv": self.real_kv.stats()} if self.real_kv is not None else {}),
             **({"prefix": self.prefix.stats()} if self.prefix is not None else {}),
+            **({"tp_group": self.tp_steps.stats(self.group), "tp_group_failed_requests": self.group_failed}
+               if self.tp_steps is not None else {}),
         }
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -325,6 +375,8 @@ class PrefillAgent:
         if self.real_kv is not None:
             await self.real_kv.load()
         await self.handoffs.connect()
+        if self.group is not None:
+            await self.group.start()  # its followers are up (the launcher started them first): a failure is fatal
         server = await listen(self.listen_address, "--listen", self.serve_client, Role.PREFILL, Role.LOADGEN)
         http = await start_http(self.metrics_listen, self.registry, self.stats)
         announce_ready("prefill", self.name, listen_port=server.port, metrics_port=http.port)
@@ -345,3 +397,5 @@ class PrefillAgent:
                 await self.prefix.close()
             await server.shutdown(1.0)
             await http.close()
+            if self.group is not None:
+                await self.group.close()

@@ -1,8 +1,9 @@
-"""A follower rank of a decode TP group: `python -m kvtransit.agents.tp_group --config JSON` (FollowerConfig).
+"""A follower rank of a prefill's or decode's TP group: `python -m kvtransit.agents.tp_group --config JSON`
+(FollowerConfig).
 
 It binds its control port (and, in a ring, its ring port) and prints its readiness line; the launcher starts it
-before its decode and hands the decode its ports. The decode (the leader, rank 0) dials the control port and
-says GO (where the next rank or the switch is); the follower joins the ring or the switch, then does what each
+before its leader and hands the leader its ports. The leader (the prefill or decode, rank 0) dials the control port
+and says GO (where the next rank or the switch is); the follower joins the ring or the switch, then does what each
 STEP order says: at the order's time, its part of that step's real all-reduce, the sum checked exact, then DONE.
 A failure (a peer gone, a deadline, a wrong sum) is an ABORT with the reason to the leader and onwards, and ends
 the process with a result line; so does the leader's leaving (the run's end). Its compute is not held here: the
@@ -35,7 +36,7 @@ async def follower_main(config: FollowerConfig, stop: asyncio.Event) -> dict[str
     control_listener = PeerListener()
     control_port = await control_listener.listen(config.host)
     ring_port = await ring.listen(config.host) if ring is not None else 0
-    announce_ready("tp-rank", f"decode-{config.group - 1}-rank-{config.rank}", control_port=control_port,
+    announce_ready("tp-rank", f"{config.leader}-rank-{config.rank}", control_port=control_port,
                    ring_port=ring_port)
     result: dict[str, Any] = {"rank": config.rank, "ok": True, "reason": "", "steps": 0, "sums_checked": 0,
                               "late_s": 0.0}
@@ -89,8 +90,8 @@ async def _serve_orders(control: Channel, step: ExactStep, stop: asyncio.Event, 
         if frame.kind is not Kind.STEP:
             raise CollectiveFailed(f"rank {step.plan.rank}: expected a STEP order from the leader, got "
                                    f"{frame.kind.name}")
-        values, at_ns = read_step(frame)
-        await step.run(frame.step, values, at_ns)
+        values, alltoall_values, at_ns = read_step(frame)
+        await step.run(frame.step, values, at_ns, alltoall_values)
         result["steps"] += 1
         with contextlib.suppress(PeerGone):
             await control.send(Frame(Kind.DONE, step.plan.group, frame.step, rank=step.plan.rank), shaped=False)

@@ -1,10 +1,12 @@
-"""The decode process as rank 0 of its TP group (`--tp-group JSON`, LeaderConfig): it leads the followers.
+"""The prefill or decode process as rank 0 of its TP group (`--tp-group JSON`, LeaderConfig): it leads the
+followers.
 
 `start` dials each follower's control port (JOIN, then GO: where its next rank or the switch is), joins the ring
-or the switch itself, and reads the followers' answers in the background. Each decode step then `order`s the step
-(STEP to every follower, sent as the step begins, so every rank is at the all-reduce when the compute ends) and,
-after holding the compute, runs its own part of the real all-reduce (`allreduce`). A follower's ABORT, a peer gone,
-a deadline or a wrong sum fails the group with one reason (`GroupFailed`); the decode fails its requests with it.
+or the switch itself, and reads the followers' answers in the background. Each step then `order`s the step (STEP to
+every follower, sent as the step begins, so every rank is at the all-reduce when the compute ends) and, after
+holding the compute, runs its own part of the real collectives (`allreduce`; with EP the all-to-all too). A
+follower's ABORT, a peer gone, a deadline or a wrong sum fails the group with one reason (`GroupFailed`); the
+leader fails its requests with it.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ class GroupFailed(Exception):
 
 @dataclass(frozen=True)
 class LeaderConfig:
-    """What the launcher tells a decode about its group (`--tp-group JSON`): the followers' ports as the decode
-    reaches them (its namespace's loopback), and the switch's."""
+    """What the launcher tells a leader about its group (`--tp-group JSON`): the followers' ports as it reaches them
+    (its namespace's loopback), and the switch's."""
 
     group: int
     size: int
@@ -88,7 +90,7 @@ class GroupLeader:
                                                 rate_Bps=self.rate_Bps, latency_s=self.latency_s)
         except PeerGone as exc:
             await self.close()
-            raise GroupFailed(f"the decode's TP group did not form: {exc}") from None
+            raise GroupFailed(f"the TP group did not form: {exc}") from None
         finally:
             if ring is not None:
                 await ring.close()
@@ -117,10 +119,10 @@ class GroupLeader:
             self.failure = reason
         self._answered.set()
 
-    async def order(self, step: int, values: int, at_ns: int) -> None:
-        """Tell every follower step `step`'s size and when its all-reduce starts."""
+    async def order(self, step: int, values: int, at_ns: int, alltoall_values: int = 0) -> None:
+        """Tell every follower step `step`'s sizes and when its all-reduce starts."""
         self._check()
-        frame = step_frame(self.plan.group, step, values, at_ns)
+        frame = step_frame(self.plan.group, step, values, at_ns, alltoall_values)
         self._orders += 1
         self._answered.clear()
         try:
@@ -130,26 +132,31 @@ class GroupLeader:
             self._fail(str(exc))
             self._check()
 
-    async def allreduce(self, step: int, values: int, at_ns: int) -> int:
-        """Rank 0's part of step `step`'s all-reduce; when the sum was due (model time)."""
+    async def allreduce(self, step: int, values: int, at_ns: int, alltoall_values: int = 0) -> int:
+        """Rank 0's part of step `step`'s all-reduce (and, with EP, all-to-all); when the last was due (model
+        time)."""
         self._check()
         assert self._step is not None, "start() first"
         try:
-            return await self._step.run(step, values, at_ns)
+            return await self._step.run(step, values, at_ns, alltoall_values)
         except CollectiveFailed as exc:
             self._fail(str(exc))
             await self._step.algorithm.fail(str(exc))
             for control in self.controls:
                 await control.send_quietly(abort(self.plan.group, str(exc)))
-            raise GroupFailed(f"decode's TP group failed: {self.failure}") from None
+            raise GroupFailed(f"TP group failed: {self.failure}") from None
 
     def _check(self) -> None:
         if self.failure is not None:
-            raise GroupFailed(f"decode's TP group failed: {self.failure}")
+            raise GroupFailed(f"TP group failed: {self.failure}")
 
     @property
     def sums_checked(self) -> int:
         return self._step.sums_checked if self._step is not None else 0
+
+    @property
+    def alltoalls_checked(self) -> int:
+        return self._step.alltoalls if self._step is not None else 0
 
     @property
     def late_ns(self) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 from kvtransit.agents.collective.rank import RankPlan
 from kvtransit.wire.collective import Frame, Kind
 
-_ORDER = struct.Struct("!IQ")  # values, at_ns
+_ORDER = struct.Struct("!IIQ")  # all-reduce values, all-to-all values a hop (0: none), at_ns
 # How long a rank waits for a peer inside a collective before the step fails with a reason (not a hang); the
 # collective's own frames are due within milliseconds, so this bounds only a dead or stuck peer.
 COLLECTIVE_DEADLINE_S = 10.0
@@ -40,7 +40,7 @@ class GroupLink:
 
 @dataclass(frozen=True)
 class FollowerConfig:
-    """`python -m kvtransit.agents.tp_group --config JSON`: one follower rank of decode instance `group`."""
+    """`python -m kvtransit.agents.tp_group --config JSON`: one follower rank of the group `leader` leads."""
 
     group: int
     rank: int
@@ -49,7 +49,8 @@ class FollowerConfig:
     rate_Bps: float
     latency_s: float
     deadline_s: float = COLLECTIVE_DEADLINE_S
-    host: str = "127.0.0.1"  # where it listens: the decode's namespace's loopback
+    host: str = "127.0.0.1"  # where it listens: its leader's namespace's loopback
+    leader: str = "decode-0"  # the process that leads the group, for this one's name
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -73,13 +74,14 @@ def read_go(frame: Frame) -> dict[str, Any]:
     return dict(json.loads(bytes(frame.payload).decode()))
 
 
-def step_frame(group: int, step: int, values: int, at_ns: int) -> Frame:
-    """STEP: step `step` all-reduces `values` BF16 values starting at `at_ns` (in the payload: the frame goes
-    unshaped, as a host broadcasts a step's metadata to its workers, and its `due_ns` is the sender's now)."""
-    return Frame(Kind.STEP, group, step, payload=_ORDER.pack(values, at_ns))
+def step_frame(group: int, step: int, values: int, at_ns: int, alltoall_values: int = 0) -> Frame:
+    """STEP: step `step` all-reduces `values` BF16 values, then (EP) all-to-alls `alltoall_values` a ring hop,
+    starting at `at_ns` (in the payload: the frame goes unshaped, as a host broadcasts a step's metadata to its
+    workers, and its `due_ns` is the sender's now)."""
+    return Frame(Kind.STEP, group, step, payload=_ORDER.pack(values, alltoall_values, at_ns))
 
 
-def read_step(frame: Frame) -> tuple[int, int]:
-    """(values, at_ns) of a STEP order."""
-    values, at_ns = _ORDER.unpack(bytes(frame.payload))
-    return int(values), int(at_ns)
+def read_step(frame: Frame) -> tuple[int, int, int]:
+    """(values, alltoall_values, at_ns) of a STEP order."""
+    values, alltoall_values, at_ns = _ORDER.unpack(bytes(frame.payload))
+    return int(values), int(alltoall_values), int(at_ns)

@@ -73,9 +73,11 @@ def refuse_host_files(scenario: Scenario, what: str) -> None:
         raise ConfigError(f"--kv-sample {REAL_MODEL_KV}: {what} runs in pods, whose image has no real-model extra "
                           "(torch, transformers, the model file); run it with `kvtransit up` on a host with "
                           "pip install -e '.[realkv]', or leave --kv-sample at synthetic")
-    if scenario.decode_tp > 1:
-        raise ConfigError(f"--decode-tp {scenario.decode_tp}: {what} runs one decode process a pod, with no TP group's "
-                          "follower ranks beside it; run it with `kvtransit up`, or leave --decode-tp at 1")
+    for field_name in ("prefill_tp", "decode_tp"):
+        if getattr(scenario, field_name) > 1:
+            raise ConfigError(f"{flag_for(field_name)} {getattr(scenario, field_name)}: {what} runs one process an "
+                              "instance, a pod, with no TP group's follower ranks beside it; run it with `kvtransit "
+                              f"up`, or leave {flag_for(field_name)} at 1")
     for field_name, default in HOST_FILE_FIELDS.items():
         value = getattr(scenario, field_name)
         if value != default:

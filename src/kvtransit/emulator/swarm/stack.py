@@ -70,9 +70,9 @@ def refusal(scenario: Scenario) -> str | None:
     if scenario.kv_pool == "pool":
         return ("the stack has no KV pool (kvpool is a compose profile, and a stack has no profiles): run --kv-pool "
                 "pool with `kvtransit up` or `docker-compose --profile kvpool up`")
-    if scenario.decode_tp > 1:
-        return (f"docker-stack.yml's decode is one process: --decode-tp {scenario.decode_tp} (a TP group of follower "
-                "ranks beside it) needs `kvtransit up`")
+    if scenario.decode_tp > 1 or scenario.prefill_tp > 1:
+        return ("docker-stack.yml's prefill and decode are one process each: --prefill-tp / --decode-tp > 1 (a TP "
+                "group of follower ranks beside it) needs `kvtransit up`")
     if (scenario.prefill, scenario.decode) != (1, 1):
         return (f"docker-stack.yml runs one prefill and one decode, as docker-compose.yml does: "
                 f"{scenario.prefill}P{scenario.decode}D needs `kvtransit up` or `kvtransit k8s render`")

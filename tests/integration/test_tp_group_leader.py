@@ -1,7 +1,8 @@
-"""A decode TP group's leader (agents/tp_group/leader.py, in this process as the decode runs it) and its follower
+"""A TP group's leader (agents/tp_group/leader.py, in this process as a prefill or decode runs it) and its follower
 rank processes (`python -m kvtransit.agents.tp_group`): every step's order reaches every rank, every rank's sum of
-every step is exact, whatever the step's size (a decode batch changes it), ring or switch; a follower that dies
-fails the group with a reason naming it, within the collective's deadline, never a hang."""
+every step is exact, whatever the step's size (a batch changes it), ring or switch, and with EP every all-to-all
+chunk arrives as its sender made it; a follower that dies fails the group with a reason naming it, within the
+collective's deadline, never a hang."""
 
 from __future__ import annotations
 
@@ -43,11 +44,11 @@ async def _start_group(mode: str, n: int) -> tuple[GroupLeader, list[RunToEndChi
     return leader, followers, switch
 
 
-async def _step(leader: GroupLeader, step: int, values: int) -> None:
+async def _step(leader: GroupLeader, step: int, values: int, alltoall_values: int = 0) -> None:
     at_ns = time.monotonic_ns() + round(STEP_S * 1e9)
-    await leader.order(step, values, at_ns)
+    await leader.order(step, values, at_ns, alltoall_values)
     await leader.clock.sleep_until(at_ns)
-    await leader.allreduce(step, values, at_ns)
+    await leader.allreduce(step, values, at_ns, alltoall_values)
 
 
 async def _steps(leader: GroupLeader, steps: range, values: int) -> None:
@@ -91,7 +92,7 @@ async def test_a_follower_that_dies_fails_the_group_with_a_reason_naming_it(mode
         assert time.monotonic() - started < DEADLINE_S * 3  # failed, never hung
         assert "rank 2" in str(err.value), err.value
         # Once failed, the group refuses every later step with the same reason.
-        with pytest.raises(GroupFailed, match="decode's TP group failed"):
+        with pytest.raises(GroupFailed, match=r"^TP group failed: "):
             await _step(leader, 9, 4 * 64)
     finally:
         await leader.close()
@@ -125,3 +126,19 @@ async def test_a_serving_group_may_idle_past_the_collective_deadline_between_ste
         await leader.close()
         await reap(followers)
         await switch.close()
+
+
+@pytest.mark.parametrize("n", [2, 4])
+async def test_an_ep_group_runs_each_steps_alltoall_with_every_chunk_checked(n):
+    leader, followers, _ = await _start_group("ring", n)
+    sizes = [(n * 64, 128), (n * 512, 1024), (n * 64, 7)]  # (all-reduce values, all-to-all values a hop)
+    try:
+        for step, (values, alltoall) in enumerate(sizes):
+            await _step(leader, step, values, alltoall)
+        await leader.close()
+        results = await collect_results(followers, 10.0)
+    finally:
+        await reap(followers)
+    assert leader.failure is None and leader.sums_checked == leader.alltoalls_checked == len(sizes)
+    assert leader.followers_done == (n - 1) * len(sizes)
+    assert all(r is not None and r["ok"] and r["steps"] == len(sizes) for r in results), results

@@ -1,0 +1,32 @@
+"""The `--tp-group JSON` flag of a prefill or decode that leads a TP group (`kvtransit up` gives it: the group's
+follower ranks' ports and the switch's; agents/tp_group/leader.py: LeaderConfig)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_tp_group_flag(parser: argparse.ArgumentParser, role: str) -> None:
+    parser.add_argument("--tp-group", default="", metavar="JSON",
+                        help=f"with --{role}-tp N > 1: the group this {role} leads as rank 0, its N - 1 follower "
+                             "ranks' ports and the switch's (`kvtransit up` starts them and gives this)")
+
+
+def tp_group_config(text: str, flag: str, size: int):
+    """The group to lead, given exactly when `size` > 1; a bad one is one line naming the flag."""
+    from kvtransit.agents.tp_group.leader import LeaderConfig
+
+    from ._common import CliError
+
+    if size == 1:
+        if text:
+            raise CliError(f"--tp-group: given with {flag} 1 (one GPU has no group to lead)")
+        return None
+    if not text:
+        raise CliError(f"--tp-group: {flag} {size} needs the group's followers (kvtransit up starts them and passes "
+                       "this flag)")
+    try:
+        return LeaderConfig(**json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise CliError(f"--tp-group: {exc}") from None
