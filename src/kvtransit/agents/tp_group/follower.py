@@ -20,7 +20,7 @@ from typing import Any
 from kvtransit.agents.collective.channel import Channel, PeerGone
 from kvtransit.agents.collective.connect import PeerListener, RingMember, close_channels, switch_member
 from kvtransit.agents.collective.rank import MODE_RING, RANK_SPIN_S, CollectiveFailed
-from kvtransit.agents.common.process import announce_ready, announce_result
+from kvtransit.agents.common.process import announce_ready, announce_result, unless_stopped
 from kvtransit.runtime.clock import MonotonicClock
 from kvtransit.wire.collective import Frame, Kind, abort
 
@@ -43,9 +43,9 @@ async def follower_main(config: FollowerConfig, stop: asyncio.Event) -> dict[str
     control: Channel | None = None
     step: ExactStep | None = None
     try:
-        # The leader dials once its decode has started: wait for it that long, not a collective's deadline.
+        # The leader dials once it has started: wait for it that long, not a collective's deadline.
         control = await control_listener.channel(replace(plan, deadline_s=LEADER_DIAL_S), clock, 0,
-                                                 "the leader (decode)", rate_Bps=config.rate_Bps,
+                                                 f"the leader ({config.leader})", rate_Bps=config.rate_Bps,
                                                  latency_s=config.latency_s)
         where = read_go(await control.receive(plan.deadline_s, "GO"))
         if ring is not None:
@@ -54,7 +54,7 @@ async def follower_main(config: FollowerConfig, stop: asyncio.Event) -> dict[str
             algorithm = await switch_member(plan, clock, str(where["switch"][0]), int(where["switch"][1]),
                                             rate_Bps=config.rate_Bps, latency_s=config.latency_s)
         step = ExactStep(plan, algorithm)
-        await _serve_orders(control, step, stop, result)
+        await unless_stopped(_serve_orders(control, step, result), stop)  # a signal stops it between hops too
     except (PeerGone, CollectiveFailed) as exc:
         result.update(ok=False, reason=str(exc))
         if control is not None:
@@ -76,13 +76,13 @@ async def follower_main(config: FollowerConfig, stop: asyncio.Event) -> dict[str
     return result
 
 
-async def _serve_orders(control: Channel, step: ExactStep, stop: asyncio.Event, result: dict[str, Any]) -> None:
+async def _serve_orders(control: Channel, step: ExactStep, result: dict[str, Any]) -> None:
     """Each STEP order in turn until the leader leaves (its BYE or EOF: the run's end) or says ABORT."""
-    while not stop.is_set():
+    while True:
         try:
             frame = await control.receive(IDLE_WAIT_S, "the next step's order")
         except PeerGone:
-            return  # the leader is gone: its decode stopped (a failure there is the decode's to report)
+            return  # the leader is gone: it stopped (a failure there is the leader's to report)
         if frame.kind is Kind.BYE:
             return
         if frame.kind is Kind.ABORT:
