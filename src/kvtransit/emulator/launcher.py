@@ -143,7 +143,7 @@ class Launcher:
         self.crashed: Child | None = None
         self.restart_roles = tuple(restart_roles)
         self.restarts: list[dict] = []  # {"name", "exited_at", "ready_at"}: monotonic seconds
-        self.group_losses: list[str] = []  # TP group processes that exited mid-run (their decode fails requests)
+        self.group_losses: list[str] = []  # TP group processes that exited mid-run (their leader fails requests)
         self.frontend = frontend
         self.frontend_url: str | None = None  # once the front end said it is ready
 
@@ -234,7 +234,7 @@ class Launcher:
     async def _start_prometheus(self, ready: list[Child]) -> None:
         from kvtransit.emulator.prometheus import ScrapeTarget, start_prometheus
 
-        # A decode TP group's follower ranks serve no metrics (their decode reports the group's).
+        # A TP group's follower ranks serve no metrics (their leader, a prefill or decode, reports the group's).
         targets = [ScrapeTarget(child.role, child.address("metrics_port")) for child in ready
                    if "metrics_port" in child.ready_info]
         testbed = self._links.testbed
