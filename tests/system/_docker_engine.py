@@ -31,6 +31,10 @@ NEEDED = ("dockerd", "docker", "docker-compose", "debootstrap", "apt-get", "dpkg
 # docker-compose.offline.yml over the default file: Dockerfile.offline, docker/prometheus.Dockerfile, Grafana opt-in.
 OFFLINE_COMPOSE_FILE = "docker-compose.yml:docker-compose.offline.yml"
 STEP_TIMEOUT_S = 180.0  # one build step or the run itself, cold (measured: debootstrap about 40 s)
+# The testbed's agents, as compose and the stack name their services.
+AGENTS = ("prefill", "middlebox", "decode", "loadgen")
+# A few seconds of load at a rate the box carries; the scale is auto (the link shaped to the host budget).
+SCENARIO = ["--requests", "12", "--rate", "4", "--prompt-mean", "512", "--output-mean", "32", "--seed", "3"]
 
 # The marks every test on a private engine carries: it needs root and the tools, else it skips saying which.
 REQUIRES_ENGINE = [

@@ -25,8 +25,10 @@ import pytest
 from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 
 from ._docker_engine import (
+    AGENTS,
     REQUIRES_ENGINE,
     ROOT,
+    SCENARIO,
     STEP_TIMEOUT_S,
     agents_scraped,
     build_offline_images,
@@ -35,10 +37,6 @@ from ._docker_engine import (
     private_engine,
 )
 from ._docker_engine import run as _run
-
-AGENTS = ("prefill", "middlebox", "decode", "loadgen")
-# A few seconds of load at a rate the box carries; the scale is auto (the link shaped to the host budget).
-SCENARIO = ["--requests", "12", "--rate", "4", "--prompt-mean", "512", "--output-mean", "32", "--seed", "3"]
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600), *REQUIRES_ENGINE]
 

@@ -32,8 +32,10 @@ from kvtransit.emulator.swarm.stack_run import remove_stack
 from kvtransit.model import ledger_check
 
 from ._docker_engine import (
+    AGENTS,
     REQUIRES_ENGINE,
     ROOT,
+    SCENARIO,
     STEP_TIMEOUT_S,
     agents_scraped,
     build_offline_images,
@@ -44,9 +46,6 @@ from ._docker_engine import (
     run,
 )
 
-# As the compose test's: a few seconds of load at a rate the box carries; the scale is auto.
-SCENARIO = ["--requests", "12", "--rate", "4", "--prompt-mean", "512", "--output-mean", "32", "--seed", "3"]
-AGENTS = ("prefill", "middlebox", "decode", "loadgen")
 GWBRIDGE = "docker_gwbridge"  # the bridge swarm makes for its containers' way out; `swarm leave` does not remove it
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600), *REQUIRES_ENGINE]

@@ -52,6 +52,9 @@ from .run_to_end import READY_TIMEOUT_S, RunToEndChild, collect_results, reap, s
 # rank) at dilation 100 (a modelled hop of 501 µs) came within 4.4 % of the model; 4 ranks on 2 cores is 2 a
 # core, so 250 µs a hop per rank a core.
 HOST_HOP_S = 250e-6
+# Rank processes this 2-core box carries beside a run's own, a core: a group of 8 (+ the switch) stepped within 2.6 %
+# of the model (benchmarks/RESULTS.md, "Collectives"). The ring attention ranks and `kvtransit up`'s TP groups too.
+PROCESSES_PER_CORE = 4
 GRANULARITIES = ("auto", "layer", "step")
 GROUP_ID = 1
 # The start of step 0 is this far after the last rank's readiness: time to dial the ring or the switch.
@@ -137,9 +140,9 @@ def plan_collective(model: ModelSpec, device: Device, link: Link, *, tp: int = 0
         raise ConfigError(f"tokens must be >= 1 and context >= 0, got {tokens}, {context}")
     cores = cores or os.cpu_count() or 1
     processes = n + (1 if allreduce == ALLREDUCE_SWITCH else 0)
-    if processes > 4 * cores + 1:
+    if processes > PROCESSES_PER_CORE * cores + 1:
         raise ConfigError(f"a group of {n} needs {processes} processes; this host has {cores} cores "
-                          f"(valid: a group of up to {4 * cores})")
+                          f"(valid: a group of up to {PROCESSES_PER_CORE * cores})")
     if prompts is not None:
         modelled = tp_prefill_step(model, device, link, list(prompts), tp=tp, ep=ep, allreduce=allreduce,
                                    module=module, dispatch=placed)

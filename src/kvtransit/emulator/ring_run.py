@@ -41,7 +41,7 @@ from kvtransit.model.link_catalog import Link
 from kvtransit.model.module import Action, BudgetResult, KernelDeclaration, Module, Policy, budget_check
 from kvtransit.model.ring import Hop, block_bytes, hop, hops_per_layer
 
-from .collective_run import HOST_HOP_S
+from .collective_run import HOST_HOP_S, PROCESSES_PER_CORE
 from .run_to_end import RunToEndChild, collect_results, reap, sorted_results, spawn
 
 GROUP_ID = 1
@@ -149,9 +149,9 @@ def plan_ring(model: ModelSpec, device: Device, link: Link, *, n: int, context: 
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ConfigError(f"a ring needs n >= 2 ranks (e.g. 2, 4, 8), got {n!r}")
     cores = cores or os.cpu_count() or 1
-    if n > 4 * cores:
+    if n > PROCESSES_PER_CORE * cores:
         raise ConfigError(f"a ring of {n} needs {n} processes; this host has {cores} cores "
-                          f"(valid: up to {4 * cores} ranks)")
+                          f"(valid: up to {PROCESSES_PER_CORE * cores} ranks)")
     if context < n or context % n:
         raise ConfigError(f"--context {context} does not split into {n} equal blocks (valid: a multiple of {n})")
     if prompts < 1:

@@ -20,11 +20,10 @@ from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
 
 from .agent_commands import AGENT_MODULE
+from .collective_run import PROCESSES_PER_CORE
+from .placement import LOOPBACK
 
-GROUP_LOOPBACK = "127.0.0.1"  # the decode's own loopback (its namespace's, in netns mode)
-# Processes a 2-core host carries beside a run's own: `kvtransit collective` measured a group of 8 (+ the switch) on
-# this 2-core box within 2.6 % of the model per step (benchmarks/RESULTS.md, "Collectives"): 4 a core.
-PROCESSES_PER_CORE = 4
+GROUP_LOOPBACK = LOOPBACK  # the leader's own loopback (its namespace's, in netns mode)
 
 
 PREFILL_GROUP_BASE = 1001  # a prefill's group id: this + its index (a decode's: its index + 1)

@@ -47,11 +47,18 @@ class Payloads:
     def at_phase(self, phase: int) -> np.ndarray:
         return self._part[phase:phase + self.values]
 
-    def expected(self, step: int, collective: int) -> np.ndarray:
+    def expected(self, step: int, collective: int, values: int | None = None) -> np.ndarray:
+        """The exact sum of every rank's part, the first `values` of it (default: all `self.values`)."""
         start = _offset(step, collective)
-        return self._sum[start:start + self.values]
+        return self._sum[start:start + (self.values if values is None else values)]
 
-    def is_exact_sum(self, result: np.ndarray, step: int, collective: int) -> bool:
-        expected = self.expected(step, collective)
-        return result.shape == expected.shape and bool(np.array_equal(result.view(np.uint16),
-                                                                      expected.view(np.uint16)))
+    def is_exact_sum(self, result: np.ndarray, step: int, collective: int, values: int | None = None) -> bool:
+        return self.wrong_values(result, step, collective, values) == 0
+
+    def wrong_values(self, result: np.ndarray, step: int, collective: int, values: int | None = None) -> int:
+        """How many of `result`'s values differ, bit for bit, from the exact sum of the first `values` (all of
+        them when its length is not that)."""
+        expected = self.expected(step, collective, values)
+        if result.shape != expected.shape:
+            return expected.size
+        return int(np.count_nonzero(result.view(np.uint16) != expected.view(np.uint16)))

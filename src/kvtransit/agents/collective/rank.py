@@ -269,9 +269,7 @@ async def run_steps(plan: RankPlan, clock: Clock, algorithm: _Ring | _Switch, st
             for collective in range(plan.collectives):
                 total, at_ns = await algorithm.allreduce(payloads.part(plan.rank, step, collective), step,
                                                          collective, at_ns)
-                if not payloads.is_exact_sum(total, step, collective):
-                    wrong = int(np.count_nonzero(total.view(np.uint16)
-                                                 != payloads.expected(step, collective).view(np.uint16)))
+                if wrong := payloads.wrong_values(total, step, collective):
                     raise CollectiveFailed(f"rank {plan.rank} found a wrong sum at {_where(plan, step, collective)} "
                                            f"({wrong} of {plan.values} values differ from the exact sum)")
                 result.sums_checked += 1

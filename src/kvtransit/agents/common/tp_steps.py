@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtransit.model.group_step import GroupCollectives
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.slo import percentile
 from kvtransit.runtime.clock import Clock, wake_stamp_ns
 from kvtransit.runtime.metrics import TpGroupMetrics, tp_group_metrics
 
@@ -28,11 +29,9 @@ if TYPE_CHECKING:
 STEP_SAMPLES = 10_000
 
 
-def _quantile(values: deque[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+def _percentile(values: deque[float], q: float) -> float | None:
+    """`model.slo.percentile` (the report's own), None before any step."""
+    return percentile(values, q) if values else None
 
 
 class StepTimes(Protocol):
@@ -136,7 +135,7 @@ class TpSteps:
             "steps": self.steps,
             "measured": dict(self.measured),
             "model": dict(self.model),
-            "step_ratio": {"p50": _quantile(self._ratios, 0.5), "p99": _quantile(self._ratios, 0.99)},
+            "step_ratio": {"p50": _percentile(self._ratios, 50), "p99": _percentile(self._ratios, 99)},
             "measured_collective_share": share(self.measured),
             "model_collective_share": share(self.model),
             "real_bytes_per_step": 2 * self.real_values / self.steps if self.steps else None,
