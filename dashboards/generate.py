@@ -228,7 +228,7 @@ def agents():
             PanelSpec("GPU energy", "Modelled dynamic GPU energy, joules per second.",
                       (Query(_rate("kvtransit_prefill_gpu_energy_joules_total"), "prefill"),
                        Query(_rate("kvtransit_decode_gpu_energy_joules_total"), "decode")), unit="watt"),
-        ]), ("KV pool", kv_pool_panels()), ("Collectives", collectives_panels())])
+        ]), ("KV pool", kv_pool_panels()), ("Collectives", collectives_panels()), ("Remote KV", remote_kv_panels())])
 
 
 def collectives_panels() -> list[PanelSpec]:
@@ -253,6 +253,29 @@ def collectives_panels() -> list[PanelSpec]:
                   "time on the modelled scale-up link, seconds per second, by role: what this host added to the "
                   "model.",
                   (Query(_rate("kvtransit_tp_collective_late_seconds_total", "role"), "{{role}}"),), unit="none"),
+    ]
+
+
+def remote_kv_panels() -> list[PanelSpec]:
+    """The long-context class's remote KV (`--kv-placement remote`, agents/decode/remote_kv.py): each decode step's
+    legs to the KV pool through the middlebox over the decode link; empty without it. Model units, as the run
+    report's `remote_kv` block gives them."""
+    steps = _rate("kvtransit_remote_kv_steps_total")
+    return [
+        PanelSpec("Remote legs a step, measured vs model", "Seconds of a decode step spent fetching its long-context "
+                  "requests' remote KV (query -> pages held), last 30 s: measured at decode (behind any hand-off on "
+                  "the link) next to the model at the bytes moved (an idle link).",
+                  (Query(f"{_rate('kvtransit_remote_kv_legs_seconds_total', 'source')} / scalar({steps})",
+                         "{{source}}"),), unit="s"),
+        PanelSpec("Remote KV bytes a step", "Model bytes a decode step moved over the decode link for its remote "
+                  "contexts, by phase: the pages' summaries (top-k) and the chosen pages (or every token).",
+                  (Query(f"{_rate('kvtransit_remote_kv_bytes_total', 'phase')} / scalar({steps})", "{{phase}}"),),
+                  unit="bytes"),
+        PanelSpec("Module: summaries scored", "Page summaries the module scored in transit (its MAC, REFERENCE §7), "
+                  "model bytes per second.",
+                  (Query(_rate("kvtransit_remote_kv_scored_bytes_total"), "scored"),), unit="Bps"),
+        PanelSpec("Remote steps", "Decode steps per second that fetched remote KV.",
+                  (Query(steps, "steps"),), unit="ops"),
     ]
 
 

@@ -32,6 +32,9 @@ def env_lines(argv: list[str]) -> list[str]:
     parser = argparse.ArgumentParser(prog="scenario_env.py", description=__doc__)
     add_scenario_args(parser)
     scenario = scenario_from_args(parser.parse_args(argv))
+    if scenario.remote_kv:
+        raise SystemExit("scenario_env.py: --kv-placement remote: the compose testbed does not wire remote KV's legs "
+                         "(decode's and the pool's remote-KV ports through the middlebox); run it with `kvtransit up`")
     lines = [f"{ENV_NAME}={shlex.join(scenario.to_argv())}"]
     if scenario.kv_pool == "pool":
         lines += [f"{name}={value}" for name, value in POOL_ENV.items()]

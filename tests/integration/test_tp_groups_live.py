@@ -20,7 +20,8 @@ import pytest
 from kvtransit.emulator.launcher import Launcher
 from kvtransit.model import ledger_check
 from kvtransit.model.scenario import Scenario
-from kvtransit.runtime.http_client import get_json
+
+from ._launcher_stats import until_stats
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -63,20 +64,6 @@ def test_the_collective_share_is_measured_beside_the_models(ring_run):
     assert check["target"] == 0.03 and check["measured"] == pytest.approx(share["measured"] - share["model"])
 
 
-async def _until(launcher: Launcher, role: str, busy, within_s: float = 60.0) -> None:
-    """Until `busy(stats)` of the `role` process's /stats."""
-    for _ in range(round(within_s / 0.1)):
-        child = next((c for c in launcher.children if c.role == role and c.ready), None)
-        if child is not None:
-            try:
-                if busy(await get_json(child.host, child.ready_info["metrics_port"], "/stats", timeout_s=2.0)):
-                    return
-            except (OSError, TimeoutError, ValueError):
-                pass
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the {role} was not busy within {within_s:g} s")
-
-
 def test_a_follower_that_dies_fails_the_decodes_requests_with_the_groups_reason(tmp_path):
     lines: list[str] = []
     launcher = Launcher(Scenario(**{**LIGHT, "requests": 12, "rate": 4.0, "output_mean": 64.0}),
@@ -84,7 +71,7 @@ def test_a_follower_that_dies_fails_the_decodes_requests_with_the_groups_reason(
 
     async def run_and_kill():
         run = asyncio.create_task(launcher.run())
-        await _until(launcher, "decode", lambda stats: stats["batch"]["running"])  # a batch is running
+        await until_stats(launcher, "decode", lambda stats: stats["batch"]["running"])  # a batch is running
         follower = next(c for c in launcher.children if c.role == "tp-rank")
         os.kill(follower.started.pid, signal.SIGKILL)
         return await run
@@ -127,7 +114,7 @@ def test_a_prefill_follower_that_dies_fails_the_requests_it_would_have_prefilled
 
     async def run_and_kill():
         run = asyncio.create_task(launcher.run())
-        await _until(launcher, "prefill", lambda stats: stats["steps"] >= 2)
+        await until_stats(launcher, "prefill", lambda stats: stats["steps"] >= 2)
         follower = next(c for c in launcher.children if c.role == "tp-rank")
         os.kill(follower.started.pid, signal.SIGKILL)
         return await run

@@ -210,3 +210,30 @@ async def test_a_handoff_held_for_its_first_token_is_on_the_link_only_from_then(
     assert record.transfer_s * 1e9 == pytest.approx(modelled_ns(record), abs=1000)  # not + the 30 ms hold
     assert shaper.achieved_rate_Bps == pytest.approx(RATE, rel=1e-4)
     assert shaper.busy_s == pytest.approx(modelled_ns(record) / 1e9, abs=1e-6)
+
+
+async def test_another_flows_stamped_bytes_queue_on_the_link_with_the_hand_offs():
+    """Remote KV's legs (`--kv-placement remote`) are stamped on channel 0's bucket: behind a hand-off's slices when
+    one runs, and a hand-off after them waits for their time; the link's rate counts them in the hand-off's time."""
+    clock = ManualClock()
+    shaper = EgressShaper(rate_Bps=RATE, latency_s=LATENCY, clock=clock, slice_bytes=4096)
+    # An idle link: latency + bytes / rate from when the frame was ready.
+    assert shaper.stamp(10_000, ready_ns=0) == round((10_000 / RATE + LATENCY) * 1e9)
+    assert shaper.busy_s == pytest.approx(10_000 / RATE)
+    # A hand-off that starts now queues behind those 10 ms of stamped bytes ...
+    endpoint, _ = await link(clock)
+    task = asyncio.create_task(handoff(shaper, endpoint, 1, "a"))
+    await clock.advance(0.005)
+    # ... and bytes stamped while it runs go between its slices, and it ends later by their time.
+    due = shaper.stamp(5_000, ready_ns=clock.now_ns())
+    await clock.advance(1.0)
+    record = await task
+    assert record.ended_ns == pytest.approx(round((0.010 + (record.wire_bytes + 5_000) / RATE + LATENCY) * 1e9),
+                                            abs=5_000)
+    assert due < record.ended_ns  # the stamped frame is out before the hand-off's last slice
+    # Both stamped frames took link time inside the hand-off's (it started at 0, behind the first): its time counts
+    # them, its rate too, and the link's busy time has them once.
+    assert record.shared_bytes == pytest.approx(15_000)
+    assert shaper.achieved_rate_Bps == pytest.approx(RATE, rel=0.02)
+    assert shaper.busy_s == pytest.approx(record.transfer_s, rel=1e-6)
+    assert shaper.stamped_bytes == 15_000

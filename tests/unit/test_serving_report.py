@@ -62,6 +62,16 @@ def test_link_meter_counts_busy_time_as_the_union_of_transfers():
     assert meter.achieved_Bps == pytest.approx(2500 / 250e-9)
 
 
+def test_link_meter_counts_remote_kv_bytes_that_shared_a_hand_offs_time_on_the_link():
+    meter = LinkMeter()
+    meter.shared(400)  # no hand-off on the link: the meter's rate does not divide them
+    meter.begin(0)
+    meter.shared(600)  # a remote leg's answer arrived while a hand-off was on the link: it took some of its time
+    meter.end(100, 1000, 2000)
+    assert meter.shared_bytes == 600 and meter.wire_bytes == 1000
+    assert meter.achieved_Bps == pytest.approx(1600 / 100e-9)
+
+
 def test_accuracy_meter_is_relative_error_over_all_values():
     ref = np.ones((4, 8, 2), dtype=np.float32)  # 2 heads: rows 0-1 are K, 2-3 are V
     got = ref.copy()
@@ -108,7 +118,8 @@ def test_report_from_client_records_and_agent_stats(tmp_path):
 def test_report_without_agent_stats_has_nulls_not_inventions():
     report = build_report(Scenario(), [_record(0, 0.0, 0.05, 0.01, 3, None)], [], run_wall_s=1.0, tokens_delivered=3)
     assert report["link"]["wire_bytes"] is None
-    assert report["energy_j"] == {"link": None, "module": None, "gpu": None, "pool": None}
+    assert report["energy_j"] == {"link": None, "module": None, "gpu": None, "pool": None,
+                                 "remote_kv": None}
     assert report["faithful"] is False  # nothing was measured: never a silent pass
     assert report["j_per_token"] is None and report["accuracy"]["k_relative_error"] is None
     # The five tests fail closed too: nothing sampled, no frames counted.

@@ -57,6 +57,11 @@ def register(subparsers) -> None:
     p.add_argument("--kvpool", default=None, metavar="HOST:PORT",
                    help="the KV pool behind this middlebox (kvtransit kvpool): prefills fetch and write back "
                         "prefix blocks through --pool-listen, over the module and the link")
+    p.add_argument("--decode-remote-kv", default=None, metavar="HOST:PORT[,HOST:PORT...]",
+                   help="--kv-placement remote: each decode's remote-KV port (its legs to the pool cross the link "
+                        "through us)")
+    p.add_argument("--kvpool-remote-kv", default=None, metavar="HOST:PORT",
+                   help="--kv-placement remote: the KV pool's remote-KV port")
     p.add_argument("--pool-listen", default="127.0.0.1:0", metavar="HOST:PORT",
                    help="with --kvpool: where prefills reach the pool (default 127.0.0.1:0, any free port)")
     add_common_agent_flags(p, "middlebox")
@@ -101,7 +106,11 @@ def _run_handoff(args: argparse.Namespace) -> int:
         control_listen=parse_address(args.control_listen, "--control-listen"),
         control_token=os.environ.get(args.control_token_env) or None, link_backend=args.link_backend,
         kvpool=parse_address(args.kvpool, "--kvpool") if args.kvpool else None,
-        pool_listen=parse_address(args.pool_listen, "--pool-listen"))
+        pool_listen=parse_address(args.pool_listen, "--pool-listen"),
+        decode_remote_kv=(parse_addresses(args.decode_remote_kv, "--decode-remote-kv") if args.decode_remote_kv
+                          else None),
+        kvpool_remote_kv=(parse_address(args.kvpool_remote_kv, "--kvpool-remote-kv") if args.kvpool_remote_kv
+                          else None))
     return run_agent(args, lambda: process.run)
 
 

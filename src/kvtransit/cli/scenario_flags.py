@@ -101,6 +101,16 @@ _HELP = {
     "system_prompt_tokens": "system-prompts workload: tokens in each system prompt",
     "session_turns": "sessions workload: turns per session",
     "think_time": "sessions workload: mean seconds between a turn and the next",
+    "kv_placement": "remote: a share of the requests also attends to a long context held in the KV pool (needs "
+                    "--kv-pool pool), fetched through the middlebox over the decode link every decode step",
+    "select": "remote KV: top-k (the module scores the pages' summaries, decode fetches the best; the default) or "
+              "all (every token a step, the baseline)",
+    "select_budget": "top-k: the share of the pages fetched, in (0, 1] (1/16, 0.0625)",
+    "select_summary": "top-k: a page's summary, mean (one key: a MAC, in the module's set) or minmax (Quest's bound: "
+                      "needs a max, --policy host)",
+    "page_size": "remote KV: tokens a page (divides the pool's 512-token blocks; Quest: 16)",
+    "remote_context": "remote KV: tokens of each long context",
+    "remote_share": "remote KV: share of the requests in the long-context class, in (0, 1]",
 }
 
 

@@ -45,7 +45,8 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
                    drain_timeout_s: float | None = None,
                    middlebox_command: list[str] | None = None, link_backend: str = "userspace",
                    hosts: Callable[[str, str], str] | None = None, kvpool: str = "",
-                   pool_via: str = "", frontend: FrontendOptions | None = None) -> dict[str, list[str]]:
+                   pool_via: str = "", frontend: FrontendOptions | None = None, decode_remote_kv: str = "",
+                   kvpool_remote_kv: str = "") -> dict[str, list[str]]:
     """The argv of each role's process (instance `index`), as the launcher runs them: the scenario's flags, then
     the role's own. Peer addresses are what is known so far (the launcher learns them from readiness lines);
     the compose file runs the very same commands (tests/unit/test_compose_config.py holds the two together).
@@ -53,7 +54,9 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
     socket)` is where a role's sockets listen ("kv": decode's KV ingress, "front": the rest; default loopback).
     With `--kv-pool pool`: `kvpool` is the pool's address as the middlebox reaches it (the pool runs beside the
     middlebox, in its namespace), `pool_via` the middlebox's pool port as the prefills reach it. "frontend": the
-    OpenAI front end in the load generator's place (`frontend`: its flags; default FrontendOptions())."""
+    OpenAI front end in the load generator's place (`frontend`: its flags; default FrontendOptions()).
+    With `--kv-placement remote`: `decode_remote_kv` the decodes' remote-KV ports as the middlebox reaches them,
+    `kvpool_remote_kv` the pool's (beside the middlebox)."""
     scenario_argv = scenario.to_argv()
     host: Callable[[str, str], str] = hosts or (lambda _role, _socket: LOOPBACK)
 
@@ -70,6 +73,8 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
     backend = ["--link-backend", link_backend] if link_backend != "userspace" else []
     middlebox_host = host("middlebox", "front")
     pool_flags = ["--kvpool", kvpool, "--pool-listen", _any_port(middlebox_host)] if kvpool else []
+    if decode_remote_kv:
+        pool_flags += ["--decode-remote-kv", decode_remote_kv, "--kvpool-remote-kv", kvpool_remote_kv]
     return {
         "decode": agent("decode", "--listen", _any_port(host("decode", "kv")),
                         "--client-listen", _any_port(host("decode", "front")),

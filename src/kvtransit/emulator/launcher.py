@@ -101,7 +101,8 @@ class Child:
         return self.ready
 
     def address(self, port_key: str) -> str:
-        host = self.kv_host if port_key == "listen_port" and self.role == "decode" else self.host
+        # Decode's KV ingress and its remote-KV port are where the middlebox reaches it (over the shaped link).
+        host = self.kv_host if port_key in ("listen_port", "remote_kv_port") and self.role == "decode" else self.host
         return f"{host}:{self.ready_info[port_key]}"
 
     @property
@@ -316,8 +317,9 @@ class Launcher:
                     pool_children.append(self._child("kvpool-0", "kvpool", self._command("kvpool")))
                     await self._start(pool_children[0])
                 middlebox_child = self._child("middlebox-0", "middlebox", self._command(
-                    "middlebox", decode_kv=_addresses(decode_children, "listen_port"),
-                    kvpool=f"{LOOPBACK}:{pool_children[0].ready_info['listen_port']}" if pool_children else ""))
+                    "middlebox", 0, decode_kv=_addresses(decode_children, "listen_port"),
+                    kvpool=f"{LOOPBACK}:{pool_children[0].ready_info['listen_port']}" if pool_children else "",
+                    **_remote_kv_addresses(scenario, decode_children, pool_children)))
                 await self._start(middlebox_child)
                 # A fault tool needs this while the run is on (toxiproxy clients, Chaos Toolkit: toxiproxy_api.py).
                 self.log(f"kvtransit up: middlebox control API at http://{middlebox_child.address('control_port')} "
@@ -463,6 +465,14 @@ class Launcher:
             stopper.cancel()
             for task in waits:
                 task.cancel()
+
+
+def _remote_kv_addresses(scenario: Scenario, decodes: list[Child], pools: list[Child]) -> dict[str, str]:
+    """--kv-placement remote: the decodes' and the pool's remote-KV ports, as the middlebox reaches them."""
+    if not scenario.remote_kv:
+        return {}
+    return {"decode_remote_kv": _addresses(decodes, "remote_kv_port"),
+            "kvpool_remote_kv": f"{LOOPBACK}:{pools[0].ready_info['remote_kv_port']}"}
 
 
 def _addresses(children: list[Child], port_key: str) -> str:

@@ -71,6 +71,7 @@ def row_from_report(key: str, scenario: Scenario, report: dict, *, wall_s: float
         "hidden_bytes_share": (report.get("handoff_split") or {}).get("hidden_bytes_share"),
         **_kv_pool_columns(report),
         **_collectives_columns(report),
+        **_remote_kv_columns(report),
     }
 
 
@@ -105,6 +106,20 @@ def _collectives_columns(report: dict) -> dict:
                         f"{role}_tp_step_ms": _ms(block["step_s"]["measured"]),
                         f"{role}_model_tp_step_ms": _ms(block["step_s"]["model"])}
     return columns
+
+
+def _remote_kv_columns(report: dict) -> dict:
+    """Remote KV's headline figures (extra CSV columns), for runs with --kv-placement remote (the sweep axes
+    `--grid select=top-k,all --grid select_budget=0.25,0.125,0.0625`)."""
+    block = report.get("remote_kv")
+    if not block:
+        return {}
+    tpot = block["tpot_ms"]
+    return {"select": block["select"], "select_budget": block["budget"],
+            "remote_legs_ms": _ms(block["legs_s"]["measured"]), "model_remote_legs_ms": _ms(block["legs_s"]["model"]),
+            "remote_bytes_per_step": (block["summary_bytes"]["measured"] or 0) + (block["page_bytes"]["measured"] or 0),
+            "remote_tpot_p50_ms": tpot["remote"]["p50"] if tpot["remote"] else None,
+            "local_tpot_p50_ms": tpot["local"]["p50"] if tpot["local"] else None}
 
 
 def failed_row(key: str, scenario: Scenario, error: str, *, wall_s: float) -> dict:

@@ -53,6 +53,8 @@ from .module import (
 )
 from .prefix import BLOCK_TOKENS
 from .prefix_workloads import PREFIX_WORKLOADS
+from .remote_kv import KV_PLACEMENTS, SELECT_MODES, SELECT_TOP_K, in_remote_class
+from .selection import DEFAULT_PAGE_SIZE, SUMMARY_KINDS, SelectionStep, check_budget, check_page_size, scoring_budget
 from .serving import PREFILL_BATCH_TOKEN_LIMIT
 from .slo import TPOT_SLO_S, TTFT_SLO_S
 from .traces import TRACE_FORMATS, TRACE_SAMPLING
@@ -170,6 +172,16 @@ class Scenario:
     system_prompt_tokens: int = 2048
     session_turns: int = 4
     think_time: float = 10.0
+    # Remote KV with query-aware selection (issue 18 part 4, model/remote_kv.py): a share of the requests also attends
+    # to a long context whose KV lives in the KV pool; each decode step fetches it through the middlebox over the
+    # decode link, every token (select "all") or the top pages the module's scores pick ("top-k", the default).
+    kv_placement: str = "local"
+    select: str = ""  # top-k | all with remote KV ("": top-k); an error without it
+    select_budget: float = 0.0625  # fraction of the pages fetched (REFERENCE §7: PRISM's 16x less traffic)
+    select_summary: str = "mean"  # the page summary: mean (one key, MAC) or minmax (Quest's bound: needs a max)
+    page_size: int = DEFAULT_PAGE_SIZE  # tokens a page (Quest's 16, REFERENCE §7)
+    remote_context: int = 32768  # tokens of each remote context (the deck's 32k)
+    remote_share: float = 0.5  # share of the requests in the long-context class
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -273,11 +285,46 @@ class Scenario:
                 raise ConfigError(f"scale: expected a number in (0, 1] or {AUTO!r}, got {self.scale!r}")
             number("scale", self.scale, lo=0, hi=1, lo_open=True)
             require_one_channel(self.model_spec, self.scale)
+        self._check_remote_kv()
         self.codec_declaration  # noqa: B018 — the codec's own checks (e.g. fp4 block) run now, not mid-run
         if self.kv_capacity_tokens < 1:
             raise ConfigError(
                 f"gpus: {self.model} does not fit on {self.gpus}x {self.device} (no room left for KV); give more gpus"
             )
+
+    _REMOTE_FIELDS = ("select", "select_budget", "select_summary", "page_size", "remote_context", "remote_share")
+
+    def _check_remote_kv(self) -> None:
+        choice("kv_placement", self.kv_placement, KV_PLACEMENTS)
+        if not self.remote_kv:
+            given = [name for name in self._REMOTE_FIELDS if getattr(self, name) != _DEFAULT_REMOTE[name]]
+            if given:
+                raise ConfigError(f"{given[0]}: needs remote KV (--kv-placement remote --kv-pool pool); valid "
+                                  f"kv_placement: {', '.join(KV_PLACEMENTS)}")
+            return
+        if self.kv_pool != "pool":
+            raise ConfigError(f"kv_placement: 'remote' keeps the long contexts' KV in the KV pool: give --kv-pool pool "
+                              f"(got kv_pool {self.kv_pool!r})")
+        if self.select:
+            choice("select", self.select, SELECT_MODES)
+        choice("select_summary", self.select_summary, SUMMARY_KINDS)
+        object.__setattr__(self, "page_size", number("page_size", self.page_size, lo=1, integer=True))
+        try:
+            check_page_size(self.page_size)
+            check_budget(self.select_budget)
+        except ConfigError as exc:
+            name = "page_size" if "page size" in str(exc) else "select_budget"
+            raise ConfigError(f"{name}: {exc}") from None
+        object.__setattr__(self, "remote_context", number("remote_context", self.remote_context, lo=self.page_size,
+                                                          integer=True))
+        number("remote_share", self.remote_share, lo=0, hi=1, lo_open=True)
+        if self.decode_tp > 1:
+            raise ConfigError("kv_placement: remote KV with a decode TP group (--decode-tp > 1) is not built: give "
+                              "--decode-tp 1")
+        check = self.scoring_check
+        if check is not None and check.action is Action.REJECTED:
+            raise ConfigError(f"select_summary: {self.select_summary!r} scores with {check.describe()}; give --policy "
+                              f"host (decode scores it) or --select-summary mean (a MAC, in the module's set)")
 
     # --- catalogue entries ---------------------------------------------------------------------------------
     @property
@@ -345,6 +392,43 @@ class Scenario:
             "compute_over_wire": compute_over_wire,
             "transit_bound": in_transit and timing.transit_bound,
         }
+
+    @property
+    def remote_kv(self) -> bool:
+        """A share of the requests attends to a long context held in the KV pool (model/remote_kv.py)."""
+        return self.kv_placement == "remote"
+
+    @property
+    def select_mode(self) -> str:
+        """top-k or all with remote KV ("" without)."""
+        return (self.select or SELECT_TOP_K) if self.remote_kv else ""
+
+    @property
+    def selection_step(self) -> SelectionStep:
+        """One remote request's fetch a decode step, at the model's size (model/selection.py)."""
+        return SelectionStep(self.model_spec, self.remote_context,
+                             self.select_budget if self.select_mode == SELECT_TOP_K else None,
+                             self.select_summary, self.page_size)
+
+    @property
+    def scoring_check(self) -> BudgetResult | None:
+        """Where the page scoring runs (top-k only): the module, the host (Quest's bound under --policy host), or
+        refused."""
+        if self.select_mode != SELECT_TOP_K:
+            return None
+        return scoring_budget(self.model_spec, self.select_summary, self.module, Policy(self.policy))
+
+    @property
+    def scoring_occupancy(self) -> float:
+        """Link bytes per summary byte while the module scores them (> 1: transit-bound, REFERENCE §5); 0 when the
+        module does not score."""
+        check = self.scoring_check
+        if check is None or check.action is not Action.IN_TRANSIT:
+            return 0.0
+        return check.charged_ops_per_byte / self.module.ops_per_byte
+
+    def is_remote_request(self, request_id: int) -> bool:
+        return self.remote_kv and in_remote_class(self.seed, request_id, self.remote_share)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -504,6 +588,9 @@ class Scenario:
 # Flags that are not just the field's name: `--prefill` / `--decode` name peer addresses on the agents'
 # command lines (e.g. `kvtransit middlebox --decode HOST:PORT`), so the pool sizes say what they count.
 _FLAG_NAMES = {"prefill": "--prefill-instances", "decode": "--decode-instances"}
+
+
+_DEFAULT_REMOTE = {f.name: f.default for f in fields(Scenario) if f.name in Scenario._REMOTE_FIELDS}
 
 
 def flag_for(field_name: str) -> str:

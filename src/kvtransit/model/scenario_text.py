@@ -8,6 +8,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from dataclasses import fields
+from fractions import Fraction
 from typing import Any
 
 from .errors import ConfigError
@@ -55,6 +56,12 @@ def field_from_text(field_name: str, text: str) -> Any:
             return None
         lo, hi = PRECISION_BITS_RANGE
         return _parsed(field_name, text, int, f"a whole number of bits in {lo}..{hi} or {NONE_TEXT!r}")
+    if field_name == "select_budget" and "/" in text:  # a fraction of the pages, as the deck writes it: 1/16
+        num, _, den = text.partition("/")
+        try:
+            return float(Fraction(int(num), int(den)))
+        except (ValueError, ZeroDivisionError):
+            raise FieldTextError(field_name, f"expected a fraction such as 1/16 or a number, got {text!r}") from None
     default = _DEFAULTS[field_name]
     if isinstance(default, bool):
         return yes_no(field_name, text)

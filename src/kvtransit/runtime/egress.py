@@ -39,6 +39,9 @@ DEFAULT_SLICE_BYTES = 256 * 1024
 # 1.3 ms lead lost 3-8 % of the link, a 4 ms lead under 1 %. Memory: rate x lead (1.6 MB at 400 MB/s).
 DEFAULT_LEAD_SLICES = 2
 MIN_LEAD_S = 0.004
+# Stamped frames (another flow's, `EgressShaper.stamp`) remembered to count the ones inside each transfer's time: a
+# step's few legs, over the few steps a hand-off lasts, with room to spare.
+STAMPED_SPANS = 1024
 
 
 @dataclass
@@ -58,6 +61,9 @@ class TransferRecord:
     frames: int = 0
     rate_Bps: float = 0.0  # configured rate when the transfer started
     latency_s: float = 0.0  # configured latency when the transfer started
+    # Another flow's bytes (EgressShaper.stamp) serialised on its channel within its time on the link, set when it
+    # ends: the link's achieved rate counts them with its own bytes.
+    shared_bytes: float = 0.0
 
     @property
     def queue_s(self) -> float:
@@ -82,7 +88,7 @@ class TransferRecord:
     def achieved_rate_Bps(self) -> float:
         """Bytes over the time the link spent serialising them (the latency is not link time)."""
         serialising = self.transfer_s - self.latency_s
-        return self.wire_bytes / serialising if serialising > 0 else 0.0
+        return (self.wire_bytes + self.shared_bytes) / serialising if serialising > 0 else 0.0
 
 
 @dataclass
@@ -129,6 +135,10 @@ class EgressShaper:
         self.started_ns = self.clock.now_ns()
         # Totals for metrics (the fidelity guard reads achieved vs configured rate).
         self.bytes_sent = 0
+        self.stamped_bytes = 0  # another flow's frames stamped on channel 0 (stamp)
+        self._rate_bytes = 0.0  # the bytes the achieved rate divides: the transfers' own and those stamped among them
+        # Recent stamped frames on channel 0, (serialising start, end, bytes) in clock seconds (STAMPED_SPANS kept).
+        self._stamped: deque[tuple[float, float, int]] = deque(maxlen=STAMPED_SPANS)
         self.busy_s = 0.0
         self.serialising_s = 0.0
         self.transfers_done = 0
@@ -155,13 +165,26 @@ class EgressShaper:
 
     @property
     def achieved_rate_Bps(self) -> float:
-        """Bytes over link serialising time, over every finished transfer."""
-        return self.bytes_sent / self.serialising_s if self.serialising_s > 0 else 0.0
+        """Bytes over link serialising time, over every finished transfer (another flow's bytes stamped while one
+        ran included: they took that time)."""
+        return self._rate_bytes / self.serialising_s if self.serialising_s > 0 else 0.0
 
     def busy_ratio(self, now_ns: int | None = None) -> float:
         """REFERENCE §2: sum of per-transfer occupancy / wall time (can exceed 1 with channels > 1)."""
         wall = ((self.clock.now_ns() if now_ns is None else now_ns) - self.started_ns) / 1e9
         return self.busy_s / wall if wall > 0 else 0.0
+
+    def stamp(self, nbytes: int, ready_ns: int) -> int:
+        """When `nbytes` sent at `ready_ns` outside any transfer (a frame of another flow on this link: remote KV's
+        legs, agents/middlebox/remote_kv.py) are due at the far end: they take their time on channel 0's bucket,
+        after or between the hand-offs' slices already reserved there, then its delay line."""
+        channel = self._channels[0]
+        serialised_s = channel.bucket.reserve(nbytes, ready_ns / 1e9)
+        self.stamped_bytes += nbytes
+        on_link_s = nbytes / channel.bucket.rate_Bps
+        self._stamped.append((serialised_s - on_link_s, serialised_s, nbytes))
+        self.busy_s += on_link_s  # less what falls inside a transfer's time, when it ends (_account)
+        return round(channel.delay.release_time(serialised_s) * 1e9)
 
     async def _acquire(self) -> _Channel:
         if self._free and not self._waiters:
@@ -208,7 +231,19 @@ class EgressShaper:
         self._account(record)
 
     def _account(self, record: TransferRecord) -> None:
+        if record.channel == 0 and self._stamped and record.started_ns is not None and record.ended_ns is not None:
+            # Another flow's bytes serialised within this transfer's time on the link (pro rata for a frame that
+            # straddles its start or end): its time counts them, so its rate does too, and the link's busy time has
+            # them once.
+            lo = max(record.started_ns, record.ready_ns or record.started_ns) / 1e9
+            hi = record.ended_ns / 1e9 - record.latency_s
+            for start, end, nbytes in self._stamped:
+                overlap = max(0.0, min(end, hi) - max(start, lo))
+                if overlap > 0:
+                    record.shared_bytes += nbytes * overlap / (end - start)
+                    self.busy_s -= overlap
         self.bytes_sent += record.wire_bytes
+        self._rate_bytes += record.wire_bytes + record.shared_bytes
         self.busy_s += record.transfer_s
         self.serialising_s += max(0.0, record.transfer_s - record.latency_s)
         self.transfers_done += 1

@@ -485,6 +485,37 @@ def tp_group_metrics(registry: CollectorRegistry) -> TpGroupMetrics:
     )
 
 
+@dataclass(frozen=True)
+class RemoteKvMetrics:
+    """Remote KV with selection (`--kv-placement remote`): decode's legs, the module's scoring (model units)."""
+
+    steps: Counter
+    bytes: Counter
+    legs_seconds: Counter
+    scored_bytes: Counter
+
+
+def remote_kv_metrics(registry: CollectorRegistry) -> RemoteKvMetrics:
+    return RemoteKvMetrics(
+        steps=_counter(
+            registry, "remote_kv_steps",
+            "--kv-placement remote: decode steps that fetched remote KV for their long-context requests (top-k or "
+            "all, as the run's --select)."),
+        bytes=_counter(
+            registry, "remote_kv_bytes",
+            "--kv-placement remote: bytes that crossed the decode link for the remote contexts, model bytes, by leg "
+            "(phase: summaries | pages).", ("phase",)),
+        legs_seconds=_counter(
+            registry, "remote_kv_legs_seconds",
+            "--kv-placement remote: the steps' remote legs (query -> pages held), model seconds, source=measured (at "
+            "decode, as they ran, behind any hand-off on the link) or model (model/remote_kv.py at the bytes moved, "
+            "an idle link).", ("source",)),
+        scored_bytes=_counter(
+            registry, "remote_kv_scored_bytes",
+            "--kv-placement remote --select top-k: page summaries the module scored (its input), model bytes."),
+    )
+
+
 METRIC_FACTORIES = {
     "shared": shared_metrics,
     "middlebox": middlebox_metrics,
@@ -497,4 +528,5 @@ METRIC_FACTORIES = {
     "frontend": frontend_metrics,
     "switch": switch_metrics,
     "tp_group": tp_group_metrics,
+    "remote_kv": remote_kv_metrics,
 }

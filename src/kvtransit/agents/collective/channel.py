@@ -81,17 +81,20 @@ class Channel:
             self._frames.put_nowait(PeerGone(f"{self.peer}: {exc}"))
 
     async def send(self, frame: Frame, *, shaped: bool = True, at_ns: int | None = None,
-                   occupy_bytes: int | None = None, added_latency_s: float = 0.0) -> int:
+                   occupy_bytes: int | None = None, added_latency_s: float = 0.0, due_ns: int | None = None) -> int:
         """Write `frame` now, stamped with its due time on the modelled link (unshaped: due now).
 
         `at_ns`: when the frame leaves in model time (the due time of what it answers), if the sender knows it:
         its due time is then counted from there, not from whenever the host got round to sending it, so a late
         wake-up is not carried into every later hop (absolute deadlines, as DeadlineSchedule holds steps).
         `occupy_bytes`: how many bytes' time the frame holds the link for, when a module on the link is slower
-        than its wire bytes (REFERENCE §5: max(wire, ops / budget)); `added_latency_s`: the module's latency."""
+        than its wire bytes (REFERENCE §5: max(wire, ops / budget)); `added_latency_s`: the module's latency.
+        `due_ns`: already stamped on a link shared with another flow (the middlebox's decode link); sent as is."""
         now_ns = self.clock.now_ns()
         nbytes = memoryview(frame.payload).nbytes
-        if shaped:
+        if due_ns is not None:
+            pass
+        elif shaped:
             on_wire = self._bucket.reserve(nbytes if occupy_bytes is None else occupy_bytes,
                                            (now_ns if at_ns is None else at_ns) / 1e9)
             due_ns = round((self._delay.release_time(on_wire) + added_latency_s) * 1e9)

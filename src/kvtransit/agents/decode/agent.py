@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import asdict
 
 from kvtransit.agents.common.process import (
@@ -66,6 +66,7 @@ from .handoff_splits import HandoffSplits
 from .incoming import Arrived, Incoming
 from .link_meter import LinkMeter, streamed_idle_ns
 from .model_accuracy import ModelAccuracy
+from .remote_kv import RemoteKvFailed, RemoteKvLegs
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +76,13 @@ TOKENS_PER_FRAME = MAX_META // 32
 class DecodeAgent:
     def __init__(self, scenario: Scenario, *, name: str, listen: Address, client_listen: Address,
                  metrics_listen: Address, accuracy_sample: int = 8, link_backend: str = "userspace",
-                 clock: Clock | None = None, tp_group: LeaderConfig | None = None):
+                 clock: Clock | None = None, tp_group: LeaderConfig | None = None,
+                 remote_kv_listen: Address | None = None):
         """`link_backend` "tc": the kernel shapes the link's rate, so the middlebox cannot see what crossed it;
         this receiving end then exports the link's achieved rate (model units) from its own measurement.
         `clock`: what steps are held on (default: the monotonic clock, its lateness fed to the fidelity guard).
-        `tp_group`: with `decode_tp` > 1, the follower ranks to lead (the launcher starts them first)."""
+        `tp_group`: with `decode_tp` > 1, the follower ranks to lead (the launcher starts them first).
+        `remote_kv_listen`: with `--kv-placement remote`, where the middlebox connects for the remote legs."""
         self.scenario = scenario
         self.name = name
         self.listen_address, self.client_listen, self.metrics_listen = listen, client_listen, metrics_listen
@@ -95,9 +98,17 @@ class DecodeAgent:
                       if tp_group is not None else None)
         self.tp_steps = (TpSteps(scenario, "decode", self.registry, size=scenario.decode_tp,
                                  parallelism="ep" if scenario.decode_ep else "tp") if tp_group is not None else None)
+        self.link = LinkMeter()
+        # --kv-placement remote: each step fetches its long-context requests' remote KV first (remote_kv.py).
+        self.remote = (RemoteKvLegs(scenario, self.clock, runtime_metrics.remote_kv_metrics(self.registry),
+                                    self._handoffs_on_link, self.link.shared) if scenario.remote_kv else None)
+        # Hand-offs on the link now (request id -> since, ns) and recently ((since, end) ns): whether a step's remote
+        # legs had the link to themselves.
+        self._handoffs_now: dict[int, int] = {}
+        self._handoffs_done: deque[tuple[int, int]] = deque(maxlen=256)
+        self.remote_kv_listen = remote_kv_listen or Address(listen.host, 0)
         self._clients: set[Endpoint] = set()
         self._work = asyncio.Event()
-        self.link = LinkMeter()
         # The shaped link's latency (and the module's), wall ns: a streamed chunk's bytes cannot be here sooner.
         self._latency_ns = round((scenario.scaled_link.latency_s
                                   + scenario.module.added_latency_s * scenario.effective_dilation) * 1e9)
@@ -198,6 +209,8 @@ class DecodeAgent:
                     incoming[event.request_id] = Incoming(event, now, sampled=arrival.sampled or real,
                                                            duplicate=arrival.duplicate, real=real)
                     self.link.begin(now)
+                    if self.remote is not None:  # on the link since its first token (the middlebox held it till then)
+                        self._handoffs_now[event.request_id] = min(now, event.first_token_ns or now)
                 elif isinstance(event, KvChunk):
                     item = incoming[event.request_id]
                     item.wire_bytes += len(event.payload)
@@ -207,9 +220,11 @@ class DecodeAgent:
                         item.chunks.append((event.layer, event.codec_id, bytes(event.codec_header),
                                             bytes(event.payload), event.shape))
                 elif isinstance(event, KvEnd):
+                    self._handoff_off_link(event.request_id)
                     await self._kv_end(endpoint, incoming.pop(event.request_id))
                 elif isinstance(event, Error) and event.request_id in incoming:
                     # The sender gave up on this stream (the wire has closed it): drop what arrived.
+                    self._handoff_off_link(event.request_id)
                     self._abort(incoming.pop(event.request_id), f"sender gave up: {event.message}")
                 elif isinstance(event, Bye):
                     break
@@ -221,7 +236,20 @@ class DecodeAgent:
             # is not failed here: its sender holds the KV until acked and sends it again (or gives up and
             # says so to the client), so the outcome is the sender's to decide.
             for request_id in list(incoming):
+                self._handoff_off_link(request_id)
                 self._abort(incoming.pop(request_id), reason)
+
+    def _handoff_off_link(self, request_id: int) -> None:
+        """A hand-off left the link (its KvEnd, or its stream ended): remembered beside the remote legs."""
+        since = self._handoffs_now.pop(request_id, None)
+        if since is not None and self.remote is not None:
+            end = self.clock.now_ns()
+            self._handoffs_done.append((since, end))
+            self.remote.met_handoff(request_id, since, end)
+
+    def _handoffs_on_link(self, start_ns: int, end_ns: int) -> bool:
+        return (any(since < end_ns for since in self._handoffs_now.values())
+                or any(s < end_ns and start_ns < e for s, e in self._handoffs_done))
 
     async def _kv_end(self, endpoint: Endpoint, item: Incoming) -> None:
         """The whole KV is here: act on what `KvArrivals.end` decides (model/kv_arrival.py says why each)."""
@@ -321,11 +349,23 @@ class DecodeAgent:
                 self._work.clear()
                 await self._work.wait()
                 continue
-            plan = plan_decode_step(scenario, self.batcher.running, self.batcher.context_tokens, admitted_prompts)
+            remote_ids = self._remote_ids()
+            context_tokens = self.batcher.context_tokens
+            if remote_ids:
+                assert self.remote is not None
+                context_tokens += self.remote.attended_tokens(len(remote_ids))
+            plan = plan_decode_step(scenario, self.batcher.running, context_tokens, admitted_prompts)
             admitted_prompts.clear()
             # Back-to-back steps start at the previous deadline, not at the (late) wake-up: step k is due at
             # t0 + Σ durations, so timer lateness never accumulates into TPOT (DESIGN §2).
             schedule = schedule or DeadlineSchedule(self.clock)
+            if remote_ids:
+                try:
+                    await self._remote_legs(schedule, remote_ids)
+                except RemoteKvFailed as exc:
+                    await self._fail_requests(remote_ids, str(exc))
+                    schedule = None
+                    continue
             if plan.group is None:
                 late_ns = await schedule.hold(plan.wall_s)
             else:
@@ -359,11 +399,30 @@ class DecodeAgent:
         return await self.tp_steps.run(self.group, self.clock, plan, fresh_start_ns=fresh_start_ns,
                                        compute_end_ns=compute_end_ns, end_ns=end_ns)
 
+    def _remote_ids(self) -> list[int]:
+        """The running requests of the long-context class (model/remote_kv.py: in_remote_class)."""
+        if self.remote is None:
+            return []
+        return [wire_id(r) for r in self.batcher.running_ids if self.scenario.is_remote_request(wire_id(r))]
+
+    async def _remote_legs(self, schedule: DeadlineSchedule, remote_ids: list[int]) -> None:
+        """The step's remote legs from its due start; the schedule then runs on from when the pages were held: when
+        they were due, or later when they came late (the compute cannot start before its KV is here; the lateness is
+        the legs', counted there, not the step timer's)."""
+        assert self.remote is not None
+        start_ns = schedule.deadline_ns
+        held_ns = await self.remote.fetch(self.steps, remote_ids, start_ns)
+        schedule.add(max(0, held_ns - start_ns) / 1e9)
+
     async def _fail_batch(self, reason: str) -> None:
         """The group cannot step: every request in the batch ends failed with the reason (none is left hanging)."""
-        for request_id in self.batcher.running_ids:
+        await self._fail_requests([wire_id(r) for r in self.batcher.running_ids], reason)
+
+    async def _fail_requests(self, request_ids: list[int], reason: str) -> None:
+        """These running requests end failed with the reason (none is left hanging)."""
+        for request_id in request_ids:
             self.batcher.cancel(request_id)
-            await self._fail(wire_id(request_id), reason)
+            await self._fail(request_id, reason)
         self.metrics.running.set(self.batcher.running)
         self.metrics.kv_reserved_tokens.set(self.batcher.reserved_tokens)
 
@@ -413,6 +472,8 @@ class DecodeAgent:
             "streamed_handoff_model": self.splits.streamed_model_stats(),
             "shortest_step_wall_s": self.shortest_step_wall_s if self.steps else None,
             **({"tp_group": self.tp_steps.stats(self.group)} if self.tp_steps is not None else {}),
+            **({"remote_kv": {"select": self.scenario.select_mode, **self.remote.record.to_json()}}
+               if self.remote is not None else {}),
         }
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -427,8 +488,11 @@ class DecodeAgent:
                                      Role.LOADGEN)
         http = await start_http(self.metrics_listen, self.registry, self.stats)
         http.route("GET", QUEUE_WAITS_PATH, self._queue_waits_route, public=True)
+        remote_port = ({"remote_kv_port": await self.remote.listen(self.remote_kv_listen.host,
+                                                                   self.remote_kv_listen.port)}
+                       if self.remote is not None else {})
         announce_ready("decode", self.name, listen_port=kv_server.port, client_port=client_server.port,
-                       metrics_port=http.port)
+                       metrics_port=http.port, **remote_port)
         loops = TaskSet("decode")
         step = loops.spawn(self.step_loop(), "step loop")
         stopper = loops.spawn(stop.wait(), "stop")
@@ -448,6 +512,8 @@ class DecodeAgent:
                 await self.group.close()
             if self.model_accuracy is not None:
                 await self.model_accuracy.close()
+            if self.remote is not None:
+                await self.remote.close()
 
 
 def _ack_status(decision: KvEndDecision) -> AckStatus:

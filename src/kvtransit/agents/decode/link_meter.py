@@ -25,6 +25,9 @@ class LinkMeter:
         self._open = 0
         self._busy_since = 0
         self.transfers = 0
+        # Remote KV's legs (`--kv-placement remote`) that arrived while a hand-off was on the link: they shared its
+        # busy time, so the link's achieved rate counts them with the hand-offs' own bytes.
+        self.shared_bytes = 0
 
     @property
     def busy_ns(self) -> int:
@@ -37,6 +40,11 @@ class LinkMeter:
 
     def idle(self, gap_ns: int) -> None:
         self._idle_ns += gap_ns
+
+    def shared(self, nbytes: int) -> None:
+        """Another flow's bytes arrived now; counted when a hand-off was on the link with them."""
+        if self._open:
+            self.shared_bytes += nbytes
 
     def begin(self, t_ns: int) -> None:
         if self._open == 0:
@@ -59,10 +67,11 @@ class LinkMeter:
 
     @property
     def achieved_Bps(self) -> float:
-        return self.wire_bytes / (self.busy_ns / 1e9) if self.busy_ns else float("nan")
+        return (self.wire_bytes + self.shared_bytes) / (self.busy_ns / 1e9) if self.busy_ns else float("nan")
 
     def stats(self) -> dict:
         return {"wire_bytes": self.wire_bytes, "raw_bytes": self.raw_bytes, "busy_s": self.busy_ns / 1e9,
+                "shared_bytes": self.shared_bytes,
                 "transfers": self.transfers, "achieved_Bps": self.achieved_Bps}
 
 

@@ -33,6 +33,7 @@ from kvtransit.agents.common.pool_stream import (
     PutWithdrawn,
 )
 from kvtransit.agents.common.process import Address, announce_ready, listen, new_registry, start_http
+from kvtransit.agents.common.remote_context import RemoteContexts
 from kvtransit.model.prefix import BLOCK_TOKENS
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime import metrics as runtime_metrics
@@ -41,6 +42,7 @@ from kvtransit.wire.errors import ErrorCode, ProtocolError
 from kvtransit.wire.events import Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, PoolFetch, PoolHit, Role
 from kvtransit.wire.limits import WIRE_VERSION, clip_message, clip_reason
 
+from .remote_contexts import RemoteContextServer
 from .store import BlockStore, StoredBlock, StoredChunk
 
 log = logging.getLogger(__name__)
@@ -198,13 +200,30 @@ class KvPoolAgent:
         store = BlockStore(int(capacity_bytes * scale), disk_dir=disk_dir, disk_bytes=int(disk_capacity_bytes * scale))
         self.pool = KvPool(store, registry=self.registry, model_bytes_per_byte=1.0 / scale, name=name)
         self.listen_address, self.metrics_listen = listen, metrics_listen
+        self.scale = scale
+        # --kv-placement remote: the long contexts, on a second port beside the hand-off one (remote_contexts.py).
+        self.remote = RemoteContextServer(RemoteContexts(scenario)) if scenario.remote_kv else None
+
+    def stats(self) -> dict:
+        remote = {"remote_kv": self.remote.stats(1.0 / self.scale)} if self.remote is not None else {}
+        return {**self.pool.stats(), **remote}
 
     async def run(self, stop: asyncio.Event) -> None:
         server = await listen(self.listen_address, "--listen", self.pool.serve, Role.KVPOOL, Role.MIDDLEBOX)
-        http = await start_http(self.metrics_listen, self.registry, self.pool.stats)
-        announce_ready("kvpool", self.pool.name, listen_port=server.port, metrics_port=http.port)
+        remote_server = None
+        if self.remote is not None:
+            await self.remote.prepare()
+            remote_server = await asyncio.start_server(self.remote.serve, self.listen_address.host, 0)
+        http = await start_http(self.metrics_listen, self.registry, self.stats)
+        remote_port = ({"remote_kv_port": remote_server.sockets[0].getsockname()[1]} if remote_server is not None
+                       else {})
+        announce_ready("kvpool", self.pool.name, listen_port=server.port, metrics_port=http.port, **remote_port)
         try:
             await stop.wait()
         finally:
             await server.shutdown(1.0)
+            if remote_server is not None:
+                remote_server.close()
+            if self.remote is not None:
+                await self.remote.close()
             await http.close()

@@ -16,6 +16,10 @@ The checks, by name in the block:
   `streamed_handoff_model`), the worst decode's figure counting;
 - `collectives_<leader>` (`--prefill-tp` / `--decode-tp N`): each TP group's measured collective share of its step
   time against the model's (its leader's /stats' `tp_group`), within 3 points; a group that failed is not a pass.
+- `remote_kv_<decode>` (`--kv-placement remote`): the median over its steps whose remote legs had the link to
+  themselves of measured / model at the bytes they moved (model/remote_kv.py: legs_model_s), within the live groups'
+  band (5 %); no such step is "not measured". A hand-off that met remote legs on the link is left out of
+  `handoff_model` (it did not find the link idle).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord
 
 from .peer_stats import stat_sum
+from .remote_kv_report import shared_handoffs
 
 
 def _timer_gaps(records: list[RequestRecord], prefills: list[dict], decodes: list[dict],
@@ -72,7 +77,9 @@ def _handoffs(scenario: Scenario, records: list[RequestRecord], decodes: list[di
         start = r.first_token_stamp_s if r.first_token_stamp_s is not None else r.first_token_s
         assert start is not None and r.kv_ready_s is not None  # handoff_s is not None
         intervals.append((start, r.kv_ready_s))
-    idle = [r for r, free in zip(measured, fidelity.on_idle_link(intervals, scenario.channels), strict=True) if free]
+    shared = shared_handoffs(decodes)  # met remote KV's legs on the link (--kv-placement remote)
+    idle = [r for r, free in zip(measured, fidelity.on_idle_link(intervals, scenario.channels), strict=True)
+            if free and r.request_id not in shared]
     model = scenario.model_spec
     got = [r.handoff_s for r in idle if r.handoff_s is not None]
     want = [fidelity.prescribed_handoff_s(scenario, kv, kv * wire_per_kv_byte)
@@ -104,6 +111,18 @@ def _collectives(role: str, leaders: list[dict], dilation: float) -> dict[str, f
     return {f"collectives_{name}": fidelity.collective_gap(g.get("measured_collective_share"),
                                                            g.get("model_collective_share"), dilation, g.get("failure"))
             for name, g in groups.items()}
+
+
+def _remote_kv(decodes: list[dict], dilation: float) -> dict[str, fidelity.Gap]:
+    what = "remote KV legs on an idle link"
+    judged = {s.get("name", "decode"): s["remote_kv"] for s in decodes if isinstance(s.get("remote_kv"), dict)}
+    if not judged:
+        return {"remote_kv_decode": fidelity.not_measured("no decode reported its remote KV", fidelity.GROUP_TOLERANCE)}
+    return {f"remote_kv_{name}": (fidelity.model_gap(r["ratio_median"], 1.0, dilation, what)
+                                  if r.get("idle_link_steps") else
+                                  fidelity.not_measured(f"{name}: no step's remote legs had the link to themselves",
+                                                        fidelity.GROUP_TOLERANCE))
+            for name, r in judged.items()}
 
 
 def fidelity_block(scenario: Scenario, records: list[RequestRecord], *, prefills: list[dict], decodes: list[dict],
@@ -142,6 +161,8 @@ def fidelity_block(scenario: Scenario, records: list[RequestRecord], *, prefills
         gaps.update(_collectives("prefill", prefills, dilation))
     if scenario.decode_tp > 1:
         gaps.update(_collectives("decode", decodes, dilation))
+    if scenario.remote_kv:
+        gaps.update(_remote_kv(decodes, dilation))
     faithful, block = fidelity.assess(gaps)
     block["handoff_model"]["distribution"] = distribution
     return faithful, block

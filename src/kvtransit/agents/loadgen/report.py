@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtransit.agents.common.process import finite_json
-from kvtransit.model.energy import link_energy_j
+from kvtransit.model.energy import link_energy_j, module_energy_j
 from kvtransit.model.five_tests import HandoffMeasured, PrecisionMeasured, judge_handoff
 from kvtransit.model.layerwise import HANDOFF_LAYERWISE
 from kvtransit.model.offered_load import offered_vs_capacity
@@ -54,6 +54,7 @@ from .fidelity_report import fidelity_block
 from .kv_pool_report import kv_pool_summary
 from .model_accuracy_report import model_accuracy_block, model_accuracy_errors
 from .peer_stats import stat_sum
+from .remote_kv_report import remote_kv_summary
 from .report_text import to_markdown
 from .workload_source import requests_for, workload_description
 
@@ -70,6 +71,18 @@ def _pool_energy_j(scenario: Scenario, middleboxes: list[dict]) -> float | None:
     wire_bytes = stat_sum(relays, "fetch_wire_bytes") + stat_sum(relays, "put_wire_bytes")
     wire_model_bytes = wire_bytes / scenario.effective_scale
     return link_energy_j(scenario.link_spec, wire_model_bytes) + stat_sum(relays, "module_energy_j")
+
+
+def _remote_kv_energy_j(scenario: Scenario, middleboxes: list[dict]) -> float | None:
+    """Remote KV's energy (--kv-placement remote): its summaries and pages over the decode link (its pJ per wire bit),
+    plus the module's for the summaries it scored (pJ per input bit). None without remote KV. Model bytes, from the
+    middlebox's relay (it stamped every byte onto the link)."""
+    relays = [m["remote_kv"] for m in middleboxes if isinstance(m.get("remote_kv"), dict)]
+    if not scenario.remote_kv or not relays:
+        return None
+    crossed = stat_sum(relays, "summary_bytes") + stat_sum(relays, "page_bytes")
+    return (link_energy_j(scenario.link_spec, crossed)
+            + module_energy_j(scenario.module, stat_sum(relays, "scored_bytes")))
 
 
 def streamed(scenario: Scenario) -> bool:
@@ -160,6 +173,7 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         "gpu": (stat_sum(prefills, "gpu_energy_j") + stat_sum(decodes, "gpu_energy_j")
                 if (prefills or decodes) else None),
         "pool": _pool_energy_j(scenario, middleboxes),
+        "remote_kv": _remote_kv_energy_j(scenario, middleboxes),
     }
     parts = [v for v in energy.values() if v is not None]
     j_per_token = (math.fsum(parts) / tokens_delivered) if parts and tokens_delivered else None
@@ -204,6 +218,9 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         "kv_pool": kv_pool_summary(scenario, peer_stats, summary.as_dict()["ttft_s"]["mean"]),
         # --prefill-tp / --decode-tp N: each TP group's collective time beside the model's; None without one.
         "collectives": collectives_summary(scenario, prefills, decodes, run_wall_s / dilation),
+        # --kv-placement remote: the long-context class's remote legs beside the model, its TPOT; None without.
+        "remote_kv": remote_kv_summary(scenario, records, decodes, middleboxes,
+                                       [s for s in peer_stats if s.get("role") == "kvpool"]),
         "link": link,
         "energy_j": energy,
         "j_per_token": j_per_token,

@@ -13,6 +13,7 @@ from kvtransit.model.scenario import REAL_MODEL_KV, SYNTHETIC_KV
 
 from .collectives_report import collectives_lines
 from .kv_pool_report import kv_pool_headline
+from .remote_kv_report import remote_kv_line
 
 
 def module_line(config: dict) -> str | None:
@@ -61,6 +62,7 @@ def headline(report: dict) -> list[str]:
                             offered_load_line(report.get("workload") or {})) if line],
         (f"energy J: link {num(energy['link'])}, module {num(energy['module'])}, gpu {num(energy['gpu'])}"
          + (f", pool {num(energy['pool'])}" if energy.get("pool") is not None else "")
+         + (f", remote KV {num(energy['remote_kv'])}" if energy.get("remote_kv") is not None else "")
          + f"; {num(report['j_per_token'])} J/token"),
         (f"accuracy ({report['accuracy']['codec']}, {report['accuracy']['sampled_requests']} sampled): "
          f"K {num(report['accuracy']['k_relative_error'])}, V {num(report['accuracy']['v_relative_error'])}"
@@ -71,6 +73,7 @@ def headline(report: dict) -> list[str]:
         *[line for line in (model_accuracy_line(report["accuracy"].get("model")),
                             split_line(report.get("handoff_split"))) if line],
         *collectives_lines(report.get("collectives")),
+        *remote_kv_line(report.get("remote_kv")),
         *verdict_lines(report.get("verdict")),
         "faithful: " + ("yes" if report["faithful"] else "NO: " + "; ".join(
             f"{k}: {v['hint']}" for k, v in report["fidelity"].items() if not v["ok"])),

@@ -125,6 +125,18 @@ class LinkStage(Stage):
         if self.tbf is not None:
             self.tbf.sent(at_ns, nbytes)
 
+    def stamp(self, nbytes: int, ready_ns: int, *, occupy_bytes: int | None = None) -> int:
+        """When a frame of another flow (remote KV's legs) of `nbytes`, ready at `ready_ns`, is due at the far end of
+        this link: its time on our bucket (`occupy_bytes`' when the module holds the link longer, REFERENCE §5) and
+        the delay line's latency. Under tc the bytes themselves queue in tbf behind the hand-offs' (a frame that
+        comes late is counted late by its receiver): the mirror takes their tokens and the stamp is the link's own
+        latency + bytes / rate from `ready_ns`."""
+        held = nbytes if occupy_bytes is None else max(nbytes, occupy_bytes)
+        if self.tbf is None:
+            return self.shaper.stamp(held, ready_ns)
+        self.tbf.sent(ready_ns, nbytes)
+        return ready_ns + round((self.shaper.latency_s + held / self.shaped_rate_Bps) * 1e9)
+
     def describe(self) -> dict:
         return {"stage": self.name, "link": self.model_link.name, "rate_Bps": self.shaper.rate_Bps,
                 "latency_s": self.latency_s, "module_latency_s": self.module_latency_s,
