@@ -89,8 +89,10 @@ def test_report_has_every_key(light_run):
         assert set(light_run[key]) == {"mean", "p50", "p90", "p99", "max"}
     assert set(light_run["requests"]) >= {"total", "ok", "slo_miss", "failed", "failed_reasons"}
     assert set(light_run["link"]) >= {"busy", "configured_Bps", "achieved_Bps", "kv_bytes", "wire_bytes"}
-    assert set(light_run["energy_j"]) == {"link", "module", "gpu", "pool"} and light_run["j_per_token"] > 0
+    assert set(light_run["energy_j"]) == {"link", "module", "gpu", "pool", "remote_kv"}
+    assert light_run["j_per_token"] > 0
     assert light_run["energy_j"]["pool"] is None  # no KV tier in this run
+    assert light_run["energy_j"]["remote_kv"] is None  # nor remote KV
     assert isinstance(light_run["faithful"], bool) and "link_rate" in light_run["fidelity"]
     assert light_run["accuracy"]["sampled_requests"] == 4
     assert light_run["accuracy"]["k_relative_error"] == 0.0  # codec none: the bytes arrived intact
