@@ -77,6 +77,30 @@ def test_deck_preset_runs_the_shared_point_once():
     assert len(sweep_points(preset("deck"))) == 20 + 12 - 3  # eth-25g x 8 req/s x 3 codecs in transit is shared
 
 
+def test_tier_deck_preset_is_the_tier_at_the_decks_size_from_a_warmed_pool():
+    points = sweep_points(preset("tier-deck"))
+    placed = {(s.codec, s.compress_at, s.link) for _, s in points}
+    assert placed == {("freq-keep-k", "transit", "eth-100g"), ("freq-keep-k", "gpu", "eth-100g"),
+                      ("none", "transit", "eth-100g"), ("none", "transit", "ib-ndr")}
+    for _, s in points:
+        assert (s.model, s.context_cap, s.kv_pool, s.pool_warm, s.trace_start) == \
+            ("llama3-70b", 32768, "pool", "trace", 5000)
+        assert s.trace.endswith("mooncake_conversation_trace.jsonl") and s.effective_dilation == 3.0
+        # Half the channels the other presets give the link, at least one (the sweep_plan comment says why).
+        half = max(1, round(preset_emulation(s.link, "llama3-70b")["scale"] * 1024) // 2)
+        assert s.effective_scale == half / 1024
+
+
+def test_a_trace_points_load_is_its_windows_replayed_rate_not_the_unused_rate_field(tmp_path):
+    from kvtransit.emulator.sweep_runner import offered_rate
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 1000 * k, "input_length": 600, "output_length": 4,
+                                         "hash_ids": [k]}) + "\n" for k in range(5)))
+    assert offered_rate(Scenario(trace=str(trace), requests=4, time_scale=2.0, rate=7.0)) == 0.5  # 3 gaps of 2 s
+    assert offered_rate(Scenario(rate=7.0)) == 7.0
+
+
 def _cliff(limit: float):
     """Attainment 1 up to `limit` req/s, then falling off: a stand-in for a live run."""
     return lambda rate: 1.0 if rate <= limit else max(0.0, 1.0 - (rate - limit))

@@ -39,6 +39,15 @@ def test_prompts_longer_than_the_bank_wrap_around(kv):
     assert long.shape[-2] == 2500 and np.isfinite(long).all()
 
 
+@pytest.mark.parametrize("first,tokens", [(0, 300), (512, 1024), (1000, 60), (1500, 2200)])
+def test_a_window_from_token_first_is_those_tokens_of_the_whole_kv(kv, first, tokens):
+    whole = kv.layer(9, 1, first + tokens)
+    window = kv.layer(9, 1, tokens, first=first)
+    assert window.tobytes() == np.ascontiguousarray(whole[:, :, first:, :]).tobytes()
+    with pytest.raises(KernelInputError, match="first must be a whole number >= 0, got -1"):
+        kv.layer(9, 1, tokens, first=-1)
+
+
 def _roughness(x):
     """Mean squared token-to-token difference over variance: ~2 for white noise, ~0 for smooth signals."""
     x = x - x.mean(axis=-2, keepdims=True)

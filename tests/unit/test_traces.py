@@ -100,6 +100,19 @@ def test_random_sampling_keeps_trace_order_and_is_seeded():
     assert a.requests[0].arrival_s == 0.0 and a.requests[1].arrival_s > 0
 
 
+def test_a_window_from_trace_start_keeps_the_requests_before_it_as_its_past_capped_alike():
+    records = [TraceRecord(float(t), 600 * (t + 1), 5, tuple(range(t * 10, t * 10 + 3))) for t in range(4)]
+    out = replay(records, requests=2, start=1, context_cap=1000, source="t")
+    assert [(r.request_id, r.arrival_s, r.prompt_tokens) for r in out.requests] == [(0, 0.0, 1000), (1, 1.0, 1000)]
+    assert out.requests[0].hash_ids == (10, 11)  # cut to the blocks the capped prompt covers
+    assert out.earlier == [((0, 1), 600)]  # the first request, capped as the window's would be
+    assert out.applied["start"] == 1 and out.applied["sampling"] == "first 2 of 4 from request 1"
+    random_window = replay(records, requests=2, start=2, sampling="random", seed=3)
+    assert [r.prompt_tokens for r in random_window.requests] == [1800, 2400]
+    with pytest.raises(ConfigError, match=r"trace_start: request 4 is outside t's 4 requests \(give 0..3\)"):
+        replay(records, requests=1, start=4, source="t")
+
+
 def test_replay_rejects_bad_adjustments():
     with pytest.raises(ConfigError, match="time_scale"):
         replay(RECORDS, requests=2, time_scale=0)
@@ -114,6 +127,20 @@ def test_scenario_trace_replaces_the_drawn_workload_and_the_report_says_what_was
     assert requests[-1].arrival_s == pytest.approx(0.3)
     described = workload_description(scenario)
     assert described["source"] == "trace" and described["prompts_capped"] == 2 and described["time_scale"] == 0.1
+
+
+def test_trace_start_and_pool_warm_name_what_they_need():
+    trace = str(TRACES / "mooncake_excerpt.jsonl")
+    with pytest.raises(ConfigError, match=r"trace_start: 2 needs a trace to start in \(--trace FILE\)"):
+        Scenario(trace_start=2)
+    with pytest.raises(ConfigError, match=r"pool_warm: 'trace' .* give --kv-pool pool and --trace FILE \(got kv_pool "
+                                          r"'local', trace"):
+        Scenario(trace=trace, kv_pool="local", pool_warm="trace")
+    with pytest.raises(ConfigError, match="pool_warm: unknown value 'hot'"):
+        Scenario(pool_warm="hot")
+    with pytest.raises(ConfigError, match="trace_start"):
+        Scenario(trace=trace, trace_start=-1)
+    assert Scenario(trace=trace, kv_pool="pool", pool_warm="trace", trace_start=4).pool_warm == "trace"
 
 
 def test_a_missing_trace_file_is_a_clear_error():

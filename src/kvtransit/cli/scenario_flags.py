@@ -92,10 +92,14 @@ _HELP = {
     "trace_sample": "which of the trace's requests to replay: the first N (--requests) or N at random",
     "time_scale": "trace arrivals x this (0.1 replays ten times faster)",
     "context_cap": "trace prompts longer than this many tokens are cut to it",
+    "trace_start": "replay the trace from its request K on (the requests before it are the window's past: "
+                   "--pool-warm trace)",
     "ttft_slo_ms": "SLO: TTFT threshold, ms (REFERENCE §4: 1000)",
     "tpot_slo_ms": "SLO: TPOT threshold, ms (REFERENCE §4: 25)",
     "kv_pool": "prefix reuse: off, local (a cache at the prefill, free) or pool (kvtransit kvpool, via the middlebox)",
     "kv_pool_capacity": "bytes (model size) the KV pool or local cache holds",
+    "pool_warm": "trace: the pool starts holding what the trace's requests before --trace-start left in an LRU of "
+                 "--kv-pool-capacity (of the blocks the window looks up; made by the pool before it is ready)",
     "prefix_workload": "prompts sharing prefixes: none, system-prompts (N of L tokens) or sessions (multi-turn)",
     "system_prompts": "system-prompts workload: how many distinct system prompts",
     "system_prompt_tokens": "system-prompts workload: tokens in each system prompt",

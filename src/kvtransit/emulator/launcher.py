@@ -54,6 +54,9 @@ READY_TIMEOUT_S = 60.0  # a cold start imports numpy, scipy, prometheus_client: 
 # `--kv-sample real`: the prefill loads the real model and prefills its windows before it is ready (22 s to load
 # and 1.4 s a 512-token window on this 2-core box, measured; several times that on a busy one).
 REAL_KV_READY_EXTRA_S = 180.0
+# `--pool-warm trace`: the pool makes and compresses the window's warm blocks before it is ready (the deck-scale
+# tier preset's ~1,000 llama3-70b blocks at 1/341 took ~10 s with band-keep here; room for a busy box).
+POOL_WARM_READY_EXTRA_S = 120.0
 STOP_GRACE_S = 5.0
 STDERR_TAIL_LINES = 12
 # After a normal end with --prometheus: keep agents and Prometheus up this many scrape intervals, so the
@@ -162,7 +165,8 @@ class Launcher:
         ready = asyncio.create_task(child.ready_event.wait())
         exited = asyncio.create_task(process.wait())
         timeout_s = READY_TIMEOUT_S + (REAL_KV_READY_EXTRA_S if child.role == "prefill"
-                                       and self.scenario.kv_sample == REAL_MODEL_KV else 0.0)
+                                       and self.scenario.kv_sample == REAL_MODEL_KV else 0.0) \
+            + (POOL_WARM_READY_EXTRA_S if child.role == "kvpool" and self.scenario.pool_warm == "trace" else 0.0)
         done, _ = await asyncio.wait([ready, exited], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         ready.cancel()
         if child.ready is not None:

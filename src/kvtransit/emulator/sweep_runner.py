@@ -136,10 +136,19 @@ def handoff_label(scenario: Scenario) -> str:
     return " " + ", ".join(parts) if parts else ""
 
 
+def offered_rate(scenario: Scenario) -> float:
+    """A point's load in req/s: the drawn workload's rate, or a trace window's mean arrival rate as replayed (its
+    `rate` field is not used then), to 2 decimals: the tables' row label."""
+    if not scenario.trace:
+        return scenario.rate
+    replayed = load_trace(scenario).applied["mean_rate_rps"]
+    return round(replayed, 2) if replayed is not None else scenario.rate
+
+
 def _parameters(scenario: Scenario) -> dict:
     return {"link": scenario.link, "codec": scenario.codec, "compress_at": scenario.compress_at,
             "codec_label": codec_label(scenario.codec, scenario.compress_at) + handoff_label(scenario),
-            "handoff": scenario.handoff, "prefill_chunk": scenario.prefill_chunk, "rate": scenario.rate,
+            "handoff": scenario.handoff, "prefill_chunk": scenario.prefill_chunk, "rate": offered_rate(scenario),
             "requests": scenario.requests, "effective_scale": scenario.effective_scale,
             "effective_dilation": scenario.effective_dilation, "ttft_slo_ms": scenario.ttft_slo_ms,
             "tpot_slo_ms": scenario.tpot_slo_ms, "trace": scenario.trace, "scenario": scenario.as_dict()}

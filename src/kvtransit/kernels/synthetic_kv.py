@@ -95,8 +95,11 @@ class SyntheticKv:
         key = _splitmix64(_splitmix64(_splitmix64(self.seed & 0xFFFFFFFFFFFFFFFF) ^ request_id) ^ layer)
         return key % self.bank_tokens
 
-    def layer(self, request_id: int, layer: int, tokens: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Layer `layer` of request `request_id`'s KV for `tokens` tokens: [2, kv_heads, tokens, head_dim] BF16."""
+    def layer(self, request_id: int, layer: int, tokens: int, out: np.ndarray | None = None, *,
+              first: int = 0) -> np.ndarray:
+        """Layer `layer` of request `request_id`'s KV for `tokens` tokens from token `first` on: [2, kv_heads, tokens,
+        head_dim] BF16, the same values as those tokens of the request's whole KV (a write-back of a prompt's last
+        blocks makes only them)."""
         if not 0 <= layer < self.layers:
             raise KernelInputError(f"synthetic KV: layer must be in 0..{self.layers - 1}, got {layer}")
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
@@ -106,14 +109,17 @@ class SyntheticKv:
             out = np.empty(shape, dtype=bfloat16)
         elif out.shape != shape or out.dtype != bfloat16:
             raise KernelInputError(f"synthetic KV: out must be {shape} bfloat16, got {out.shape} {out.dtype}")
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise KernelInputError(f"synthetic KV: first must be a whole number >= 0, got {first!r}")
         template = self._bank[layer % len(self._bank)]
-        start, filled = self._offset(request_id, layer), 0
+        start, filled = (self._offset(request_id, layer) + first) % self.bank_tokens, 0
         while filled < tokens:  # one slice for a prompt within the bank; wrap around for longer ones
             n = min(tokens - filled, self.bank_tokens - start)
             out[:, :, filled:filled + n, :] = template[:, :, start:start + n, :]
             filled += n
             start = 0
-        out[:, :, :1, :] = self._sinks[layer % len(self._sinks)]
+        if first == 0:
+            out[:, :, :1, :] = self._sinks[layer % len(self._sinks)]
         return out
 
     def request(self, request_id: int, tokens: int) -> list[np.ndarray]:

@@ -245,6 +245,24 @@ def prescribed_serialise_s(scenario: Scenario, kv_bytes: float, wire_bytes: floa
     return max(wire_s, compute_s)
 
 
+def prescribed_fetches_s(scenario: Scenario, fetches: Sequence[tuple[float, float, float, float]]) -> list[float]:
+    """What the model prescribes for each KV-pool fetch (`fetches`: asked at, KV bytes, wire bytes, the prefill GPU's
+    decode of it, in model units), in the given order: the pool link's fetch lane is one FIFO (agents/middlebox/pool.py,
+    REFERENCE §4 style), so a fetch waits for the ones asked before it, then occupies the lane for its wire bytes (or
+    the module's inverse when that is slower, `prescribed_serialise_s`) and arrives a latency later; with
+    --compress-at gpu the GPU's decode follows. The request leg and the pool's lookup are not modelled (no link
+    holds them): a fetch on an idle lane is `prescribed_handoff_s` of its bytes."""
+    order = sorted(range(len(fetches)), key=lambda i: fetches[i][0])
+    out = [0.0] * len(fetches)
+    lane_free = -math.inf
+    latency_s = prescribed_latency_s(scenario)
+    for i in order:
+        asked, kv_bytes, wire_bytes, gpu_s = fetches[i]
+        lane_free = max(asked, lane_free) + prescribed_serialise_s(scenario, kv_bytes, wire_bytes)
+        out[i] = lane_free - asked + latency_s + gpu_s
+    return out
+
+
 def prescribed_exposed_s(scenario: Scenario, chunks: Sequence[tuple[float, float, float]], layers: int) -> float:
     """What the model prescribes for the exposed part of a streamed hand-off (issue 20, model/layerwise.py) on a free
     link, model seconds after its first token. `chunks`: (release time, KV bytes, wire bytes) of each chunk in wire

@@ -106,6 +106,10 @@ class PrefixIndex:
         self.evictions += len(evicted)
         return evicted
 
+    def held(self) -> list[int]:
+        """The blocks held, least recently used first."""
+        return list(self._lru)
+
     def discard(self, block: int) -> None:
         self._lru.pop(block, None)
 

@@ -52,6 +52,7 @@ from .module import (
     transit_time,
 )
 from .prefix import BLOCK_TOKENS
+from .prefix_warm import POOL_WARM_MODES
 from .prefix_workloads import PREFIX_WORKLOADS
 from .remote_kv import KV_PLACEMENTS, SELECT_MODES, SELECT_TOP_K, in_remote_class
 from .selection import DEFAULT_PAGE_SIZE, SUMMARY_KINDS, SelectionStep, check_budget, check_page_size, scoring_budget
@@ -156,6 +157,7 @@ class Scenario:
     trace_sample: str = "first"
     time_scale: float = 1.0
     context_cap: int = DEFAULT_MAX_TOKENS
+    trace_start: int = 0  # the replay window's first request in the trace (the requests before it are its past)
     # The SLO the report judges by (REFERENCE §4: TTFT 1 s, TPOT 25 ms); `--goodput ttft:MS tpot:MS` sets them.
     ttft_slo_ms: float = TTFT_SLO_S * 1e3
     tpot_slo_ms: float = TPOT_SLO_S * 1e3
@@ -164,6 +166,9 @@ class Scenario:
     # kv_pool_capacity: model bytes the pool (or local cache) holds.
     kv_pool: str = "off"
     kv_pool_capacity: float = 64e9
+    # "trace": the pool starts the run holding what the trace's requests before trace_start left in it (an LRU of
+    # kv_pool_capacity; model/prefix_warm.py), made by the pool itself before it says it is ready.
+    pool_warm: str = "off"
     # Workloads that share prefixes (model/prefix_workloads.py): N system prompts of L tokens, or multi-turn
     # sessions of session_turns turns with think_time seconds between turns; the user's part of each prompt is
     # drawn from prompt_mean/prompt_cv. A Mooncake trace (--trace) brings its own hash_ids.
@@ -265,6 +270,13 @@ class Scenario:
         number("think_time", self.think_time, lo=0, lo_open=True)
         for name in ("system_prompts", "system_prompt_tokens", "session_turns"):
             object.__setattr__(self, name, number(name, getattr(self, name), lo=1, integer=True))
+        object.__setattr__(self, "trace_start", number("trace_start", self.trace_start, lo=0, integer=True))
+        if self.trace_start and not self.trace:
+            raise ConfigError(f"trace_start: {self.trace_start} needs a trace to start in (--trace FILE)")
+        choice("pool_warm", self.pool_warm, POOL_WARM_MODES)
+        if self.pool_warm == "trace" and (self.kv_pool != "pool" or not self.trace):
+            raise ConfigError(f"pool_warm: 'trace' warms the KV pool with a trace's earlier requests: give --kv-pool "
+                              f"pool and --trace FILE (got kv_pool {self.kv_pool!r}, trace {self.trace or 'none'!r})")
         if self.prefix_workload != "none" and self.trace:
             raise ConfigError(f"prefix_workload: {self.prefix_workload!r} and a trace both name the requests; "
                               "give one (a Mooncake trace brings its own hash_ids)")
@@ -474,6 +486,14 @@ class Scenario:
         if self.compress_at != "gpu" or self.codec == "none":
             return 0.0
         return gpu_codec.fused_s(self.gpu_codec_inverse_work(prompt_tokens), self.device_spec, self.decode_gpus)
+
+    def gpu_codec_fetch_inverse_s(self, cached_tokens: int) -> float:
+        """The prefill GPU undoing its codec on a cached prefix fetched compact from the KV pool (--compress-at gpu
+        compressed the write-back there): the same inverse work as decode's, on the prefill's GPUs, before the
+        request's compute can read the prefix. 0 unless the codec runs on the GPU."""
+        if self.compress_at != "gpu" or self.codec == "none" or cached_tokens <= 0:
+            return 0.0
+        return gpu_codec.fused_s(self.gpu_codec_inverse_work(cached_tokens), self.device_spec, self.prefill_gpus)
 
     @property
     def kv_sample_path(self) -> str | None:

@@ -170,37 +170,44 @@ def parse_trace(lines: Iterable[str], fmt: str, source: str = "<trace>") -> list
 class TraceReplay:
     requests: list[RequestSpec]
     applied: dict[str, Any] = field(default_factory=dict)  # what was done to the trace, for the report
+    # The requests before the window (trace_start), each (hash_ids, prompt tokens) capped as the window's are:
+    # the window's past, which model/prefix_warm.py replays into a pool.
+    earlier: list[tuple[tuple[int, ...], int]] = field(default_factory=list)
 
 
 def replay(records: list[TraceRecord], *, requests: int, time_scale: float = 1.0, sampling: str = "first",
-           context_cap: int = DEFAULT_MAX_TOKENS, seed: int = 1, source: str = "<trace>") -> TraceReplay:
-    """The request stream of a trace: `requests` of them (first N, or N at random kept in trace order),
-    arrivals × `time_scale` from the first one kept, prompts capped at `context_cap` tokens."""
+           context_cap: int = DEFAULT_MAX_TOKENS, seed: int = 1, source: str = "<trace>",
+           start: int = 0) -> TraceReplay:
+    """The request stream of a trace: `requests` of them from its request `start` on (the next N, or N at random
+    kept in trace order), arrivals × `time_scale` from the first one kept, prompts capped at `context_cap`
+    tokens. The requests before `start` are the window's past (model/prefix_warm.py warms a pool with them)."""
     if sampling not in TRACE_SAMPLING:
         raise ConfigError(f"trace_sample: unknown value {sampling!r} (choose from: {', '.join(TRACE_SAMPLING)})")
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ConfigError(f"time_scale: must be > 0, got {time_scale!r}")
     if context_cap < 1:
         raise ConfigError(f"context_cap: must be >= 1 token, got {context_cap!r}")
-    n = min(requests, len(records))
+    if not 0 <= start < len(records):
+        raise ConfigError(f"trace_start: request {start} is outside {source}'s {len(records)} requests "
+                          f"(give 0..{len(records) - 1})")
+    n = min(requests, len(records) - start)
     if sampling == "first":
-        chosen = records[:n]
+        chosen = records[start:start + n]
     else:
-        chosen = [records[i] for i in sorted(random.Random(seed).sample(range(len(records)), n))]
+        chosen = [records[i] for i in sorted(random.Random(seed).sample(range(start, len(records)), n))]
     t0 = chosen[0].arrival_s
     specs, capped = [], 0
     for request_id, record in enumerate(chosen):
-        prompt = min(record.input_tokens, context_cap)
+        prompt, hash_ids = _capped(record, context_cap)
         capped += prompt < record.input_tokens
-        # hash_ids kept for prefix reuse (model/prefix.py), cut to the blocks the capped prompt still covers.
-        blocks = -(-prompt // 512)  # Mooncake's 512-token blocks (PROVENANCE.md)
         specs.append(RequestSpec(request_id, (record.arrival_s - t0) * time_scale, prompt, record.output_tokens,
-                                 record.hash_ids[:blocks]))
+                                 hash_ids))
     span_s = chosen[-1].arrival_s - t0
     applied = {
         "trace": source,
         "trace_requests": len(records),
-        "sampling": f"{sampling} {n} of {len(records)}",
+        "sampling": f"{sampling} {n} of {len(records)}" + (f" from request {start}" if start else ""),
+        "start": start,
         "requests": n,
         "time_scale": time_scale,
         "trace_span_s": span_s,
@@ -209,4 +216,13 @@ def replay(records: list[TraceRecord], *, requests: int, time_scale: float = 1.0
         "prompts_capped": capped,
         "mean_rate_rps": (n - 1) / (span_s * time_scale) if span_s > 0 else None,
     }
-    return TraceReplay(specs, applied)
+    earlier = [(ids, prompt) for prompt, ids in (_capped(record, context_cap) for record in records[:start])]
+    return TraceReplay(specs, applied, earlier)
+
+
+def _capped(record: TraceRecord, context_cap: int) -> tuple[int, tuple[int, ...]]:
+    """(prompt tokens, hash_ids) of `record` with its prompt cut to `context_cap`: the ids kept for prefix reuse
+    (model/prefix.py) are the blocks the capped prompt still covers."""
+    prompt = min(record.input_tokens, context_cap)
+    blocks = -(-prompt // 512)  # Mooncake's 512-token blocks (PROVENANCE.md)
+    return prompt, record.hash_ids[:blocks]

@@ -44,6 +44,7 @@ from kvtransit.wire.limits import WIRE_VERSION, clip_message, clip_reason
 
 from .remote_contexts import RemoteContextServer
 from .store import BlockStore, StoredBlock, StoredChunk
+from .warm import WarmReport, warm
 
 log = logging.getLogger(__name__)
 
@@ -203,12 +204,19 @@ class KvPoolAgent:
         self.scale = scale
         # --kv-placement remote: the long contexts, on a second port beside the hand-off one (remote_contexts.py).
         self.remote = RemoteContextServer(RemoteContexts(scenario)) if scenario.remote_kv else None
+        self.scenario = scenario
+        self.warmed: WarmReport | None = None
 
     def stats(self) -> dict:
         remote = {"remote_kv": self.remote.stats(1.0 / self.scale)} if self.remote is not None else {}
-        return {**self.pool.stats(), **remote}
+        warmed = {"warm": self.warmed.as_dict(1.0 / self.scale)} if self.warmed is not None else {}
+        return {**self.pool.stats(), **remote, **warmed}
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.scenario.pool_warm == "trace":  # before anything can reach the pool (warm.py says why)
+            self.warmed = await asyncio.to_thread(warm, self.scenario, self.pool.store)
+            log.info("warmed with %d blocks of the trace's first %d requests in %.1f s", self.warmed.blocks,
+                     self.warmed.earlier_requests, self.warmed.host_s)
         server = await listen(self.listen_address, "--listen", self.pool.serve, Role.KVPOOL, Role.MIDDLEBOX)
         remote_server = None
         if self.remote is not None:

@@ -16,6 +16,9 @@ The checks, by name in the block:
   `streamed_handoff_model`), the worst decode's figure counting;
 - `collectives_<leader>` (`--prefill-tp` / `--decode-tp N`): each TP group's measured collective share of its step
   time against the model's (its leader's /stats' `tp_group`), within 3 points; a group that failed is not a pass.
+- `pool_fetch` (`--kv-pool pool`, when a request looked up its prefix): the mean of every answered fetch's time, as
+  the prefill measured it, against the mean of what the pool link's fetch lane prescribes for the same fetches in
+  the order they were asked (a FIFO: model/fidelity.py `prescribed_fetches_s`), within the live groups' band (5 %);
 - `remote_kv_<decode>` (`--kv-placement remote`): the median over its steps whose remote legs had the link to
   themselves of measured / model at the bytes they moved (model/remote_kv.py: legs_model_s), within the live groups'
   band (5 %); no such step is "not measured". A hand-off that met remote legs on the link is left out of
@@ -113,6 +116,22 @@ def _collectives(role: str, leaders: list[dict], dilation: float) -> dict[str, f
             for name, g in groups.items()}
 
 
+def _pool_fetches(scenario: Scenario, prefills: list[dict]) -> fidelity.Gap:
+    """Every answered pool fetch (all prefills', on the one fetch lane) against the lane's FIFO model: the mean
+    measured over the mean prescribed, within the live groups' band."""
+    fetches = [f for s in prefills for f in (s.get("prefix") or {}).get("fetches") or []]
+    if not fetches:
+        return fidelity.not_measured("no pool fetch was answered", fidelity.GROUP_TOLERANCE)
+    want = fidelity.prescribed_fetches_s(scenario, [(f[0], f[1], f[2], f[4]) for f in fetches])
+    return fidelity.model_gap(math.fsum(f[3] for f in fetches) / len(fetches), math.fsum(want) / len(want),
+                              scenario.effective_dilation, "pool fetches")
+
+
+def _asked_the_pool(prefills: list[dict]) -> bool:
+    """Whether any request named blocks to look up in the pool (a run whose requests name none has no fetch)."""
+    return any(sum(((s.get("prefix") or {}).get("lookups") or {}).values()) for s in prefills)
+
+
 def _remote_kv(decodes: list[dict], dilation: float) -> dict[str, fidelity.Gap]:
     what = "remote KV legs on an idle link"
     judged = {s.get("name", "decode"): s["remote_kv"] for s in decodes if isinstance(s.get("remote_kv"), dict)}
@@ -163,6 +182,8 @@ def fidelity_block(scenario: Scenario, records: list[RequestRecord], *, prefills
         gaps.update(_collectives("decode", decodes, dilation))
     if scenario.remote_kv:
         gaps.update(_remote_kv(decodes, dilation))
+    if scenario.kv_pool == "pool" and (_asked_the_pool(prefills) or not prefills):
+        gaps["pool_fetch"] = _pool_fetches(scenario, prefills)
     faithful, block = fidelity.assess(gaps)
     block["handoff_model"]["distribution"] = distribution
     return faithful, block

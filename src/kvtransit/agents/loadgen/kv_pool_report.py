@@ -44,6 +44,8 @@ def kv_pool_summary(scenario: Scenario, peer_stats: list[dict], ttft_mean_s: flo
         "ttft_split_s": {"fetch": fetch_mean,
                          "compute": (ttft_mean_s - fetch_mean) if ttft_mean_s is not None and fetch_mean is not None
                          else ttft_mean_s},
+        # --compress-at gpu: the part of the fetches' time the prefill GPU spent decoding what arrived (model s).
+        "fetch_gpu_inverse_s": _sum(prefixes, "fetch_gpu_inverse_s"),
         "writeback_raw_bytes": _sum(prefixes, "writeback_raw_bytes"),
         "pool": None,
     }
@@ -58,6 +60,8 @@ def kv_pool_summary(scenario: Scenario, peer_stats: list[dict], ttft_mean_s: flo
             "evictions": pool.get("evictions"),
             "lookups": pool.get("lookups"),
             "bad_blocks": pool.get("bad_blocks"),
+            # --pool-warm trace: what the pool held when the window began (agents/kvpool/warm.py), model bytes.
+            "warm": pool.get("warm"),
         }
     return summary
 
@@ -81,4 +85,7 @@ def kv_pool_headline(report: dict) -> str | None:
         memory = pool["pool"]["tiers"].get("memory", {})
         line += (f"; pool {memory.get('blocks', 0)} blocks, {num(memory.get('occupancy'), '{:.1%}')} full, "
                  f"evictions {pool['pool']['evictions']}, bad blocks {pool['pool']['bad_blocks']}")
+        if warm := pool["pool"].get("warm"):
+            line += (f"; warmed with {warm['blocks']} blocks of the trace's first {warm['earlier_requests']} "
+                     f"requests ({num(warm['stored_bytes'])} B stored, {warm['codec']})")
     return line

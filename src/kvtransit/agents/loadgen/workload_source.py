@@ -1,32 +1,17 @@
 """Where a run's requests come from: the scenario's drawn workload, or a trace file replayed (model/traces.py).
 
-The one place that opens a trace: the parsers are pure and take lines. `requests_for` is what the load
-generator replays; `workload_description` is what the report says about it (for a trace: which file, how
-many of its requests, the time scale, how many prompts the context cap cut).
+A trace is opened by agents/common/trace_file.py (the pool warms from the same one: --pool-warm trace).
+`requests_for` is what the load generator replays; `workload_description` is what the report says about it (for a
+trace: which file, how many of its requests from which one, the time scale, how many prompts the context cap cut).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from kvtransit.agents.common.trace_file import load_trace as load_trace
 from kvtransit.model.prefix_workloads import prefix_requests
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord
-from kvtransit.model.traces import TraceError, TraceReplay, detect_format, parse_trace, replay
 from kvtransit.model.workload import RequestSpec, generate
-
-
-def load_trace(scenario: Scenario) -> TraceReplay:
-    path = Path(scenario.trace)
-    fmt = detect_format(scenario.trace) if scenario.trace_format == "auto" else scenario.trace_format
-    try:
-        with path.open(encoding="utf-8", newline="") as handle:
-            records = parse_trace(handle, fmt, source=str(path))
-    except OSError as exc:
-        raise TraceError(f"trace: cannot read {path}: {exc.strerror or exc}") from None
-    return replay(records, requests=scenario.requests, time_scale=scenario.time_scale,
-                  sampling=scenario.trace_sample, context_cap=scenario.context_cap, seed=scenario.seed,
-                  source=str(path))
 
 
 def requests_for(scenario: Scenario) -> list[RequestSpec]:

@@ -66,7 +66,7 @@ from kvtransit.wire.events import (
 from .accounting import PoolAccounting
 from .app import Middlebox
 from .chunk_in_flight import ChunkInFlight
-from .pipeline import Abandoned, ByteBudget, Delivered, KvStream, Refused
+from .pipeline import RUNS_ON_GPU, Abandoned, ByteBudget, Delivered, KvStream, Refused
 from .stages.kernel import RUNS_ON_MODULE, RUNS_ON_NONE
 
 log = logging.getLogger(__name__)
@@ -193,9 +193,12 @@ class PoolRelay:
                         case KvBegin() as begin:
                             await link.send(begin, ready_ns=start_ns)
                         case KvChunk() as chunk:
+                            # A block stored compact by this module is decoded here; one the prefill's GPU
+                            # compressed (--compress-at gpu: no kernel here) is decoded by that GPU.
+                            runs_on = RUNS_ON_NONE if not chunk.codec_id else \
+                                RUNS_ON_MODULE if kernel.codec is not None else RUNS_ON_GPU
                             item = ChunkInFlight(chunk=chunk, raw_bytes=chunk.raw_bytes,
-                                                 codec=kernel.name if chunk.codec_id else "none",
-                                                 runs_on=RUNS_ON_MODULE if chunk.codec_id else RUNS_ON_NONE)
+                                                 codec=kernel.name if chunk.codec_id else "none", runs_on=runs_on)
                             # Decompressing on the way in costs the module what compressing did (the inverse
                             # transform, REFERENCE §5 pricing); a module slower than the wire holds the link.
                             item = module.price(item, kernel)

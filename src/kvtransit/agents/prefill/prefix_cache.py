@@ -20,14 +20,12 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from kvtransit.agents.common import kv_frames
+from kvtransit.agents.common import pool_blocks
 from kvtransit.agents.common.process import Address
 from kvtransit.model.prefix import BLOCK_TOKENS, PrefixIndex, cached_tokens, capacity_blocks_for, storable
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime import metrics as runtime_metrics
-from kvtransit.runtime.clock import Clock
+from kvtransit.runtime.clock import Clock, sleep_for
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint, open_greeted
 from kvtransit.wire.errors import ProtocolError
@@ -71,6 +69,8 @@ class Lookup:
     raw_bytes: int = 0
     wire_bytes: int = 0
     outcome: str = "miss"
+    gpu_inverse_s: float = 0.0  # model seconds of fetch_s the prefill GPU spent decoding it (--compress-at gpu)
+    sent_s: float | None = None  # a pool fetch that was answered: when it was asked, model s on the host's clock
 
     @property
     def new_blocks(self) -> tuple[int, ...]:
@@ -90,11 +90,15 @@ class PrefixTotals:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     fetch_s: float = 0.0
+    fetch_gpu_inverse_s: float = 0.0
     fetch_raw_bytes: int = 0
     fetch_wire_bytes: int = 0
     writeback_raw_bytes: int = 0
     writebacks: dict = field(default_factory=lambda: {"ok": 0, "failed": 0})
     lookups: dict = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    # Every answered pool fetch: (asked at, KV bytes, wire bytes, measured s, GPU decode s), model units, for the
+    # report to judge against the pool link's FIFO (model/fidelity.py: prescribed_fetches_s).
+    fetches: list = field(default_factory=list)
 
 
 class PrefixReuse:
@@ -119,6 +123,8 @@ class PrefixReuse:
         self.local = PrefixIndex(capacity_blocks_for(scenario.kv_pool_capacity, block_model_bytes)) \
             if self.mode == "local" else None
         self.totals = PrefixTotals()
+        # --compress-at gpu: write-backs leave compressed by the GPU's codec (the middlebox passes them through).
+        self.gpu_codec = pool_blocks.write_back_codec(scenario) if scenario.compress_at == "gpu" else None
         self._conn: Endpoint | None = None
         self._dial_lock = asyncio.Lock()
         self._last_failed_dial_ns: int | None = None
@@ -178,12 +184,25 @@ class PrefixReuse:
             return
         result.hit_blocks = min(fetch.blocks, len(result.hash_ids))
         result.raw_bytes, result.wire_bytes = fetch.raw_bytes, fetch.wire_bytes
+        result.sent_s = self.scenario.model_s(started / 1e9)
+        # --compress-at gpu: the prefix arrived as the GPU compressed it, and the GPU decodes it before the
+        # request's compute can read it (the model's time, held on the clock; part of the fetch's TTFT).
+        hit_tokens = cached_tokens(result.prompt_tokens, result.hit_blocks, self.block_tokens)
+        result.gpu_inverse_s = self.scenario.gpu_codec_fetch_inverse_s(hit_tokens)
+        if result.gpu_inverse_s:
+            await sleep_for(self.clock, result.gpu_inverse_s * self.scenario.effective_dilation)
+            result.fetch_s = self.scenario.model_s((self.clock.now_ns() - started) / 1e9)
 
     def _account(self, result: Lookup) -> None:
         t, m = self.totals, self.metrics
         t.prompt_tokens += result.prompt_tokens
         t.cached_tokens += result.cached_tokens
         t.fetch_s += result.fetch_s
+        t.fetch_gpu_inverse_s += result.gpu_inverse_s
+        if result.sent_s is not None:
+            scale = self.model_bytes_per_byte
+            t.fetches.append((result.sent_s, result.raw_bytes * scale, result.wire_bytes * scale, result.fetch_s,
+                              result.gpu_inverse_s))
         t.fetch_raw_bytes += result.raw_bytes
         t.fetch_wire_bytes += result.wire_bytes
         t.lookups[result.outcome] += 1
@@ -215,23 +234,20 @@ class PrefixReuse:
             await asyncio.wait(pending)
 
     def _put_frames(self, request_id: int, result: Lookup) -> list:
-        """PoolPut, then KvBegin and each new block as rows of whole token runs: every layer's K and V rows,
-        [layers·2·kv_heads, block_tokens, head_dim], in chunks of at most kv_frames.MAX_CHUNK_BYTES (so a
-        block is a few large frames, not one small frame per layer: per-frame host overhead would otherwise
-        pace a fast link). The codec works along tokens, row by row, so any run of rows is a valid chunk."""
-        layout, B = self.layout, self.block_tokens
+        """PoolPut, then KvBegin and each new block's chunks (agents/common/pool_blocks.py: the layout a warmed
+        pool stores too). Raw, for the middlebox's kernel to compress once on the way out; with --compress-at gpu
+        compressed here, by the codec that compressed the request's hand-off (the GPU encodes its KV once, so
+        the write-back adds no GPU time: model/gpu_codec.py charges the hand-off's forward work)."""
         first, last = result.hit_blocks, result.hit_blocks + len(result.new_blocks)
-        layers = [kv_frames.as_rows(self.kv.layer(request_id, layer, last * B)) for layer in range(layout.layers)]
-        rows_per_block = layers[0].shape[0] * len(layers)
-        pieces = kv_frames.row_slices(1, rows_per_block, B * layout.head_dim * layout.bytes_per_value)
-        chunks: list[KvChunk] = []
-        for k in range(first, last):
-            block = np.concatenate([rows[:, k * B:(k + 1) * B, :] for rows in layers])
-            for piece in pieces:
-                chunks.append(kv_frames.raw_chunk(request_id, len(chunks), piece, block))
-        begin = KvBegin(request_id=request_id, prompt_tokens=len(result.new_blocks) * B, output_tokens=1,
-                        n_layers=1, n_chunks=len(chunks), raw_bytes=sum(c.raw_bytes for c in chunks),
-                        codec="none", first_token_ns=0)
+        chunks = pool_blocks.block_chunks(self.kv, request_id, first, last, layers=self.layout.layers,
+                                          block_tokens=self.block_tokens)
+        codec_name = "none"
+        if self.gpu_codec is not None:
+            codec_name = self.scenario.codec
+            chunks = [pool_blocks.encoded(c, self.gpu_codec, codec_name) for c in chunks]
+        begin = KvBegin(request_id=request_id, prompt_tokens=len(result.new_blocks) * self.block_tokens,
+                        output_tokens=1, n_layers=1, n_chunks=len(chunks), raw_bytes=sum(c.raw_bytes for c in chunks),
+                        codec=codec_name, first_token_ns=0)
         return [PoolPut(request_id=request_id, hash_ids=result.new_blocks), begin, *chunks]
 
     async def _put(self, request_id: int, result: Lookup) -> None:
@@ -329,11 +345,11 @@ class PrefixReuse:
         return {"mode": self.mode, "block_tokens": self.block_tokens, "prompt_tokens": t.prompt_tokens,
                 "cached_tokens": t.cached_tokens,
                 "hit_rate": t.cached_tokens / t.prompt_tokens if t.prompt_tokens else None,
-                "lookups": dict(t.lookups), "fetch_s": t.fetch_s,
+                "lookups": dict(t.lookups), "fetch_s": t.fetch_s, "fetch_gpu_inverse_s": t.fetch_gpu_inverse_s,
                 "fetch_raw_bytes": t.fetch_raw_bytes * self.model_bytes_per_byte,
                 "fetch_wire_bytes": t.fetch_wire_bytes * self.model_bytes_per_byte,
                 "writeback_raw_bytes": t.writeback_raw_bytes * self.model_bytes_per_byte,
-                "writebacks": dict(t.writebacks),
+                "writebacks": dict(t.writebacks), "fetches": [list(f) for f in t.fetches],
                 "local_blocks": len(self.local) if self.local is not None else None,
                 "local_evictions": self.local.evictions if self.local is not None else None}
 

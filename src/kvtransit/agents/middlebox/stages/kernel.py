@@ -17,8 +17,8 @@ import ml_dtypes
 import numpy as np
 
 from kvtransit.agents.common.kv_frames import IDENTITY_CODEC_ID, byte_view, codec_id
+from kvtransit.agents.common.pool_blocks import transit_codec
 from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
-from kvtransit.kernels import get_codec
 from kvtransit.kernels.registry import Codec
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.module import Action, BudgetResult, KernelDeclaration, Module, Policy, budget_check
@@ -81,11 +81,9 @@ def activate(config: KernelConfig, module: Module, policy: Policy) -> ActiveKern
     """Build and judge a kernel. A kernel the module may not run is refused here (ConfigError), by policy."""
     if config.codec == "none":
         return ActiveKernel(config, None, None, None, RUNS_ON_NONE)
-    # `block` means a transform's tokens (freq-keep-k) or a scale's values (fp8); fp4-block's is fixed by the
-    # format and the KIVI codecs' is their group, so they are given none (as kv_frames.codec_for does).
-    block = config.block if config.codec in ("freq-keep-k", "fp8") else None
-    codec = get_codec(config.codec, keep=config.keep, block=block, sinks=config.sinks,
-                      variant=config.variant, precision_bits=config.precision_bits)
+    # The one codec object for these settings: a warmed pool stores what this codec makes (pool_blocks.py).
+    codec = transit_codec(config.codec, keep=config.keep, block=config.block, sinks=config.sinks,
+                          variant=config.variant, precision_bits=config.precision_bits)
     # The run's (or the live API's) unknowns override the preset's: the same declaration Scenario.codec_declaration
     # builds, so the middlebox and the model (model/fidelity.py) judge the kernel alike.
     declaration = replace(codec.declaration, transform_charged=config.transform_charged,
