@@ -203,3 +203,22 @@ def test_where_no_change_flips_the_verdict_the_nearest_that_fixes_a_test_is_show
     (transform,) = [f for f in verdict_flips(r, SIM) if f.unknown == "transform"]
     assert transform.closer and transform.failing_after == ("bottleneck",)
     assert transform.describe() == "transform charged -> free: still not a candidate, failing only bottleneck"
+
+
+def test_the_tier_row_runs_the_tier_deck_presets_in_transit_point_under_the_tables_unknowns(tmp_path):
+    from pathlib import Path
+
+    from kvtransit.emulator.candidates import RowContext, tier_scenario
+    from kvtransit.model.sweep_plan import preset
+
+    sample = Path("tests/data/smollm2_kv_sample.npz")
+    ctx = RowContext("kv-tier-fetch", Unknowns(module_budget=3.96, precision_bits=6, link="eth-25g"), tmp_path,
+                     lambda _msg: None, sample)
+    scenario = tier_scenario(ctx)
+    point = preset("tier-deck")[0].scenario({"compress_at": "transit"})
+    assert (scenario.model, scenario.trace_start, scenario.pool_warm, scenario.context_cap, scenario.kv_pool) == \
+        (point.model, point.trace_start, point.pool_warm, point.context_cap, point.kv_pool)
+    assert (scenario.codec, scenario.compress_at) == ("freq-keep-k", "transit")
+    assert (scenario.link, scenario.precision_bits, scenario.kv_sample) == ("eth-25g", 6, str(sample))
+    assert scenario.module_budget_ops_per_byte == 3.96
+    assert Path(scenario.trace).exists()  # the shared trace, found beside the checkout when not under the cwd
