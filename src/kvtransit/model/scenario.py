@@ -483,17 +483,18 @@ class Scenario:
 
     def gpu_codec_inverse_s(self, prompt_tokens: int) -> float:
         """0 unless the codec ran on the prefill GPU; fused into the decode step that admits the request."""
-        if self.compress_at != "gpu" or self.codec == "none":
+        return self._gpu_inverse_s(prompt_tokens, self.decode_gpus)
+
+    def _gpu_inverse_s(self, tokens: int, gpus: int) -> float:
+        if self.compress_at != "gpu" or self.codec == "none" or tokens <= 0:
             return 0.0
-        return gpu_codec.fused_s(self.gpu_codec_inverse_work(prompt_tokens), self.device_spec, self.decode_gpus)
+        return gpu_codec.fused_s(self.gpu_codec_inverse_work(tokens), self.device_spec, gpus)
 
     def gpu_codec_fetch_inverse_s(self, cached_tokens: int) -> float:
         """The prefill GPU undoing its codec on a cached prefix fetched compact from the KV pool (--compress-at gpu
         compressed the write-back there): the same inverse work as decode's, on the prefill's GPUs, before the
         request's compute can read the prefix. 0 unless the codec runs on the GPU."""
-        if self.compress_at != "gpu" or self.codec == "none" or cached_tokens <= 0:
-            return 0.0
-        return gpu_codec.fused_s(self.gpu_codec_inverse_work(cached_tokens), self.device_spec, self.prefill_gpus)
+        return self._gpu_inverse_s(cached_tokens, self.prefill_gpus)
 
     @property
     def kv_sample_path(self) -> str | None:

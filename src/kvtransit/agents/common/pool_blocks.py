@@ -41,6 +41,13 @@ def block_chunks(kv, request_id: int, first: int, last: int, *, layers: int, blo
     return chunks
 
 
+def write_back_chunks(kv, request_id: int, first: int, last: int, *, layers: int, block_tokens: int, codec,
+                      codec_name: str) -> list[KvChunk]:
+    """`block_chunks` as a write-back sends them: raw (`codec` None), or each through `codec` (named `codec_name`)."""
+    chunks = block_chunks(kv, request_id, first, last, layers=layers, block_tokens=block_tokens)
+    return chunks if codec is None else [encoded(c, codec, codec_name) for c in chunks]
+
+
 def transit_codec(codec: str, *, keep: float, block: int, sinks: int, variant: str, precision_bits: int | None):
     """The module's codec object for a kernel's settings (None for "none"). `block` means a transform's tokens
     (freq-keep-k) or a scale's values (fp8); fp4-block's is fixed by the format and the KIVI codecs' is their

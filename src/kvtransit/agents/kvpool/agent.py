@@ -43,7 +43,7 @@ from kvtransit.wire.events import Ack, AckStatus, Bye, Error, Hello, KvBegin, Kv
 from kvtransit.wire.limits import WIRE_VERSION, clip_message, clip_reason
 
 from .remote_contexts import RemoteContextServer
-from .store import BlockStore, StoredBlock, StoredChunk
+from .store import BlockStore, StoredChunk, split_into_blocks
 from .warm import WarmReport, warm
 
 log = logging.getLogger(__name__)
@@ -122,9 +122,7 @@ class KvPool:
             case PutOpened(put):
                 await self._put_begin(endpoint, put)
             case PutChunk(put, chunk) if put.refused is None:
-                put.chunks.append(StoredChunk(chunk.layer, chunk.dtype, tuple(chunk.shape), chunk.codec_id,
-                                              bytes(chunk.codec_header), bytes(chunk.payload), chunk.raw_bytes,
-                                              chunk.payload_crc))
+                put.chunks.append(StoredChunk.of(chunk))
             case PutEnded(put) if put.refused is None:
                 await self._put_end(endpoint, put)
             case PutAborted() | PutWithdrawn():  # its source gave up, after its KvBegin or before
@@ -172,9 +170,8 @@ class KvPool:
                                       request_id=rid))
 
     async def _put_end(self, endpoint: Endpoint, put: OpenPut) -> None:
-        per_block = put.begin.n_chunks // len(put.hash_ids)
-        blocks = [StoredBlock(block_id, put.begin.codec, tuple(put.chunks[i * per_block:(i + 1) * per_block]))
-                  for i, block_id in enumerate(put.hash_ids)]
+        blocks = split_into_blocks(put.hash_ids, put.begin.codec, put.chunks,
+                                   per_block=put.begin.n_chunks // len(put.hash_ids))
         before = self._snapshot()
         stored = self.store.put(blocks)
         self._sync_counters(before)

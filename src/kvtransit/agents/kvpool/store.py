@@ -27,7 +27,7 @@ from pathlib import Path
 
 from kvtransit.model.errors import ConfigError
 from kvtransit.wire import crc32c
-from kvtransit.wire.events import DType
+from kvtransit.wire.events import DType, KvChunk
 
 BLOCK_FILE_MAGIC = b"KVB1"
 _FILE_HEAD = struct.Struct("!4sIQ")  # magic, crc32c of body, body length
@@ -50,6 +50,12 @@ class StoredChunk:
     # The payload's CRC32C as verified when it arrived, so serving it skips a second pass (None: compute it).
     payload_crc: int | None = field(default=None, compare=False)
 
+    @classmethod
+    def of(cls, chunk: KvChunk) -> StoredChunk:
+        """A chunk as the pool keeps it (its own copy of the header and payload)."""
+        return cls(chunk.layer, chunk.dtype, tuple(chunk.shape), chunk.codec_id, bytes(chunk.codec_header),
+                   bytes(chunk.payload), chunk.raw_bytes, chunk.payload_crc)
+
 
 @dataclass(frozen=True)
 class StoredBlock:
@@ -65,6 +71,13 @@ class StoredBlock:
     @property
     def raw_bytes(self) -> int:
         return sum(c.raw_bytes for c in self.chunks)
+
+
+def split_into_blocks(hash_ids, codec: str, chunks, *, per_block: int) -> list[StoredBlock]:
+    """A put's chunks as its blocks: `per_block` consecutive chunks each, in the ids' order (the pool's rule for a
+    PoolPut's stream; the caller has checked that its chunk count splits evenly)."""
+    return [StoredBlock(block_id, codec, tuple(chunks[i * per_block:(i + 1) * per_block]))
+            for i, block_id in enumerate(hash_ids)]
 
 
 class BadBlockFile(Exception):

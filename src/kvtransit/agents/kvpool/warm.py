@@ -23,7 +23,7 @@ from kvtransit.model.prefix import BLOCK_TOKENS, capacity_blocks_for
 from kvtransit.model.prefix_warm import WarmPlan, WarmPut, warm_plan
 from kvtransit.model.scenario import Scenario
 
-from .store import BlockStore, StoreCounters, StoredBlock, StoredChunk
+from .store import BlockStore, StoreCounters, StoredBlock, StoredChunk, split_into_blocks
 
 # Request ids the warm-up's blocks are made for: past any window's (the load generator numbers them from 0), so a
 # warmed block's content is never one a window request's own KV repeats.
@@ -60,15 +60,10 @@ def plan_for(scenario: Scenario) -> WarmPlan:
 def stored_blocks(kv, codec, codec_name: str, writer: int, put: WarmPut, *, layers: int) -> list[StoredBlock]:
     """`put`'s blocks as the pool stores a write-back of them by request `writer`: its chunks made as the prefill
     makes them, through `codec` (None: raw), split evenly into the blocks (the pool's own rule, agent.py)."""
-    chunks = pool_blocks.block_chunks(kv, writer, put.first, put.first + len(put.hash_ids), layers=layers,
-                                      block_tokens=BLOCK_TOKENS)
-    if codec is not None:
-        chunks = [pool_blocks.encoded(c, codec, codec_name) for c in chunks]
-    per_block = len(chunks) // len(put.hash_ids)
-    return [StoredBlock(block_id, codec_name, tuple(
-                StoredChunk(c.layer, c.dtype, tuple(c.shape), c.codec_id, bytes(c.codec_header), bytes(c.payload),
-                            c.raw_bytes, c.payload_crc) for c in chunks[k * per_block:(k + 1) * per_block]))
-            for k, block_id in enumerate(put.hash_ids)]
+    chunks = pool_blocks.write_back_chunks(kv, writer, put.first, put.first + len(put.hash_ids), layers=layers,
+                                           block_tokens=BLOCK_TOKENS, codec=codec, codec_name=codec_name)
+    return split_into_blocks(put.hash_ids, codec_name, [StoredChunk.of(c) for c in chunks],
+                             per_block=len(chunks) // len(put.hash_ids))
 
 
 def warm(scenario: Scenario, store: BlockStore) -> WarmReport:

@@ -239,12 +239,10 @@ class PrefixReuse:
         compressed here, by the codec that compressed the request's hand-off (the GPU encodes its KV once, so
         the write-back adds no GPU time: model/gpu_codec.py charges the hand-off's forward work)."""
         first, last = result.hit_blocks, result.hit_blocks + len(result.new_blocks)
-        chunks = pool_blocks.block_chunks(self.kv, request_id, first, last, layers=self.layout.layers,
-                                          block_tokens=self.block_tokens)
-        codec_name = "none"
-        if self.gpu_codec is not None:
-            codec_name = self.scenario.codec
-            chunks = [pool_blocks.encoded(c, self.gpu_codec, codec_name) for c in chunks]
+        codec_name = self.scenario.codec if self.gpu_codec is not None else "none"
+        chunks = pool_blocks.write_back_chunks(self.kv, request_id, first, last, layers=self.layout.layers,
+                                               block_tokens=self.block_tokens, codec=self.gpu_codec,
+                                               codec_name=codec_name)
         begin = KvBegin(request_id=request_id, prompt_tokens=len(result.new_blocks) * self.block_tokens,
                         output_tokens=1, n_layers=1, n_chunks=len(chunks), raw_bytes=sum(c.raw_bytes for c in chunks),
                         codec=codec_name, first_token_ns=0)
