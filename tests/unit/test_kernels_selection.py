@@ -78,6 +78,15 @@ def test_top_k_breaks_ties_to_the_lower_page():
     assert sel.top_k_pages(np.array([1.0, 2.0, 2.0, 2.0]), 2).tolist() == [1, 2]
 
 
+def test_top_k_is_the_stable_sort_of_the_scores_for_every_k_shape_and_run_of_ties():
+    rng = np.random.default_rng(11)
+    for scores in (rng.standard_normal((2, 3, 4, 24)), rng.integers(-2, 3, (2, 3, 4, 24)).astype(np.float64),
+                   np.zeros((5, 24)), np.array([[-0.0, 0.0, -0.0, 1.0] * 6])):
+        for k in (1, 2, 7, 23, 24):
+            want = np.sort(np.argsort(-scores, axis=-1, kind="stable")[..., :k], axis=-1)
+            np.testing.assert_array_equal(sel.top_k_pages(scores, k), want)
+
+
 def test_a_planted_needle_is_found_at_budget_one_sixteenth_on_synthetic_kv():
     for context in (1024, 16384):
         for seed in range(4):

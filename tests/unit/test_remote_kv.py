@@ -132,6 +132,22 @@ def test_the_pool_serves_each_contexts_page_summaries_and_exactly_the_pages_aske
         contexts.pages([9], np.full((1, s.layers, s.kv_heads, s.chosen), 64, np.int32))
 
 
+def test_every_fetched_page_is_the_contexts_own_for_every_layer_kv_head_and_slot():
+    # 1/32: 8 kv heads of 4 channels, so a page's rows are told apart per head; a 5-token tail.
+    scenario = Scenario(**REMOTE, link="eth-100g", scale=1 / 32, remote_context=512 + 5, select_budget=1 / 4)
+    contexts = RemoteContexts(scenario)
+    s = contexts.shapes
+    assert s.kv_heads == 8 and s.tail == 5
+    ids = np.random.default_rng(1).integers(0, s.pages, size=(2, s.layers, s.kv_heads, s.chosen)).astype(np.int32)
+    got = array_from(contexts.pages([4, 7], ids), BF16, s.pages_shape(2, True), "PAGES")
+    for i, rid in enumerate((4, 7)):
+        kv = contexts._context(rid)[0]
+        tokens = (ids[i][..., None] * s.page_size + np.arange(s.page_size)).reshape(s.layers, s.kv_heads, -1)
+        want = np.take_along_axis(kv[..., :s.pages * s.page_size, :], tokens[:, None, :, :, None], axis=3)
+        np.testing.assert_array_equal(got[i, ..., :-s.tail, :].view(np.uint16), want.view(np.uint16))
+        np.testing.assert_array_equal(got[i, ..., -s.tail:, :].view(np.uint16), kv[..., -s.tail:, :].view(np.uint16))
+
+
 def test_the_modules_scores_match_a_float64_reference_and_the_host_picks_the_references_top_pages(small):
     scenario, contexts = small
     s = contexts.shapes
@@ -208,3 +224,17 @@ def test_a_sweep_row_carries_the_remote_legs_and_each_class_tpot():
         "remote_bytes_per_step": 3e8, "remote_tpot_p50_ms": 30.0, "local_tpot_p50_ms": None}
     assert _remote_kv_columns({"remote_kv": None}) == {}
     assert field_from_text("select", "all") == "all"  # a grid's axis reads as the flag does
+
+
+@pytest.mark.parametrize("scale,fixed", [("auto", "at a fixed --scale 1/256"), (1 / 256, None)])
+def test_slow_legs_under_the_auto_scale_are_told_to_dilate_at_a_fixed_scale(scale, fixed):
+    from kvtransit.agents.loadgen.fidelity_report import fidelity_block
+
+    scenario = Scenario(**REMOTE, link="eth-100g", scale=scale)
+    decode = {"role": "decode", "name": "decode-0", "remote_kv": {"ratio_median": 1.3, "idle_link_steps": 9}}
+    faithful, block = fidelity_block(scenario, [], prefills=[], decodes=[decode], middleboxes=[],
+                                     scaled_achieved_Bps=None)
+    check = block["remote_kv_decode-0"]
+    assert not faithful and check["ok"] is False and check["measured"] == pytest.approx(0.3)
+    assert "try --dilation" in check["hint"]
+    assert (fixed in check["hint"]) if fixed else ("--scale" not in check["hint"])

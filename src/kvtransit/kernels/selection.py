@@ -148,8 +148,14 @@ def top_k_pages(scores: np.ndarray, k: int) -> np.ndarray:
         raise KernelInputError(f"top-k: k must be in 1..{pages} (the pages scored), got {k}")
     if not np.isfinite(scores).all():
         raise KernelInputError("top-k: scores have NaN/Inf values")
-    order = np.argsort(-scores, axis=-1, kind="stable")[..., :k]
-    out: np.ndarray = np.sort(order, axis=-1)
+    # = np.sort(np.argsort(-scores, kind="stable")[..., :k]), in O(pages) a row instead of a sort (2.5-3.8x faster,
+    # benchmarks/remote_legs_host.py: decode ranks every step, and its host time counts against the legs' model):
+    # every score above the k-th largest, then the lowest-indexed of those equal to it until there are k.
+    kth = np.partition(scores, pages - k, axis=-1)[..., pages - k:pages - k + 1]
+    above, tied = scores > kth, scores == kth
+    room = k - above.sum(axis=-1, keepdims=True)
+    keep = above | (tied & (np.cumsum(tied, axis=-1) <= room))
+    out: np.ndarray = np.nonzero(keep)[-1].reshape(*scores.shape[:-1], k)  # row-major: ascending page order
     return out
 
 

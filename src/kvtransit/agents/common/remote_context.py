@@ -190,20 +190,27 @@ class RemoteContexts:
     def pages(self, ids: list[int], page_ids: np.ndarray | None) -> bytes:
         """The chosen pages' K and V then the tail, request by request; every token when `page_ids` is None."""
         s = self.shapes
-        out = []
+        if page_ids is None:
+            return b"".join(self._context(rid)[0].tobytes() for rid in ids)
+        # Whole pages are gathered as rows (a page is page_size × D contiguous values of one layer, K or V, and kv
+        # head), by two index arrays on a view of 16-bit words: 12-18x faster than take_along_axis on the 5-d
+        # bfloat16 array at 8k tokens (1.5 -> 0.09 ms a step at 1/256, benchmarks/remote_legs_host.py), which
+        # matters because the leg's host time counts against its modelled link time.
+        groups, paged_tokens, k = s.layers * 2 * s.kv_heads, s.pages * s.page_size, s.chosen
+        group_rows = np.arange(groups)[:, None]
+        out = np.empty(s.pages_shape(len(ids), True), np.uint16)
         for i, rid in enumerate(ids):
-            kv = self._context(rid)[0]
-            if page_ids is None:
-                out.append(kv.tobytes())
-                continue
             chosen = page_ids[i]
             if chosen.min() < 0 or chosen.max() >= s.pages:
                 raise LegError(f"FETCH for request {rid}: page ids {chosen.min()}..{chosen.max()} outside its "
                                f"{s.pages} pages")
-            tokens = (chosen[..., None] * s.page_size + np.arange(s.page_size)).reshape(s.layers, s.kv_heads, -1)
-            picked = np.take_along_axis(kv[..., :s.pages * s.page_size, :], tokens[:, None, :, :, None], axis=3)
-            out.append(np.concatenate([picked, kv[..., s.pages * s.page_size:, :]], axis=3).tobytes())
-        return b"".join(out)
+            kv = self._context(rid)[0].view(np.uint16)
+            pages = kv.reshape(groups, -1)[:, :paged_tokens * s.head_dim].reshape(groups, s.pages, -1)  # a view
+            per_group = np.broadcast_to(chosen[:, None], (s.layers, 2, s.kv_heads, k)).reshape(groups, k)
+            out[i, ..., :k * s.page_size, :] = pages[group_rows, per_group].reshape(
+                s.layers, 2, s.kv_heads, k * s.page_size, s.head_dim)
+            out[i, ..., k * s.page_size:, :] = kv[..., paged_tokens:, :]
+        return out.tobytes()
 
     def page_ids_from(self, rest: memoryview, n: int) -> np.ndarray | None:
         if not len(rest):
