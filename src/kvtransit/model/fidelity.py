@@ -138,15 +138,18 @@ GROUP_TOLERANCE = TIMER_TOLERANCE + HANDOFF_REL_TOLERANCE
 
 
 def model_gap(measured_s: float | None, modelled_s: float, dilation: float, what: str,
-              tolerance: float = GROUP_TOLERANCE) -> Gap:
+              tolerance: float = GROUP_TOLERANCE, *, fixed_scale: str | None = None) -> Gap:
     """|measured / modelled − 1| of a live group's figure (model seconds), within `tolerance`; unmeasured (None or
-    NaN, nothing modelled) is never a pass."""
+    NaN, nothing modelled) is never a pass. `fixed_scale`: the run's scale, when it was `auto` and the figure's host
+    work grows with its bytes, so the hint says to dilate at that scale (the auto scale would grow them instead)."""
     if measured_s is None or not math.isfinite(measured_s) or not (modelled_s > 0 and math.isfinite(modelled_s)):
         return not_measured(what, tolerance)
     error = measured_s / modelled_s - 1
     ok = abs(error) <= tolerance
     hint = "ok" if ok else (f"{what} {error:+.1%} off the model: try --dilation "
                             f"{math.ceil(dilation * (1 + abs(error) / tolerance) * 10 - 1e-9) / 10:g}")
+    if not ok and fixed_scale is not None:
+        hint += f" at a fixed --scale {fixed_scale} (the auto scale grows the bytes with the dilation)"
     return Gap(error, tolerance, ok, hint)
 
 

@@ -135,26 +135,21 @@ def _asked_the_pool(prefills: list[dict]) -> bool:
 
 def _remote_kv(decodes: list[dict], scenario: Scenario) -> dict[str, fidelity.Gap]:
     what = "remote KV legs on an idle link"
-    dilation = scenario.effective_dilation
     judged = {s.get("name", "decode"): s["remote_kv"] for s in decodes if isinstance(s.get("remote_kv"), dict)}
     if not judged:
         return {"remote_kv_decode": fidelity.not_measured("no decode reported its remote KV", fidelity.GROUP_TOLERANCE)}
-    gaps = {f"remote_kv_{name}": (fidelity.model_gap(r["ratio_median"], 1.0, dilation, what)
+    # Under --scale auto a higher dilation buys bigger payloads, not time: a step's legs are a few ms of link
+    # whatever the dilation, and their host time (8 hops, the scoring, the ranking) grows with the bytes. A fixed
+    # scale turns the dilation into headroom (measured on this 2-core box with a slow page gather: at 1/256 x1.22 at
+    # dilation 1 and x1.005 at 2; under auto, dilation 2 made it 1/32 and still x1.2-1.4).
+    fixed_scale = (str(Fraction(scenario.kv_layout.channels, scenario.model_spec.kv_dim))
+                   if isinstance(scenario.scale, str) else None)
+    return {f"remote_kv_{name}": (fidelity.model_gap(r["ratio_median"], 1.0, scenario.effective_dilation, what,
+                                                     fixed_scale=fixed_scale)
                                   if r.get("idle_link_steps") else
                                   fidelity.not_measured(f"{name}: no step's remote legs had the link to themselves",
                                                         fidelity.GROUP_TOLERANCE))
             for name, r in judged.items()}
-    if isinstance(scenario.scale, str):
-        # Under --scale auto a higher dilation buys bigger payloads, not time: a step's legs are a few ms of link
-        # whatever the dilation, and their host time (8 hops, the scoring, the ranking) grows with the bytes. A
-        # fixed scale turns the dilation into headroom (measured on this 2-core box with a slow page gather: at
-        # 1/256 x1.22 at dilation 1 and x1.005 at 2; under auto, dilation 2 made it 1/32 and still x1.2-1.4).
-        at = Fraction(scenario.kv_layout.channels, scenario.model_spec.kv_dim)
-        gaps = {name: (gap if gap.ok or "--dilation" not in gap.hint
-                       else dataclasses.replace(gap, hint=f"{gap.hint} at a fixed --scale {at} (the auto scale "
-                                                          "grows the legs' bytes with the dilation)"))
-                for name, gap in gaps.items()}
-    return gaps
 
 
 def fidelity_block(scenario: Scenario, records: list[RequestRecord], *, prefills: list[dict], decodes: list[dict],
