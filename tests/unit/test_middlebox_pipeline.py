@@ -1,12 +1,17 @@
 """One KV stream through the middlebox (agents/middlebox/pipeline.py), with the link and the stages as fakes:
-order, how a stream ends, the byte budget, and wire text clipped to the wire's byte limits."""
+order, how a stream ends, the byte budget, wire text clipped to the wire's byte limits, and a whole stream's hold
+for tc's burst (by its wire bytes, with the real tbf mirror)."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+
+import pytest
 
 from kvtransit.agents.middlebox.pipeline import Abandoned, ByteBudget, Delivered, KvStream, Refused
 from kvtransit.agents.middlebox.stages.kernel import KernelConfig, activate
+from kvtransit.agents.middlebox.stages.link import TbfMirror
 from kvtransit.kernels import KernelInputError
 from kvtransit.model.module import Module, Policy
 from kvtransit.wire import ErrorCode
@@ -24,9 +29,11 @@ class FakeLink:
 
     def __init__(self) -> None:
         self.sent: list = []
+        self.ready_ns: list = []
 
     async def send(self, event, *, ready_ns=None, min_serialise_s=0.0) -> None:
         self.sent.append(event)
+        self.ready_ns.append(ready_ns)
 
 
 class PassThrough:
@@ -39,6 +46,30 @@ class PassThrough:
         if item.chunk.chunk in self.refuse:
             raise KernelInputError(f"chunk {item.chunk.chunk} has the wrong shape")
         return item
+
+
+class Halving:
+    """A stage chain whose kernel halves every chunk (as band-keep at keep 0.5 does)."""
+
+    async def run(self, item, kernel):
+        item.chunk = replace(item.chunk, payload=bytes(item.chunk.payload)[: len(item.chunk.payload) // 2])
+        return item
+
+
+class MirrorBurst:
+    """The link stage's face to a stream under tc (pipeline.BurstHold), on the real tbf mirror."""
+
+    def __init__(self, rate_Bps: float):
+        self.tbf = TbfMirror(rate_Bps)
+
+    def burst_hold_ns(self, ready_ns: int, nbytes: int) -> int:
+        return self.tbf.hold_ns(ready_ns, nbytes)
+
+    def burst_at_once_bytes(self, ready_ns: int) -> float:
+        return self.tbf.at_once_bytes(ready_ns)
+
+    def on_wire(self, at_ns: int, nbytes: int) -> None:
+        self.tbf.sent(at_ns, nbytes)
 
 
 def kv_end(rid: int) -> KvEnd:
@@ -127,3 +158,64 @@ async def test_ingest_copies_the_payload_out_of_the_receive_buffer():
     stream.end()
     await stream.deliver(link, kv_end=kv_end, on_sent=sent.append)
     assert bytes(sent[0].chunk.payload) == PAYLOAD
+
+
+# A rate whose bucket (2 × 64 KiB of GSO, shaping/commands.py) is many of the test's 1 KiB chunks.
+RATE_Bps = 16e6
+START_NS = 10**12
+
+
+async def test_a_compressed_whole_stream_under_tcs_bucket_is_held_by_its_wire_bytes_not_its_raw_ones():
+    """The ib-ndr band-keep bug: 40 KiB raw, 20 KiB of wire, all under the bucket, tbf lets it all through at once;
+    held by the raw bytes it ended (raw − wire) / rate late."""
+    burst = MirrorBurst(RATE_Bps)
+    stream, link = KvStream(RID, Halving(), NONE_KERNEL, ByteBudget(10**6)), FakeLink()
+    await ingest_all(stream, chunks(40))
+    stream.end()
+    assert await stream.deliver(link, kv_end=kv_end, ready_ns=START_NS, on_sent=lambda item: None,
+                                burst=burst) == Delivered()
+    wire = 40 * len(PAYLOAD) // 2
+    assert wire < burst.tbf.burst_bytes
+    held_ns = link.ready_ns[0] - START_NS
+    assert held_ns == pytest.approx(wire / RATE_Bps * 1e9, abs=1)
+    assert set(link.ready_ns[:-1]) == {link.ready_ns[0]}  # every chunk paced from the one held start
+
+
+async def test_a_whole_stream_larger_than_the_bucket_is_held_by_the_buckets_time_and_not_behind_a_queue():
+    burst = MirrorBurst(RATE_Bps)
+    n = 2 * int(burst.tbf.burst_bytes) // (len(PAYLOAD) // 2) + 8  # wire bytes past the bucket
+    stream, link = KvStream(RID, Halving(), NONE_KERNEL, ByteBudget(10**7)), FakeLink()
+    await ingest_all(stream, chunks(n))
+    stream.end()
+    await stream.deliver(link, kv_end=kv_end, ready_ns=START_NS, on_sent=lambda item: None, burst=burst)
+    assert link.ready_ns[0] - START_NS == pytest.approx(burst.tbf.burst_bytes / RATE_Bps * 1e9, abs=1)
+    # The next one, ready at once, finds tbf's queue full of those bytes: nothing passes at once, no hold.
+    stream2, link2 = KvStream(RID + 1, Halving(), NONE_KERNEL, ByteBudget(10**7)), FakeLink()
+    await ingest_all(stream2, chunks(4))
+    stream2.end()
+    await stream2.deliver(link2, kv_end=kv_end, ready_ns=START_NS, on_sent=lambda item: None, burst=burst)
+    assert link2.ready_ns[0] == START_NS
+
+
+async def test_the_burst_hold_never_waits_on_chunks_the_byte_budget_keeps_from_being_read():
+    """A budget far below the bucket: the stream goes out as the reader is let go, held as for a full bucket."""
+    burst = MirrorBurst(RATE_Bps)
+    budget = ByteBudget(4 * len(PAYLOAD))
+    stream, link = KvStream(RID, Halving(), NONE_KERNEL, budget), FakeLink()
+    reading = asyncio.ensure_future(ingest_all(stream, chunks(40)))
+    delivering = asyncio.ensure_future(stream.deliver(link, kv_end=kv_end, ready_ns=START_NS,
+                                                      on_sent=lambda item: None, burst=burst))
+    await asyncio.wait_for(reading, 1.0)
+    stream.end()
+    assert await asyncio.wait_for(delivering, 1.0) == Delivered()
+    assert link.ready_ns[0] - START_NS == pytest.approx(burst.tbf.burst_bytes / RATE_Bps * 1e9, abs=1)
+    assert budget.used == 0
+
+
+async def test_a_chunk_refused_while_the_hold_is_worked_out_is_still_reported_in_order():
+    burst = MirrorBurst(RATE_Bps)
+    stream, link = KvStream(RID, PassThrough(refuse={2}), NONE_KERNEL, ByteBudget(10**6)), FakeLink()
+    await ingest_all(stream, chunks(4))
+    outcome = await stream.deliver(link, kv_end=kv_end, ready_ns=START_NS, on_sent=lambda item: None, burst=burst)
+    assert isinstance(outcome, Refused)
+    assert [type(e).__name__ for e in link.sent] == ["KvChunk", "KvChunk", "Error"]

@@ -226,24 +226,17 @@ class Middlebox:
         # and a host too slow to keep up still shows, as bytes that arrive after they were due.
         start_ns = begin.first_token_ns if begin.first_token_ns > 0 else handoff.arrived_ns
         link_stage = self.chain.link
-        # Under tc, held by what tbf lets through at once (stages/link.py: TbfMirror): a full burst after an idle gap,
-        # nothing behind a hand-off still in its queue. Streamed, each chunk is paced from its own release time (plus
-        # its own such hold: the link may idle between layers, and tbf's bucket fills again meanwhile), and the
-        # KvBegin goes with the first chunk, ready when it is: were it ready later (the first token), it would hold
-        # the link's timeline there; were it ready at "now", a first layer whose bytes reached us after its release
-        # (the host's making and relaying take longer than one layer's compute) could not be paced from its release.
-        if not self.streamed:
-            # By its raw bytes: the wire's are known only after the kernel. A whole hand-off is far above the burst
-            # at the studies' scales (4 MB vs 130 KB at 1/64); one whose wire bytes are under it (a very short prompt
-            # compressed) is held up to (burst - wire) / rate too long.
-            start_ns += link_stage.burst_hold_ns(start_ns, begin.raw_bytes)
+        # Under tc, held by what tbf lets through at once (stages/link.py: TbfMirror): a whole hand-off by the part
+        # of its wire bytes a full bucket passes after an idle gap, nothing behind a hand-off still in its queue
+        # (pipeline.py: KvStream._burst_head). Streamed, each chunk is paced from its own release time (plus its own
+        # such hold: the link may idle between layers, and tbf's bucket fills again meanwhile). The KvBegin goes with
+        # the first chunk, ready when it is: were it ready later (the first token), it would hold the link's
+        # timeline there; were it ready at "now", a first layer whose bytes reached us after its release (the
+        # host's making and relaying take longer than one layer's compute) could not be paced from its release.
         async with link_stage.shaper.transfer(endpoint, label=f"request {rid}") as link:
-            if not self.streamed:
-                await link.send(begin, ready_ns=start_ns)
             outcome = await handoff.stream.deliver(link, kv_end=endpoint.connection.kv_end, ready_ns=start_ns,
                                                    on_sent=self._on_chunk_sent, clock=self.clock,
-                                                   burst=link_stage,
-                                                   begin=begin if self.streamed else None)
+                                                   burst=link_stage, begin=begin)
         match outcome:
             case Delivered():
                 return None

@@ -69,9 +69,13 @@ class TbfMirror:
             return self._tokens
         return min(self.burst_bytes, self._tokens + (t_ns - self._at_ns) / 1e9 * self.rate_Bps)
 
+    def at_once_bytes(self, ready_ns: int) -> float:
+        """How many bytes tbf would let through at once at `ready_ns` (0 behind a queue)."""
+        return max(0.0, self._tokens_at(ready_ns))
+
     def hold_ns(self, ready_ns: int, nbytes: int) -> int:
         """How long to hold a frame of `nbytes` ready at `ready_ns`: the time of the part tbf lets through at once."""
-        return round(min(nbytes, max(0.0, self._tokens_at(ready_ns))) / self.rate_Bps * 1e9)
+        return round(min(nbytes, self.at_once_bytes(ready_ns)) / self.rate_Bps * 1e9)
 
     def sent(self, at_ns: int, nbytes: int) -> None:
         """`nbytes` reached tbf at `at_ns` (times only move forward: an earlier stamp counts as the latest)."""
@@ -119,6 +123,11 @@ class LinkStage(Stage):
         """How long a frame (or a whole hand-off) of `nbytes`, ready at `ready_ns`, is held so that tbf's burst ends
         it on time (TbfMirror); 0 when our own bucket shapes."""
         return self.tbf.hold_ns(ready_ns, nbytes) if self.tbf is not None else 0
+
+    def burst_at_once_bytes(self, ready_ns: int) -> float:
+        """How many bytes tbf would let through at once at `ready_ns`; 0 when our own bucket shapes (it paces every
+        byte: nothing passes at once)."""
+        return self.tbf.at_once_bytes(ready_ns) if self.tbf is not None else 0.0
 
     def on_wire(self, at_ns: int, nbytes: int) -> None:
         """`nbytes` left for the link at `at_ns`: tbf's mirror takes their tokens."""
