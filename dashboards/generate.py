@@ -228,7 +228,8 @@ def agents():
             PanelSpec("GPU energy", "Modelled dynamic GPU energy, joules per second.",
                       (Query(_rate("kvtransit_prefill_gpu_energy_joules_total"), "prefill"),
                        Query(_rate("kvtransit_decode_gpu_energy_joules_total"), "decode")), unit="watt"),
-        ]), ("KV pool", kv_pool_panels()), ("Collectives", collectives_panels()), ("Remote KV", remote_kv_panels())])
+        ]), ("KV pool", kv_pool_panels()), ("Collectives", collectives_panels()), ("Remote KV", remote_kv_panels()),
+         ("Ring attention", ring_panels())])
 
 
 def collectives_panels() -> list[PanelSpec]:
@@ -276,6 +277,27 @@ def remote_kv_panels() -> list[PanelSpec]:
                   (Query(_rate("kvtransit_remote_kv_scored_bytes_total"), "scored"),), unit="Bps"),
         PanelSpec("Remote steps", "Decode steps per second that fetched remote KV.",
                   (Query(steps, "steps"),), unit="ops"),
+    ]
+
+
+def ring_panels() -> list[PanelSpec]:
+    """The ring class's prefill (`--ring-share`, agents/ring/group.py): each ring request's attention round the ring
+    its prefill leads, measured at rank 0 beside the model's; empty without a ring class. Model units, as the run
+    report's `ring` block gives them."""
+    return [
+        PanelSpec("Ring attention, measured over model", "A ring request's attention (L layers of blocks passed round "
+                  "the ring while blockwise attention is held) as measured, over the model's time of the same "
+                  "requests, last 30 s: 1 when the host keeps up; the run is not faithful past 5 % off.",
+                  (Query(f"{_rate('kvtransit_ring_prompt_seconds_sum')} / "
+                         f"{_rate('kvtransit_ring_prompt_model_seconds_total')}", "measured / model"),),
+                  unit="none"),
+        PanelSpec("Ring attention time", "A ring request's attention, p50 and p99 (model seconds).",
+                  (Query(_quantile(0.5, "kvtransit_ring_prompt_seconds"), "p50"),
+                   Query(_quantile(0.99, "kvtransit_ring_prompt_seconds"), "p99")), unit="s"),
+        PanelSpec("Ring requests", "Ring requests' attention runs per second, by outcome (failed: the ring failed).",
+                  (Query(_rate("kvtransit_ring_prompts_total", "outcome"), "{{outcome}}"),), unit="ops"),
+        PanelSpec("Ring link bytes", "Block bytes rank 0 sent round the ring, model bytes per second.",
+                  (Query(_rate("kvtransit_ring_hop_bytes_total"), "rank 0"),), unit="Bps"),
     ]
 
 

@@ -35,6 +35,9 @@ def env_lines(argv: list[str]) -> list[str]:
     if scenario.remote_kv:
         raise SystemExit("scenario_env.py: --kv-placement remote: the compose testbed does not wire remote KV's legs "
                          "(decode's and the pool's remote-KV ports through the middlebox); run it with `kvtransit up`")
+    if scenario.ring:
+        raise SystemExit("scenario_env.py: --ring-share: the compose testbed's prefill has no ring's follower ranks "
+                         "beside it; run it with `kvtransit up`")
     if scenario.pool_warm != "off":
         raise SystemExit("scenario_env.py: --pool-warm trace: the compose testbed's kvpool container has no trace file "
                          "to warm from; run it with `kvtransit up`")

@@ -1,8 +1,9 @@
 """Every query of every dashboard panel returns data from a real Prometheus scraping a real `kvtransit up` run
 (with the shared KV pool: its row reads the pool's, the middlebox's pool path's and the prefix cache's series; with
 the real model reading the first requests' KV, for the Fidelity dashboard's real-model panels; and with decode a TP
-group of 2 whose all-reduce goes through a switch, for the Collectives row). The Remote KV row's queries are read
-from a second run, with remote KV (`--kv-placement remote`), which a decode TP group does not combine with.
+group of 2 whose all-reduce goes through a switch, for the Collectives row). The Remote KV row's and the Ring
+attention row's queries are read from a second run, with remote KV (`--kv-placement remote`), which a decode TP group
+does not combine with, and a ring class (`--ring-share`), which a prefix workload does not.
 
 The run is short and the queries are polled while it runs (its Prometheus stops with it): a query passes once
 it has returned at least one real number (not an empty result, not only NaN). Skips only when `prometheus` is
@@ -45,11 +46,12 @@ RUN_FLAGS = ["--requests", "40", "--rate", "3", "--prompt-mean", "512", "--outpu
 # The real model reads the first two requests' KV (`--kv-sample real --accuracy model`, the realkv extra that CI
 # installs), so the Fidelity dashboard's real-model panels have data too.
 REAL_MODEL_FLAGS = ["--kv-sample", "real", "--accuracy", "model", "--real-kv-requests", "2"]
-# The Remote KV row: a second short run, every other request attending to an 8k-token context held in the pool.
-REMOTE_KV_FLAGS = ["--requests", "24", "--rate", "2", "--prompt-mean", "512", "--output-mean", "32", "--seed", "7",
-                   "--kv-pool", "pool", "--kv-placement", "remote", "--remote-context", "8192", "--link", "eth-100g",
-                   "--codec", "none"]
-REMOTE_KV_METRICS = "kvtransit_remote_kv_"
+# The Remote KV and Ring attention rows: a second short run, every other request attending to an 8k-token context
+# held in the pool, and a quarter of them a 4k-token prompt that a ring of 2 prefills.
+SECOND_RUN_FLAGS = ["--requests", "24", "--rate", "2", "--prompt-mean", "512", "--output-mean", "32", "--seed", "7",
+                    "--kv-pool", "pool", "--kv-placement", "remote", "--remote-context", "8192", "--link", "eth-100g",
+                    "--codec", "none", "--ring-share", "0.25", "--ring-ranks", "2", "--ring-prompt", "4096"]
+SECOND_RUN_METRICS = ("kvtransit_remote_kv_", "kvtransit_ring_")
 RUN_TIMEOUT_S = 240.0
 POLL_INTERVAL_S = 1.0
 
@@ -66,20 +68,22 @@ def _has_a_number(result: list[dict]) -> bool:
     return any(math.isfinite(float(series["value"][1])) for series in result)
 
 
-def _reads_remote_kv(query: PanelQuery) -> bool:
-    return any(name.startswith(REMOTE_KV_METRICS) for name in metric_names(query.expr))
+def _reads_the_second_run(query: PanelQuery) -> bool:
+    return any(name.startswith(SECOND_RUN_METRICS) for name in metric_names(query.expr))
 
 
 def test_every_dashboard_query_returns_data_from_a_real_run(tmp_path: Path):
-    queries = [q for q in all_queries() if not _reads_remote_kv(q)]
+    queries = [q for q in all_queries() if not _reads_the_second_run(q)]
     assert queries, "no dashboards under dashboards/json"
     _answered_by_a_run(tmp_path, [*RUN_FLAGS, *REAL_MODEL_FLAGS], queries)
 
 
-def test_every_remote_kv_query_returns_data_from_a_real_run(tmp_path: Path):
-    queries = [q for q in all_queries() if _reads_remote_kv(q)]
-    assert len(queries) >= 4, "the Agents dashboard's Remote KV row is gone"
-    _answered_by_a_run(tmp_path, REMOTE_KV_FLAGS, queries)
+def test_every_remote_kv_and_ring_query_returns_data_from_a_real_run(tmp_path: Path):
+    queries = [q for q in all_queries() if _reads_the_second_run(q)]
+    for prefix in SECOND_RUN_METRICS:
+        assert sum(any(n.startswith(prefix) for n in metric_names(q.expr)) for q in queries) >= 4, \
+            f"the Agents dashboard's row of {prefix}* is gone"
+    _answered_by_a_run(tmp_path, SECOND_RUN_FLAGS, queries)
 
 
 def _answered_by_a_run(tmp_path: Path, flags: list[str], queries: list[PanelQuery]) -> None:

@@ -1,5 +1,6 @@
 """The `--tp-group JSON` flag of a prefill or decode that leads a TP group (`kvtransit up` gives it: the group's
-follower ranks' ports and the switch's; agents/tp_group/leader.py: LeaderConfig)."""
+follower ranks' ports and the switch's; agents/tp_group/leader.py: LeaderConfig), and the `--ring-group JSON` flag
+of a prefill that leads a ring (its follower ranks' ports; agents/ring/group.py: RingGroupConfig)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,28 @@ def tp_group_config(text: str, flag: str, size: int):
         return LeaderConfig(**json.loads(text))
     except (ValueError, TypeError) as exc:
         raise CliError(f"--tp-group: {exc}") from None
+
+
+def add_ring_group_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ring-group", default="", metavar="JSON",
+                        help="with --ring-share > 0: the ring this prefill leads as rank 0, its n - 1 follower ranks' "
+                             "ports (`kvtransit up` starts them and gives this)")
+
+
+def ring_group_config(text: str, ring_share: float):
+    """The ring to lead, given exactly when the run has a ring class; a bad one is one line naming the flag."""
+    from kvtransit.agents.ring.group import RingGroupConfig
+
+    from ._common import CliError
+
+    if not ring_share:
+        if text:
+            raise CliError("--ring-group: given with --ring-share 0 (no ring request to lead a ring for)")
+        return None
+    if not text:
+        raise CliError("--ring-group: --ring-share > 0 needs the ring's followers (kvtransit up starts them and "
+                       "passes this flag)")
+    try:
+        return RingGroupConfig(**json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise CliError(f"--ring-group: {exc}") from None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._agent import add_common_agent_flags, run_agent
-from ._tp_group import add_tp_group_flag, tp_group_config
+from ._tp_group import add_ring_group_flag, add_tp_group_flag, ring_group_config, tp_group_config
 from .scenario_flags import add_scenario_args, scenario_from_args
 
 
@@ -16,6 +16,7 @@ def register(subparsers) -> None:
     p.add_argument("--kv-pool-via", default=None, metavar="HOST:PORT",
                    help="with --kv-pool pool: the middlebox's pool port (its --pool-listen), the way to the KV pool")
     add_tp_group_flag(p, "prefill")
+    add_ring_group_flag(p)
     add_common_agent_flags(p, "prefill")
     p.set_defaults(func=run)
 
@@ -29,5 +30,6 @@ def run(args) -> int:
                          kv_to=parse_address(args.kv_to, "--kv-to"),
                          metrics_listen=parse_address(args.metrics_listen, "--metrics-listen"),
                          pool_via=parse_address(args.kv_pool_via, "--kv-pool-via") if args.kv_pool_via else None,
-                         tp_group=tp_group_config(args.tp_group, "--prefill-tp", scenario.prefill_tp))
+                         tp_group=tp_group_config(args.tp_group, "--prefill-tp", scenario.prefill_tp),
+                         ring_group=ring_group_config(args.ring_group, scenario.ring_share))
     return run_agent(args, lambda: agent.run)

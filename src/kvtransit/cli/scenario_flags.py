@@ -115,6 +115,11 @@ _HELP = {
     "page_size": "remote KV: tokens a page (divides the pool's 512-token blocks; Quest: 16)",
     "remote_context": "remote KV: tokens of each long context",
     "remote_share": "remote KV: share of the requests in the long-context class, in (0, 1]",
+    "ring_share": "ring attention: share of the requests whose long prompt (--ring-prompt) a ring of GPUs prefills, "
+                  "in [0, 1] (0: none)",
+    "ring_ranks": "ring attention: GPUs in the ring, 2, 4 or 8 (the instance's and n - 1 ring processes)",
+    "ring_link": "ring attention: the link between ring neighbours (catalogue key)",
+    "ring_prompt": "ring attention: tokens of a ring request's prompt, a multiple of --ring-ranks",
 }
 
 

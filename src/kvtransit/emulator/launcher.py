@@ -42,6 +42,7 @@ from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
 from kvtransit.runtime.http_client import get_json
 
+from . import ring_groups
 from .agent_commands import AGENT_MODULE, FrontendOptions, agent_commands
 from .placement import LOOPBACK, LinkSetup, choose_links
 from .supervisor import MAX_RESTARTS, pinned_argv
@@ -68,8 +69,8 @@ PROMETHEUS_SCRAPE_INTERVAL_S = 1.0  # prometheus/prometheus.yml: global.scrape_i
 # Roles that run in another role's place (network namespace, addresses): the KV pool beside the middlebox. A TP
 # group's follower ranks and switch run beside their prefill or decode (tp_groups.py; `Launcher._child(place=)`).
 RUNS_WITH = {"kvpool": "middlebox"}
-# A TP group's processes (tp_groups.py): one that exits fails its group, not the run.
-GROUP_ROLES = ("tp-rank", "switch")
+# A TP group's processes (tp_groups.py) and a ring's (ring_groups.py): one that exits fails its group, not the run.
+GROUP_ROLES = ("tp-rank", "switch", "ring-rank")
 # The client roles: one of them per run, started last and stopped first (it writes the report).
 CLIENT_ROLES = ("loadgen", "frontend")
 
@@ -297,6 +298,10 @@ class Launcher:
             find_prometheus()  # missing: a one-line error with the install hint, before anything starts
             config_source_dir()
         check_host(scenario)  # a TP group larger than this host can start: one line, before anything starts
+        ring_groups.check_host(scenario)  # so is a ring
+        if scenario.ring and self.frontend is not None:
+            raise ConfigError("ring_share: the ring class gives the load generator's requests their long prompt; the "
+                              "OpenAI front end's requests bring their own (give --ring-share 0 with the front end)")
         if scenario.decode_tp > 1 and "decode" in self.restart_roles:
             raise ConfigError("--restart decode: a decode that leads a TP group (--decode-tp > 1) cannot be restarted "
                               "alone (its followers' ring is joined to it); restart: middlebox")
@@ -332,10 +337,12 @@ class Launcher:
                 prefill_children = []
                 for i in range(scenario.prefill):
                     tp_group = await self._start_tp_group("prefill", i)
+                    ring_group = await self._start_ring_group(i)
                     argv = self._command("prefill", i, middlebox_kv=_addresses([middlebox_child], "listen_port"),
                                          pool_via=pool_via)
-                    prefill_children.append(self._child(f"prefill-{i}", "prefill",
-                                                        argv + (["--tp-group", tp_group] if tp_group else [])))
+                    prefill_children.append(self._child(f"prefill-{i}", "prefill", argv
+                                                        + (["--tp-group", tp_group] if tp_group else [])
+                                                        + (["--ring-group", ring_group] if ring_group else [])))
                     await self._start(prefill_children[-1])
                 client = "frontend" if self.frontend is not None else "loadgen"
                 loadgen_child = self._child(f"{client}-0", client, self._command(
@@ -388,6 +395,20 @@ class Launcher:
                                 setup.wrap(role, follower_argv(scenario, role, index, rank)), place=role)
             followers.append(await self._start(child))
         return leader_config(scenario, role, index, followers, switch)
+
+    async def _start_ring_group(self, index: int) -> str:
+        """`--ring-share`: the n − 1 follower ranks of prefill `index`'s ring, started where it will run; its
+        `--ring-group` JSON (ring_groups.py), or "" without a ring class."""
+        scenario, setup = self.scenario, self._links
+        if not scenario.ring:
+            return ""
+        followers = []
+        for rank in range(1, scenario.ring_ranks):
+            child = self._child(f"prefill-{index}-ring-{rank}", "ring-rank",
+                                setup.wrap("prefill", ring_groups.follower_argv(scenario, index, rank)),
+                                place="prefill")
+            followers.append(await self._start(child))
+        return ring_groups.leader_config(index, followers)
 
     def _announce_frontend(self, child: Child) -> None:
         assert self.frontend is not None  # called only with a front end
@@ -453,8 +474,9 @@ class Launcher:
                         # A TP group's rank or switch: its leader finds the group failed and fails every request it
                         # takes with the reason (agents/tp_group/leader.py), so the run goes on and ends accounted.
                         self.group_losses.append(child.name)
-                        self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: its TP group has failed; its "
-                                 "prefill or decode fails its requests with the reason")
+                        what = "ring" if child.role == "ring-rank" else "TP group"
+                        self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: its {what} has failed; its "
+                                 "prefill or decode fails the requests it takes with the reason")
                         continue
                     restarted = sum(1 for r in self.restarts if r["name"] == child.name)
                     if child.role in self.restart_roles and restarted < MAX_RESTARTS and not stop.is_set():

@@ -72,6 +72,7 @@ def row_from_report(key: str, scenario: Scenario, report: dict, *, wall_s: float
         **_kv_pool_columns(report),
         **_collectives_columns(report),
         **_remote_kv_columns(report),
+        **_ring_columns(report),
     }
 
 
@@ -120,6 +121,20 @@ def _remote_kv_columns(report: dict) -> dict:
             "remote_bytes_per_step": (block["summary_bytes"]["measured"] or 0) + (block["page_bytes"]["measured"] or 0),
             "remote_tpot_p50_ms": tpot["remote"]["p50"] if tpot["remote"] else None,
             "local_tpot_p50_ms": tpot["local"]["p50"] if tpot["local"] else None}
+
+
+def _ring_columns(report: dict) -> dict:
+    """Ring attention's headline figures (extra CSV columns), for runs with --ring-share (the sweep axes
+    `--grid ring_ranks=2,4,8 --grid ring_link=eth-25g,eth-100g,nvlink4`)."""
+    block = report.get("ring")
+    if not block:
+        return {}
+    ttft = block["ttft_ms"]
+    return {"ring_ranks": block["ranks"], "ring_link": block["link"],
+            "ring_attention_ms": _ms(block["attention_s"]["measured"]),
+            "model_ring_attention_ms": _ms(block["attention_s"]["model"]),
+            "ring_ttft_p50_ms": ttft["ring"]["p50"] if ttft["ring"] else None,
+            "other_ttft_p50_ms": ttft["other"]["p50"] if ttft["other"] else None}
 
 
 def failed_row(key: str, scenario: Scenario, error: str, *, wall_s: float) -> dict:

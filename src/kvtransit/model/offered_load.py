@@ -6,7 +6,8 @@ says so before it starts. The check is first-order, from the request stream alon
 lengths), per stage of REFERENCE §3–§4:
 
 - **prefill**: each request costs its share of a full batch of prompts of its own length (FIFO batches of at
-  most `PREFILL_BATCH_TOKEN_LIMIT` tokens), held for the roofline step time (`cost.prefill_step_s`);
+  most `PREFILL_BATCH_TOKEN_LIMIT` tokens), held for the roofline step time (`cost.prefill_step_s`); a ring
+  request (`--ring-share`) its whole ring prefill, a step of its own (model/ring_class.py);
 - **decode**: the tokens it must make (output − 1: the first comes from prefill) against the throughput of a
   full continuous batch (as many sequences as `MAX_DECODE_BATCH` and the KV capacity allow, each at the mean
   prompt plus half the mean output of context) on each instance;
@@ -100,7 +101,11 @@ def offered_vs_capacity(scenario: Scenario, requests: Sequence[RequestSpec]) -> 
     rate = (n - 1) / span
     # A TP group's instance on its own GPUs; its collectives are left out (a first-order check, said before a run).
     model, device = scenario.model_spec, scenario.device_spec
-    prefill_s = math.fsum(prefill_share_s(model, device, scenario.prefill_gpus, r.prompt_tokens) for r in requests)
+    # A ring request holds its instance for its whole ring prefill (model/ring_class.py), in a step of its own.
+    ring_s = scenario.ring_model.total_s if scenario.ring else 0.0
+    prefill_s = math.fsum(ring_s if scenario.ring and scenario.is_ring_request(r.request_id)
+                          else prefill_share_s(model, device, scenario.prefill_gpus, r.prompt_tokens)
+                          for r in requests)
     decode_tokens = sum(r.output_tokens - 1 for r in requests)
     decode_rate = decode_tokens_per_s(model, device, scenario.decode_gpus, scenario.decode_kv_capacity_tokens,
                                       sum(r.prompt_tokens for r in requests) / n,

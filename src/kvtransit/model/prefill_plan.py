@@ -12,6 +12,10 @@ holds and what it costs:
 - **hand-offs**: which requests go on to decode (output > 1 token) and which are done at their first token,
   as in the simulator.
 
+A ring request (`Scenario.is_ring_request`, model/ring_class.py) is a batch of its own (the queue keeps it alone):
+its plan is the ring's (`ring`): the rest of its prompt held by the prefill, then the ring's attention, which the
+ring's ranks run live (agents/ring/group.py); its energy is its whole prompt's work over the ring's GPUs.
+
 With chunked prefill (`Scenario.prefill_chunk`, issue 20) the batch is what `ChunkedPrefillQueue.take_batch`
 gave: the next chunk of each request it holds, in FIFO order (Sarathi-Serve's chunked prefill, as vLLM schedules
 it: one chunk of a prompt a step, the prompt's earlier chunks read back as context). An entry is then one chunk:
@@ -29,6 +33,7 @@ from .collectives import parallel_step
 from .cost import prefill_step_cached_s, prefill_work_cached, step_energy_j
 from .errors import ConfigError
 from .group_step import GroupCollectives, live_collectives
+from .ring_class import RingPrefill
 from .scenario import PREFILL_CHUNK_RANGE, Scenario
 from .serving import PREFILL_BATCH_TOKEN_LIMIT, PromptFifo, ServingRequest
 
@@ -66,6 +71,7 @@ class PrefillStepPlan:
     energy_j: float  # GPU energy of the step, the GPU codec's included
     collective_s: float = 0.0  # of model_s, the TP group's all-reduces (0 without a group)
     group: GroupCollectives | None = None  # what the live group carries (prefill_tp > 1)
+    ring: RingPrefill | None = None  # a ring request's step: its model (model_s is its total_s)
 
     @property
     def compute_s(self) -> float:
@@ -89,6 +95,16 @@ def codec_on_gpu(scenario: Scenario) -> bool:
 def plan_prefill_step(scenario: Scenario, entries: Sequence[BatchEntry]) -> PrefillStepPlan:
     """The plan of a step over `entries` (at least one); the module docstring says what goes in."""
     model, device = scenario.model_spec, scenario.device_spec
+    if scenario.ring and any(isinstance(e.request_id, int) and scenario.is_ring_request(e.request_id)
+                             for e in entries):
+        if len(entries) != 1:
+            raise ConfigError(f"a ring request runs in a step of its own, got a batch of {len(entries)}")
+        if entries[0].prompt_tokens != scenario.ring_prompt:
+            raise ConfigError(f"request {entries[0].request_id}: a ring request's prompt is ring_prompt "
+                              f"({scenario.ring_prompt}) tokens, got {entries[0].prompt_tokens}")
+        ring = scenario.ring_model
+        energy_j = step_energy_j(device, prefill_work_cached(model, [(entries[0].prompt_tokens, 0)]))
+        return PrefillStepPlan(tuple(entries), ring.total_s, scenario.wall_s(ring.total_s), energy_j, ring=ring)
     prompts = [(e.prompt_tokens, e.cached_tokens) for e in entries]
     codec_s = sum(scenario.gpu_codec_s(e.kv_tokens) for e in entries)
     energy_j = step_energy_j(device, prefill_work_cached(model, prompts))

@@ -47,11 +47,17 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def in_remote_class(seed: int, request_id: int, share: float) -> bool:
-    """Whether request `request_id` of a run seeded `seed` attends to a remote context (a fraction `share` of ids)."""
+def in_class(seed: int, request_id: int, share: float, salt: int = 0) -> bool:
+    """Whether request `request_id` of a run seeded `seed` is in a request class of `share` of the ids; `salt` keeps
+    one class's draw apart from another's (0: the remote-KV class's)."""
     if share >= 1:
         return True
-    return _splitmix64((seed & _MASK64) * 0x100000001B3 ^ request_id) / 2.0**64 < share
+    return _splitmix64(((seed & _MASK64) * 0x100000001B3 ^ request_id) ^ salt) / 2.0**64 < share
+
+
+def in_remote_class(seed: int, request_id: int, share: float) -> bool:
+    """Whether request `request_id` of a run seeded `seed` attends to a remote context (a fraction `share` of ids)."""
+    return in_class(seed, request_id, share)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from .prefix import BLOCK_TOKENS
 from .prefix_warm import POOL_WARM_MODES
 from .prefix_workloads import PREFIX_WORKLOADS
 from .remote_kv import KV_PLACEMENTS, SELECT_MODES, SELECT_TOP_K, in_remote_class
+from .ring_class import RING_RANKS, RingPrefill, in_ring_class, ring_prefill
 from .selection import DEFAULT_PAGE_SIZE, SUMMARY_KINDS, SelectionStep, check_budget, check_page_size, scoring_budget
 from .serving import PREFILL_BATCH_TOKEN_LIMIT
 from .slo import TPOT_SLO_S, TTFT_SLO_S
@@ -187,6 +188,12 @@ class Scenario:
     page_size: int = DEFAULT_PAGE_SIZE  # tokens a page (Quest's 16, REFERENCE §7)
     remote_context: int = 32768  # tokens of each remote context (the deck's 32k)
     remote_share: float = 0.5  # share of the requests in the long-context class
+    # Ring attention (issue 18 part 4, model/ring_class.py): a share of the requests has a prompt of ring_prompt
+    # tokens, prefilled by a ring of ring_ranks GPUs over ring_link (the instance's GPU and n − 1 ring processes).
+    ring_share: float = 0.0  # share of the requests in the ring class (0: none)
+    ring_ranks: int = 4  # GPUs in the ring (REFERENCE §7: 2, 4, 8)
+    ring_link: str = "eth-100g"  # the link between ring neighbours (`kvtransit ring`'s default)
+    ring_prompt: int = 32768  # tokens of a ring request's prompt (the deck's 32k)
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -298,6 +305,7 @@ class Scenario:
             number("scale", self.scale, lo=0, hi=1, lo_open=True)
             require_one_channel(self.model_spec, self.scale)
         self._check_remote_kv()
+        self._check_ring()
         self.codec_declaration  # noqa: B018 — the codec's own checks (e.g. fp4 block) run now, not mid-run
         if self.kv_capacity_tokens < 1:
             raise ConfigError(
@@ -337,6 +345,42 @@ class Scenario:
         if check is not None and check.action is Action.REJECTED:
             raise ConfigError(f"select_summary: {self.select_summary!r} scores with {check.describe()}; give --policy "
                               f"host (decode scores it) or --select-summary mean (a MAC, in the module's set)")
+
+    _RING_FIELDS = ("ring_ranks", "ring_link", "ring_prompt")
+
+    def _check_ring(self) -> None:
+        number("ring_share", self.ring_share, lo=0, hi=1)
+        if not self.ring:
+            given = [name for name in self._RING_FIELDS if getattr(self, name) != _DEFAULT_RING[name]]
+            if given:
+                raise ConfigError(f"{given[0]}: needs a ring class (--ring-share in (0, 1]); valid ring_share: "
+                                  "0 (no ring) up to 1")
+            return
+        ranks = number("ring_ranks", self.ring_ranks, integer=True)
+        if ranks not in RING_RANKS:
+            raise ConfigError(f"ring_ranks: {self.ring_ranks!r} is not a ring this emulation starts "
+                              f"(valid: {', '.join(map(str, RING_RANKS))})")
+        object.__setattr__(self, "ring_ranks", int(ranks))
+        if self.ring_link not in LINKS:
+            raise ConfigError(f"ring_link: {unknown_name('link', self.ring_link, LINKS)}")
+        prompt = int(number("ring_prompt", self.ring_prompt, lo=self.ring_ranks, integer=True))
+        if prompt % self.ring_ranks:
+            raise ConfigError(f"ring_prompt: {prompt} tokens do not split into {self.ring_ranks} equal blocks "
+                              f"(valid: a multiple of {self.ring_ranks})")
+        object.__setattr__(self, "ring_prompt", prompt)
+        if prompt > self.kv_capacity_tokens:
+            raise ConfigError(f"ring_prompt: {prompt} tokens of KV do not fit one decode instance "
+                              f"({self.kv_capacity_tokens} tokens on {self.gpus}x {self.device}); give fewer")
+        for name, value, valid in (("prefill_tp", self.prefill_tp, 1), ("prefill_chunk", self.prefill_chunk, 0)):
+            if value != valid:
+                raise ConfigError(f"ring_share: a ring request's prefill is the ring's; with {name} {value} it is "
+                                  f"not built (give --{name.replace('_', '-')} {valid})")
+        if self.handoff != HANDOFF_WHOLE:
+            raise ConfigError(f"ring_share: a ring request hands its KV off whole; with handoff {self.handoff!r} it "
+                              f"is not built (give --handoff {HANDOFF_WHOLE})")
+        if self.trace or self.prefix_workload != "none":
+            raise ConfigError("ring_share: the ring class gives its requests their own prompt length; a trace or a "
+                              "prefix workload brings its own (give --ring-share 0 with --trace or --prefix-workload)")
 
     # --- catalogue entries ---------------------------------------------------------------------------------
     @property
@@ -441,6 +485,48 @@ class Scenario:
 
     def is_remote_request(self, request_id: int) -> bool:
         return self.remote_kv and in_remote_class(self.seed, request_id, self.remote_share)
+
+    @property
+    def ring(self) -> bool:
+        """A share of the requests is prefilled by a ring (model/ring_class.py)."""
+        return self.ring_share > 0
+
+    def is_ring_request(self, request_id: int) -> bool:
+        return in_ring_class(self.seed, request_id, self.ring_share)
+
+    @property
+    def ring_link_spec(self) -> Link:
+        return link_by_name(self.ring_link)
+
+    @property
+    def ring_model(self) -> RingPrefill:
+        """What the model says a ring request's prefill takes (model seconds)."""
+        return ring_prefill(self.model_spec, self.device_spec, self.ring_link_spec, self.ring_ranks,
+                            self.ring_prompt)
+
+    @property
+    def ring_layout(self) -> KvLayout:
+        """A ring block's layout at scale: the run's KV channels, fewer when the ring's n ranks, all sending at once,
+        would push more than HOST_BUDGET_BPS through this host at the run's dilation (ring_run.py's budget); at
+        least one channel (then only more dilation helps, and the ring's fidelity check says so)."""
+        model = self.model_spec
+        per_channel_Bps = self.ring_link_spec.bandwidth_Bps / model.kv_dim / self.effective_dilation
+        fits = max(1, math.floor(HOST_BUDGET_BPS / (self.ring_ranks * per_channel_Bps)))
+        return scaled_layout(model, min(self.kv_layout.channels, fits))
+
+    @property
+    def ring_scale(self) -> float:
+        """A ring block's bytes over the model's block bytes (channels at scale / kv_dim)."""
+        return self.ring_layout.channels / self.model_spec.kv_dim
+
+    @property
+    def scaled_ring_link(self) -> Link:
+        """The ring link as the emulation shapes it: a block is cut by `ring_scale` along its channels
+        (model/kv_scale.py), so the rate is too; ÷ dilation, latency × dilation."""
+        link = self.ring_link_spec
+        return Link(name=f"{link.name}@scale",
+                    bandwidth_Bps=link.bandwidth_Bps * self.ring_scale / self.effective_dilation,
+                    latency_s=link.latency_s * self.effective_dilation, pj_per_bit=link.pj_per_bit)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -612,6 +698,7 @@ _FLAG_NAMES = {"prefill": "--prefill-instances", "decode": "--decode-instances"}
 
 
 _DEFAULT_REMOTE = {f.name: f.default for f in fields(Scenario) if f.name in Scenario._REMOTE_FIELDS}
+_DEFAULT_RING = {f.name: f.default for f in fields(Scenario) if f.name in Scenario._RING_FIELDS}
 
 
 def flag_for(field_name: str) -> str:

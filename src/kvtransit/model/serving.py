@@ -17,7 +17,7 @@ docstring says which. Times never appear here: the agents hold the step duration
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -101,11 +101,15 @@ class PrefillQueue(PromptFifo[ServingRequest]):
 
     `take_batch` takes the head whatever its size (a 32k-token prompt still runs, alone), then more from
     the head while the batch stays within the token budget, and stops at the first request that would
-    overflow it: strict FIFO, no skipping ahead (the simulator's `PrefillInstance.run`).
+    overflow it: strict FIFO, no skipping ahead (the simulator's `PrefillInstance.run`). A request
+    `runs_alone` says so of (a ring request: its prefill is the ring's, model/ring_class.py) is a batch of
+    its own, and no batch takes it as a follower.
     """
 
-    def __init__(self, token_limit: int = PREFILL_BATCH_TOKEN_LIMIT) -> None:
+    def __init__(self, token_limit: int = PREFILL_BATCH_TOKEN_LIMIT,
+                 runs_alone: Callable[[ServingRequest], bool] | None = None) -> None:
         super().__init__(token_limit)
+        self._alone = runs_alone or (lambda request: False)
 
     def push(self, request: ServingRequest) -> None:
         self._append(request, request.prompt_tokens)
@@ -117,10 +121,13 @@ class PrefillQueue(PromptFifo[ServingRequest]):
         """The next batch (empty when the queue is)."""
         batch: list[ServingRequest] = []
         tokens = 0
-        while self._queue and (not batch or tokens + self._queue[0].prompt_tokens <= self.token_limit):
+        while self._queue and (not batch or (tokens + self._queue[0].prompt_tokens <= self.token_limit
+                                             and not self._alone(self._queue[0]))):
             request = self._queue.popleft()
             batch.append(request)
             tokens += request.prompt_tokens
+            if self._alone(request):
+                break
         self._queued_tokens -= tokens
         return batch
 

@@ -516,6 +516,42 @@ def remote_kv_metrics(registry: CollectorRegistry) -> RemoteKvMetrics:
     )
 
 
+# A ring request's attention on n GPUs: the hops' ~0.1-20 ms × L layers (model/ring_class.py: 0.13 s on nvlink4
+# to 1.2 s on eth-25g for the deck's 32k prompt, n = 2..8), up to seconds for longer prompts or slow links.
+RING_PROMPT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, TTFT_SLO_S, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class RingMetrics:
+    """A prefill that leads a ring (`--ring-share`, model/ring_class.py; agents/ring/group.py): its ring
+    requests' attention measured beside the model's, and what crossed the ring link from rank 0."""
+
+    prompt_seconds: Histogram
+    prompt_model_seconds: Counter
+    prompts: Counter
+    hop_bytes: Counter
+
+
+def ring_metrics(registry: CollectorRegistry) -> RingMetrics:
+    return RingMetrics(
+        prompt_seconds=_histogram(
+            registry, "ring_prompt_seconds",
+            "--ring-share: a ring request's attention (its L layers round the ring, blocks passed over the ring link "
+            "while blockwise attention is held), as measured at rank 0, model seconds.", RING_PROMPT_BUCKETS_S),
+        prompt_model_seconds=_counter(
+            registry, "ring_prompt_model_seconds",
+            "--ring-share: the model's attention time of the same ring requests (model/ring_class.py), model "
+            "seconds: measured over model is ring_prompt_seconds_sum over this."),
+        prompts=_counter(
+            registry, "ring_prompts",
+            "--ring-share: ring requests' attention runs, by outcome (ok; failed: the ring failed, with a reason).",
+            ("outcome",)),
+        hop_bytes=_counter(
+            registry, "ring_hop_bytes",
+            "--ring-share: block bytes rank 0 sent round the ring, model bytes (measured bytes / the ring's scale)."),
+    )
+
+
 METRIC_FACTORIES = {
     "shared": shared_metrics,
     "middlebox": middlebox_metrics,
@@ -529,4 +565,5 @@ METRIC_FACTORIES = {
     "switch": switch_metrics,
     "tp_group": tp_group_metrics,
     "remote_kv": remote_kv_metrics,
+    "ring": ring_metrics,
 }

@@ -19,6 +19,9 @@ The checks, by name in the block:
 - `pool_fetch` (`--kv-pool pool`, when a request looked up its prefix): the mean of every answered fetch's time, as
   the prefill measured it, against the mean of what the pool link's fetch lane prescribes for the same fetches in
   the order they were asked (a FIFO: model/fidelity.py `prescribed_fetches_s`), within the live groups' band (5 %);
+- `ring_<prefill>` (`--ring-share`): the median over its ring requests of their attention round the ring as
+  measured at rank 0 against the model's (model/ring_class.py), within the live groups' band (5 %); a ring that
+  failed or ran no ring request is "not measured";
 - `remote_kv_<decode>` (`--kv-placement remote`): the median over its steps whose remote legs had the link to
   themselves of measured / model at the bytes they moved (model/remote_kv.py: legs_model_s), within the live groups'
   band (5 %); no such step is "not measured". A hand-off that met remote legs on the link is left out of
@@ -40,6 +43,7 @@ from kvtransit.model.slo import RequestRecord
 
 from .peer_stats import stat_sum
 from .remote_kv_report import shared_handoffs
+from .ring_report import ring_ratio_median
 
 
 def _timer_gaps(records: list[RequestRecord], prefills: list[dict], decodes: list[dict],
@@ -152,6 +156,26 @@ def _remote_kv(decodes: list[dict], scenario: Scenario) -> dict[str, fidelity.Ga
             for name, r in judged.items()}
 
 
+def _ring(prefills: list[dict], scenario: Scenario) -> dict[str, fidelity.Gap]:
+    """Each prefill's ring: the median of its ring requests' measured / model attention, within the live groups'
+    band; a ring that failed, or ran no ring request, is not a pass."""
+    what = "ring attention"
+    rings = {s.get("name", "prefill"): s["ring"] for s in prefills if isinstance(s.get("ring"), dict)}
+    if not rings:
+        return {"ring_prefill": fidelity.not_measured("no prefill reported its ring", fidelity.GROUP_TOLERANCE)}
+    gaps = {}
+    for name, ring in rings.items():
+        ratio = ring_ratio_median(ring)
+        if ring.get("failure"):
+            gaps[f"ring_{name}"] = fidelity.not_measured(f"{name}'s ring failed: {ring['failure']}",
+                                                         fidelity.GROUP_TOLERANCE)
+        elif ratio is None:
+            gaps[f"ring_{name}"] = fidelity.not_measured(f"{name} ran no ring request", fidelity.GROUP_TOLERANCE)
+        else:
+            gaps[f"ring_{name}"] = fidelity.model_gap(ratio, 1.0, scenario.effective_dilation, what)
+    return gaps
+
+
 def fidelity_block(scenario: Scenario, records: list[RequestRecord], *, prefills: list[dict], decodes: list[dict],
                    middleboxes: list[dict], scaled_achieved_Bps: float | None,
                    missing_stats: Sequence[str] = ()) -> tuple[bool, dict[str, dict[str, Any]]]:
@@ -190,6 +214,8 @@ def fidelity_block(scenario: Scenario, records: list[RequestRecord], *, prefills
         gaps.update(_collectives("decode", decodes, dilation))
     if scenario.remote_kv:
         gaps.update(_remote_kv(decodes, scenario))
+    if scenario.ring:
+        gaps.update(_ring(prefills, scenario))
     if scenario.kv_pool == "pool" and (_asked_the_pool(prefills) or not prefills):
         gaps["pool_fetch"] = _pool_fetches(scenario, prefills)
     faithful, block = fidelity.assess(gaps)

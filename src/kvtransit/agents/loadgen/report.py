@@ -56,6 +56,7 @@ from .model_accuracy_report import model_accuracy_block, model_accuracy_errors
 from .peer_stats import stat_sum
 from .remote_kv_report import remote_kv_summary
 from .report_text import to_markdown
+from .ring_report import ring_summary
 from .workload_source import requests_for, workload_description
 
 REPORT_KEYS = ("config", "ttft_s", "tpot_s", "itl_s", "e2e_s", "handoff_s", "slo_attainment", "goodput_rps",
@@ -221,6 +222,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         # --kv-placement remote: the long-context class's remote legs beside the model, its TPOT; None without.
         "remote_kv": remote_kv_summary(scenario, records, decodes, middleboxes,
                                        [s for s in peer_stats if s.get("role") == "kvpool"]),
+        # --ring-share: the ring class's attention round its rings beside the model, its TTFT; None without.
+        "ring": ring_summary(scenario, records, prefills),
         "link": link,
         "energy_j": energy,
         "j_per_token": j_per_token,

@@ -14,6 +14,7 @@ from kvtransit.model.scenario import REAL_MODEL_KV, SYNTHETIC_KV
 from .collectives_report import collectives_lines
 from .kv_pool_report import kv_pool_headline
 from .remote_kv_report import remote_kv_line
+from .ring_report import ring_line
 
 
 def module_line(config: dict) -> str | None:
@@ -74,6 +75,7 @@ def headline(report: dict) -> list[str]:
                             split_line(report.get("handoff_split"))) if line],
         *collectives_lines(report.get("collectives")),
         *remote_kv_line(report.get("remote_kv")),
+        *ring_line(report.get("ring")),
         *verdict_lines(report.get("verdict")),
         "faithful: " + ("yes" if report["faithful"] else "NO: " + "; ".join(
             f"{k}: {v['hint']}" for k, v in report["fidelity"].items() if not v["ok"])),

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from kvtransit.agents.common.trace_file import load_trace as load_trace
 from kvtransit.model.prefix_workloads import prefix_requests
+from kvtransit.model.ring_class import with_ring_prompts
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.slo import RequestRecord
 from kvtransit.model.workload import RequestSpec, generate
 
 
 def requests_for(scenario: Scenario) -> list[RequestSpec]:
-    """The requests the load generator sends, in arrival order."""
+    """The requests the load generator sends, in arrival order (the ring class's with their long prompt:
+    model/ring_class.py; a ring class takes neither a trace nor a prefix workload, Scenario says)."""
     if scenario.trace:
         return load_trace(scenario).requests
     if scenario.prefix_workload != "none":
         return prefix_requests(scenario)
-    return generate(scenario.workload)
+    return with_ring_prompts(generate(scenario.workload), scenario.seed, scenario.ring_share, scenario.ring_prompt)
 
 
 def workload_description(scenario: Scenario) -> dict:

@@ -17,6 +17,12 @@ chunk a step (`model.prefill_plan.ChunkedPrefillQueue`), each chunk's KV release
 staged with the request's first chunk and each later chunk's step is added to its `ReleaseSchedule` as it is
 planned; the first token still comes at the end of the request's last chunk.
 
+A ring request (`--ring-share`, model/ring_class.py) runs in a step of its own: the rest of its prompt is held,
+then its attention runs round the ring this prefill leads as rank 0 (`--ring-group`, agents/ring/group.py), every
+hop real bytes over the shaped ring link; its first token comes when the ring is done, measured, and its hand-off
+is staged as any other's. A ring that fails fails its request, and every later ring request, with the reason; the
+other requests go on.
+
 A request the client withdraws (an Error naming it: its own client went away) is `cancel`led: queued, it leaves
 the queue and is never computed; in a step, the step runs whole (a batch on the GPU is not taken apart) and its
 hand-off is released, a stream going out aborted (handoffs.py).
@@ -44,6 +50,7 @@ from kvtransit.agents.common.process import (
 )
 from kvtransit.agents.common.request_ids import wire_id
 from kvtransit.agents.common.tp_steps import TpSteps
+from kvtransit.agents.ring.group import RingGroupConfig, RingGroupFailed, RingGroupLeader
 from kvtransit.agents.tp_group.leader import GroupFailed, GroupLeader, LeaderConfig
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.fidelity import lateness_mean, lateness_p99
@@ -85,10 +92,12 @@ class _Admitted:
 
 class PrefillAgent:
     def __init__(self, scenario: Scenario, *, name: str, listen: Address, kv_to: Address, metrics_listen: Address,
-                 pool_via: Address | None = None, clock: Clock | None = None, tp_group: LeaderConfig | None = None):
+                 pool_via: Address | None = None, clock: Clock | None = None, tp_group: LeaderConfig | None = None,
+                 ring_group: RingGroupConfig | None = None):
         """`pool_via`: the middlebox's pool port, for `--kv-pool pool` (prefix_cache.py). `clock`: what steps are
         held on (default: the monotonic clock, its wake-up lateness fed to the fidelity guard). `tp_group`: with
-        `prefill_tp` > 1, the follower ranks to lead (the launcher starts them first; agents/tp_group/)."""
+        `prefill_tp` > 1, the follower ranks to lead (the launcher starts them first; agents/tp_group/).
+        `ring_group`: with `ring_share` > 0, the ring's follower ranks to lead (agents/ring/group.py)."""
         self.scenario = scenario
         self.name = name
         self.listen_address, self.kv_to, self.metrics_listen = listen, kv_to, metrics_listen
@@ -108,8 +117,9 @@ class PrefillAgent:
                                    name=name) if scenario.kv_pool != "off" else None)
         self._lookups: dict[int, Lookup] = {}
         self._lookup_tasks = TaskSet("prefill lookups")
-        self.queue: PrefillQueue | ChunkedPrefillQueue = (ChunkedPrefillQueue(scenario.prefill_chunk)
-                                                          if scenario.prefill_chunk else PrefillQueue())
+        self.queue: PrefillQueue | ChunkedPrefillQueue = (
+            ChunkedPrefillQueue(scenario.prefill_chunk) if scenario.prefill_chunk
+            else PrefillQueue(runs_alone=lambda r: scenario.is_ring_request(wire_id(r.request_id))))
         # Layer-wise or chunked: the KV is released as it is computed, not whole at the first token.
         self.streamed = scenario.handoff == HANDOFF_LAYERWISE or scenario.prefill_chunk > 0
         self.admitted: dict[int, _Admitted] = {}  # request id → until its (last chunk's) step has run
@@ -124,6 +134,14 @@ class PrefillAgent:
                       if tp_group is not None else None)
         self.tp_steps = (TpSteps(scenario, "prefill", self.registry, size=scenario.prefill_tp, parallelism="tp")
                          if tp_group is not None else None)
+        if (ring_group is None) == scenario.ring:
+            raise ValueError(f"ring_share {scenario.ring_share} needs the ring's followers (--ring-group), and only "
+                             "then")
+        self.ring = RingGroupLeader(ring_group, scenario, self.clock) if ring_group is not None else None
+        self.ring_metrics = runtime_metrics.ring_metrics(self.registry) if ring_group is not None else None
+        # Each ring request's attention, (measured, model) model seconds; and how many its ring failed.
+        self.ring_prompts: list[tuple[float, float]] = []
+        self.ring_failed = 0
         # stats for /stats and the report
         self.steps = 0
         self.shortest_step_wall_s = float("inf")
@@ -229,7 +247,15 @@ class PrefillAgent:
             # The step ends when its timer wakes: that instant, not a later read of the clock, stamps its first
             # tokens (wake_stamp_ns says why). A TP group's step holds its compute, all-reduces real bytes with its
             # followers, then holds to the same end (agents/common/tp_steps.py).
-            if plan.group is None:
+            if plan.ring is not None:
+                try:
+                    late_ns = await self._ring_step(plan, start_ns, deadline_ns)
+                except RingGroupFailed as exc:
+                    await self._fail_step(plan, step, str(exc))
+                    schedule = None
+                    continue
+                schedule = None  # the next step starts when the ring ended, as measured (not at its model end)
+            elif plan.group is None:
                 late_ns = await self.clock.sleep_until(deadline_ns)
             else:
                 assert self.group is not None and self.tp_steps is not None
@@ -257,6 +283,36 @@ class PrefillAgent:
                 await self._first_token(step[entry.request_id], t_ns)
                 if not entry.hands_off:  # nothing to decode: done at prefill (as in the simulator)
                     self.metrics.requests.labels(outcome="ok").inc()
+
+    async def _ring_step(self, plan: PrefillStepPlan, start_ns: int, deadline_ns: int) -> int:
+        """A ring request's step from `start_ns`: the rest of its prompt held, then its attention round the ring
+        (measured); how late it ended after `deadline_ns`, its model end (0: on time). Raises RingGroupFailed."""
+        ring, metrics = plan.ring, self.ring_metrics
+        assert ring is not None and self.ring is not None and metrics is not None
+        attention_start_ns = deadline_ns - round(self.scenario.wall_s(ring.attention_s) * 1e9)
+        hops_before = self.ring.rank.result.hops if self.ring.rank is not None else 0
+        try:  # ordered now, at the step's start: every rank is at the ring when the rest of the prompt is done
+            await self.ring.prompt(attention_start_ns)
+        except RingGroupFailed:
+            self.ring_failed += 1
+            metrics.prompts.labels(outcome="failed").inc()
+            raise
+        end_ns = self.clock.now_ns()
+        measured_s = self.scenario.model_s((end_ns - attention_start_ns) / 1e9)
+        self.ring_prompts.append((measured_s, ring.attention_s))
+        metrics.prompt_seconds.observe(measured_s)
+        metrics.prompt_model_seconds.inc(ring.attention_s)
+        metrics.prompts.labels(outcome="ok").inc()
+        assert self.ring.rank is not None
+        hops = self.ring.rank.result.hops - hops_before
+        metrics.hop_bytes.inc(hops * self.ring.rank.block_raw_bytes / self.scenario.ring_scale)
+        return max(0, end_ns - deadline_ns)
+
+    def ring_stats(self) -> dict[str, Any]:
+        """The ring requests' attention, measured and modelled (model seconds), and rank 0's side of the ring."""
+        assert self.ring is not None
+        return {"measured_s": [m for m, _ in self.ring_prompts], "model_s": [p for _, p in self.ring_prompts],
+                "failed": self.ring_failed, **self.ring.stats()}
 
     async def _fail_step(self, plan: PrefillStepPlan, step: dict[Hashable, _Admitted], reason: str) -> None:
         """The TP group failed during the step: none of its requests gets a first token; each one's hand-off (staged
@@ -367,6 +423,7 @@ class PrefillAgent:
             **({"prefix": self.prefix.stats()} if self.prefix is not None else {}),
             **({"tp_group": self.tp_steps.stats(self.group), "tp_group_failed_requests": self.group_failed}
                if self.tp_steps is not None else {}),
+            **({"ring": self.ring_stats()} if self.ring is not None else {}),
         }
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -377,6 +434,8 @@ class PrefillAgent:
         await self.handoffs.connect()
         if self.group is not None:
             await self.group.start()  # its followers are up (the launcher started them first): a failure is fatal
+        if self.ring is not None:
+            await self.ring.start()  # as the TP group's: its followers are up
         server = await listen(self.listen_address, "--listen", self.serve_client, Role.PREFILL, Role.LOADGEN)
         http = await start_http(self.metrics_listen, self.registry, self.stats)
         announce_ready("prefill", self.name, listen_port=server.port, metrics_port=http.port)
@@ -399,3 +458,5 @@ class PrefillAgent:
             await http.close()
             if self.group is not None:
                 await self.group.close()
+            if self.ring is not None:
+                await self.ring.close()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -80,6 +80,45 @@ class RingKV:
             return None
         owners = {int(p) // self.block_tokens for p in self.sample.q_positions}
         return owners.pop() if len(owners) == 1 else None
+
+
+class RingBlocks(Protocol):
+    """What a ring rank needs of its KV (rank.py): every rank's block of a layer, and their size."""
+
+    @property
+    def sample_layers(self) -> int: ...
+
+    def block(self, rank: int, layer: int) -> np.ndarray: ...
+
+    def raw_bytes(self, bytes_per_value: int = 2) -> int: ...
+
+
+@dataclass(frozen=True)
+class SyntheticRingKV:
+    """A ring's blocks inside `kvtransit up` (model/ring_class.py): synthetic KV at the run's scale, each block
+    `block_tokens` tokens of the scaled layout's channels (kv_heads × head_dim: the hand-off's scale), so a hop
+    carries the model's block bytes × the run's effective scale. The content is seeded noise: with no codec on the
+    ring's links nothing reads it but the wire's checks (the ring's error under a codec is `kvtransit ring`'s, on
+    real KV). `layers` distinct layers are made; model layer ℓ carries layer ℓ mod `layers`."""
+
+    n: int
+    block_tokens: int
+    kv_heads: int
+    head_dim: int
+    seed: int = 0
+    layers: int = 1
+
+    @property
+    def sample_layers(self) -> int:
+        return self.layers
+
+    def block(self, rank: int, layer: int) -> np.ndarray:
+        """Rank `rank`'s own block of model layer `layer`: [1, 2, kv_heads, t, D] float32."""
+        rng = np.random.default_rng([self.seed, rank, layer % self.layers])
+        return rng.standard_normal((1, 2, self.kv_heads, self.block_tokens, self.head_dim), np.float32)
+
+    def raw_bytes(self, bytes_per_value: int = 2) -> int:
+        return 2 * self.kv_heads * self.block_tokens * self.head_dim * bytes_per_value
 
 
 class LinkCodec:

@@ -31,7 +31,7 @@ from kvtransit.kernels.ring_attention import blockwise_attention, full_attention
 from kvtransit.runtime.clock import Clock
 from kvtransit.wire.collective import Frame, Kind, abort
 
-from .blocks import BlockError, LinkCodec, RingKV
+from .blocks import BlockError, LinkCodec, RingBlocks, RingKV
 
 
 @dataclass(frozen=True)
@@ -123,16 +123,25 @@ async def _receive_or_fail(channel: Channel, plan: RingRankPlan, what: str) -> F
 
 
 class RingRank:
-    def __init__(self, plan: RingRankPlan, clock: Clock, prev: Channel, nxt: Channel, kv: RingKV):
+    def __init__(self, plan: RingRankPlan, clock: Clock, prev: Channel, nxt: Channel, kv: RingBlocks):
         self.plan, self.clock, self.prev, self.next, self.kv = plan, clock, prev, nxt, kv
         self.prev_rank = (plan.rank - 1) % plan.size
         self.codec = LinkCodec(plan.codec, plan.codec_params, plan.wire_dtype)
         self.result = RingRankResult(plan.rank)
-        self.kept = _Kept(kv, plan.rank) if kv.query_rank() == plan.rank else None
+        self._at_layer = 0  # the layer a failure happened at (its ABORT says)
+        # Real KV with the sample's queries at this rank: the ring's attention error is measured here.
+        self.kept = _Kept(kv, plan.rank) if isinstance(kv, RingKV) and kv.query_rank() == plan.rank else None
         self._shape = kv.block(plan.rank, 0).shape
         self._raw = kv.raw_bytes(self.codec.wire.itemsize)
         # The own block's first hop, per sample layer: made once (a hop's bytes are the same every prompt).
         self._first_hop = [self.codec.encode(kv.block(plan.rank, s), 1) for s in range(kv.sample_layers)]
+        # No codec on the links and no accuracy measured here: a received block is forwarded as its bytes.
+        self._passes_through = plan.codec == "none" and self.kept is None
+
+    @property
+    def block_raw_bytes(self) -> int:
+        """One hop's block, uncoded at the wire dtype."""
+        return self._raw
 
     def _where(self, prompt: int, layer: int, hop: int) -> str:
         return f"prompt {prompt}, layer {layer}, hop {hop}"
@@ -168,16 +177,25 @@ class RingRank:
                 return compute_end
             await self._send(outgoing, prompt, layer, step, t)
             frame = await self._receive(prompt, layer, step)
-            try:
-                block = self.codec.decode(frame.payload, self._shape)
-            except (BlockError, ValueError) as exc:
-                raise RingFailed(f"rank {self.plan.rank}: rank {self.prev_rank}'s block at "
-                                 f"{self._where(prompt, layer, step)} does not decode: {exc}") from None
-            source = (self.plan.rank - step - 1) % n
-            if self.kept is not None:
-                self.kept.keep(layer, source, block)
-            if step + 1 < n - 1:  # made while the hop is still in flight: the host's time, off the model's
-                outgoing = self.codec.encode(block, step + 2)
+            if self._passes_through:
+                # Lossless and nothing kept: the block goes on as it came (decoding and re-encoding it would give
+                # the same bytes, at a host cost that grows with the block), once its size is checked.
+                if len(frame.payload) != len(outgoing):
+                    raise RingFailed(f"rank {self.plan.rank}: rank {self.prev_rank}'s block at "
+                                     f"{self._where(prompt, layer, step)} is {len(frame.payload)} B, expected "
+                                     f"{len(outgoing)} B")
+                outgoing = bytes(frame.payload)
+            else:
+                try:
+                    block = self.codec.decode(frame.payload, self._shape)
+                except (BlockError, ValueError) as exc:
+                    raise RingFailed(f"rank {self.plan.rank}: rank {self.prev_rank}'s block at "
+                                     f"{self._where(prompt, layer, step)} does not decode: {exc}") from None
+                source = (self.plan.rank - step - 1) % n
+                if self.kept is not None:
+                    self.kept.keep(layer, source, block)
+                if step + 1 < n - 1:  # made while the hop is still in flight: the host's time, off the model's
+                    outgoing = self.codec.encode(block, step + 2)
             await self.prev.hold_until_due(frame)
             await self.clock.sleep_until(compute_end)
             # Measured from when the step was due to start (model time is this host's clock), so a late start
@@ -186,23 +204,34 @@ class RingRank:
             t = max(compute_end, frame.due_ns)
         raise AssertionError("unreachable: a ring has at least one step")
 
+    async def prompt(self, prompt: int, start_ns: int) -> int:
+        """One prompt's L layers from model time `start_ns` (waited for when still ahead; each layer from when the
+        last was due to end); returns when the last was due to end. Its measured time (from its start, or from now
+        when that has passed) is appended to the result's `prompt_s`."""
+        if self.clock.now_ns() < start_ns:
+            await self.clock.sleep_until(start_ns)
+        real_ns = self.clock.now_ns()
+        model_ns = start_ns
+        for layer in range(self.plan.layers):
+            self._at_layer = layer
+            model_ns = await self.layer(prompt, layer, model_ns)
+        self.result.prompt_s.append((self.clock.now_ns() - real_ns) / 1e9)
+        return model_ns
+
     async def run(self, start_ns: int) -> RingRankResult:
         p, result = self.plan, self.result
-        prompt = layer = 0
-        await self.clock.sleep_until(start_ns)
+        prompt = 0
         model_ns = start_ns
         try:
             for prompt in range(p.prompts):
-                real_ns = self.clock.now_ns()
-                for layer in range(p.layers):
-                    model_ns = await self.layer(prompt, layer, model_ns)
-                result.prompt_s.append((self.clock.now_ns() - real_ns) / 1e9)
+                model_ns = await self.prompt(prompt, model_ns)
         except RingFailed as exc:
             result.ok, result.reason = False, str(exc)
-            await self.next.send_quietly(abort(p.group, result.reason, step=prompt, layer=layer, rank=p.rank))
+            await self.next.send_quietly(abort(p.group, result.reason, step=prompt, layer=self._at_layer,
+                                               rank=p.rank))
         result.late_s = self.prev.late_ns / 1e9
         if result.ok:
-            await self.next.send_quietly(Frame(Kind.BYE, p.group, prompt, layer, p.rank))
+            await self.next.send_quietly(Frame(Kind.BYE, p.group, prompt, self._at_layer, p.rank))
             if self.kept is not None:
                 result.accuracy = self.kept.error()
         return result

@@ -11,11 +11,11 @@ leader fails its requests with it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtransit.agents.collective.answers import FollowerAnswers
 from kvtransit.agents.collective.channel import Channel, PeerGone
 from kvtransit.agents.collective.connect import RingMember, close_channels, dial_member, switch_member
 from kvtransit.agents.collective.rank import MODE_RING, CollectiveFailed
@@ -23,7 +23,7 @@ from kvtransit.runtime.clock import Clock
 from kvtransit.wire.collective import Frame, Kind, abort
 
 from .exact_step import ExactStep
-from .orders import COLLECTIVE_DEADLINE_S, IDLE_WAIT_S, go_frame, rank_plan, step_frame
+from .orders import COLLECTIVE_DEADLINE_S, go_frame, rank_plan, step_frame
 
 # At the end: how long the leader waits for its followers' answers to the last step (they come within a hop).
 ANSWERS_GRACE_S = 1.0
@@ -61,11 +61,7 @@ class GroupLeader:
         self.plan = rank_plan(config.group, 0, config.size, config.mode, config.deadline_s)
         self.controls: list[Channel] = []
         self._step: ExactStep | None = None
-        self._readers: list[asyncio.Task[None]] = []
-        self.failure: str | None = None
-        self.followers_done = 0  # DONE answers: follower sums found exact
-        self._answered = asyncio.Event()  # set when every order sent so far is answered (or the group failed)
-        self._orders = 0
+        self.answers = FollowerAnswers("rank")  # DONE: a follower's sum found exact
 
     async def start(self) -> None:
         config, plan = self.config, self.plan
@@ -95,36 +91,25 @@ class GroupLeader:
             if ring is not None:
                 await ring.close()
         self._step = ExactStep(plan, algorithm)
-        self._readers = [asyncio.create_task(self._answers(r, c), name=f"rank {r} answers")
-                         for r, c in enumerate(self.controls, start=1)]
+        self.answers.start(self.controls)
 
-    async def _answers(self, rank: int, control: Channel) -> None:
-        """A follower's DONEs, or its ABORT: the group has failed with that reason."""
-        while True:
-            try:
-                frame = await control.receive(IDLE_WAIT_S, f"rank {rank}'s answers")
-            except PeerGone as exc:
-                self._fail(f"rank {rank} is gone: {exc}")
-                return
-            if frame.kind is Kind.DONE:
-                self.followers_done += 1
-                if self.followers_done == self._orders * len(self.controls):
-                    self._answered.set()
-            elif frame.kind is Kind.ABORT:
-                self._fail(frame.reason)
-                return
+    @property
+    def failure(self) -> str | None:
+        return self.answers.failure
+
+    @property
+    def followers_done(self) -> int:
+        """DONE answers: follower sums found exact."""
+        return self.answers.done
 
     def _fail(self, reason: str) -> None:
-        if self.failure is None:
-            self.failure = reason
-        self._answered.set()
+        self.answers.fail(reason)
 
     async def order(self, step: int, values: int, at_ns: int, alltoall_values: int = 0) -> None:
         """Tell every follower step `step`'s sizes and when its all-reduce starts."""
         self._check()
         frame = step_frame(self.plan.group, step, values, at_ns, alltoall_values)
-        self._orders += 1
-        self._answered.clear()
+        self.answers.ordered()
         try:
             for control in self.controls:
                 await control.send(frame, shaped=False)
@@ -165,13 +150,7 @@ class GroupLeader:
     async def close(self) -> None:
         """BYE to every follower (its process ends) and the ring or switch, then close everything; the followers'
         answers to the last step are waited for first, briefly (the counts in /stats are then whole)."""
-        if self._orders and self.failure is None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(ANSWERS_GRACE_S):  # a housekeeping bound, no model time
-                    await self._answered.wait()
-        for task in self._readers:
-            task.cancel()
-        await asyncio.gather(*self._readers, return_exceptions=True)
+        await self.answers.close(ANSWERS_GRACE_S)
         bye = Frame(Kind.BYE, self.plan.group, rank=0)
         for control in self.controls:
             await control.send_quietly(bye)

@@ -14,6 +14,7 @@ import struct
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvtransit.agents.collective.answers import IDLE_WAIT_S as ANSWERS_IDLE_WAIT_S
 from kvtransit.agents.collective.rank import RankPlan
 from kvtransit.wire.collective import Frame, Kind
 
@@ -25,8 +26,8 @@ COLLECTIVE_DEADLINE_S = 10.0
 # (a cold start imports numpy and the rest: seconds on a busy box; the launcher's readiness timeout is 60 s).
 LEADER_DIAL_S = 120.0
 # Between steps the group waits for the next order (and the leader for answers) as long as the decode idles: the
-# run's length, not a fault.
-IDLE_WAIT_S = 7 * 24 * 3600.0
+# run's length, not a fault (the answers' own wait, agents/collective/answers.py).
+IDLE_WAIT_S = ANSWERS_IDLE_WAIT_S
 
 
 @dataclass(frozen=True)

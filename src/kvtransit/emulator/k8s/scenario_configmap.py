@@ -78,6 +78,10 @@ def refuse_host_files(scenario: Scenario, what: str) -> None:
             raise ConfigError(f"{flag_for(field_name)} {getattr(scenario, field_name)}: {what} runs one process an "
                               "instance, a pod, with no TP group's follower ranks beside it; run it with `kvtransit "
                               f"up`, or leave {flag_for(field_name)} at 1")
+    if scenario.ring:
+        raise ConfigError(f"--ring-share {scenario.ring_share:g}: {what} runs one process a prefill instance, a pod, "
+                          "with no ring's follower ranks beside it; run it with `kvtransit up`, or leave --ring-share "
+                          "at 0")
     if scenario.remote_kv:
         raise ConfigError(f"--kv-placement remote: {what} has no wiring for remote KV's legs (decode's and the pool's "
                           "remote-KV ports, which the middlebox relays between); run it with `kvtransit up`, or "

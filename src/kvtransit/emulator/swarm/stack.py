@@ -73,6 +73,9 @@ def refusal(scenario: Scenario) -> str | None:
     if scenario.decode_tp > 1 or scenario.prefill_tp > 1:
         return ("docker-stack.yml's prefill and decode are one process each: --prefill-tp / --decode-tp > 1 (a TP "
                 "group of follower ranks beside it) needs `kvtransit up`")
+    if scenario.ring:
+        return ("docker-stack.yml's prefill is one process: --ring-share > 0 (a ring of follower ranks beside it) "
+                "needs `kvtransit up`")
     if (scenario.prefill, scenario.decode) != (1, 1):
         return (f"docker-stack.yml runs one prefill and one decode, as docker-compose.yml does: "
                 f"{scenario.prefill}P{scenario.decode}D needs `kvtransit up` or `kvtransit k8s render`")
