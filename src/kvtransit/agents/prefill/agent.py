@@ -139,8 +139,9 @@ class PrefillAgent:
                              "then")
         self.ring = RingGroupLeader(ring_group, scenario, self.clock) if ring_group is not None else None
         self.ring_metrics = runtime_metrics.ring_metrics(self.registry) if ring_group is not None else None
-        # Each ring request's attention, (measured, model) model seconds; and how many its ring failed.
-        self.ring_prompts: list[tuple[float, float]] = []
+        # Each ring request's attention as measured, model seconds (the model's is Scenario.ring_model's, for all);
+        # and how many its ring failed.
+        self.ring_prompts: list[float] = []
         self.ring_failed = 0
         # stats for /stats and the report
         self.steps = 0
@@ -299,7 +300,7 @@ class PrefillAgent:
             raise
         end_ns = self.clock.now_ns()
         measured_s = self.scenario.model_s((end_ns - attention_start_ns) / 1e9)
-        self.ring_prompts.append((measured_s, ring.attention_s))
+        self.ring_prompts.append(measured_s)
         metrics.prompt_seconds.observe(measured_s)
         metrics.prompt_model_seconds.inc(ring.attention_s)
         metrics.prompts.labels(outcome="ok").inc()
@@ -311,7 +312,7 @@ class PrefillAgent:
     def ring_stats(self) -> dict[str, Any]:
         """The ring requests' attention, measured and modelled (model seconds), and rank 0's side of the ring."""
         assert self.ring is not None
-        return {"measured_s": [m for m, _ in self.ring_prompts], "model_s": [p for _, p in self.ring_prompts],
+        return {"measured_s": list(self.ring_prompts), "model_s": self.scenario.ring_model.attention_s,
                 "failed": self.ring_failed, **self.ring.stats()}
 
     async def _fail_step(self, plan: PrefillStepPlan, step: dict[Hashable, _Admitted], reason: str) -> None:
