@@ -10,6 +10,7 @@ from kvtransit.agents.fhe.encrypted_layer import (
     ERROR_TOLERANCE,
     NOT_INSTALLED,
     NotInstalled,
+    layer_dilation,
     load_tenseal,
     run_encrypted_layer,
 )
@@ -33,6 +34,18 @@ async def test_encrypted_layer_round_trips_within_tolerance_and_its_transfer_sha
     for parts, whole in zip(zip(report.encrypt_s, report.up_s, report.compute_s, report.down_s, report.decrypt_s,
                                 strict=True), report.request_s, strict=True):
         assert sum(parts) <= whole * 1.001  # the parts are disjoint intervals of the request
+
+
+async def test_auto_dilation_holds_a_fast_links_ciphertexts_near_their_model():
+    pytest.importorskip("tenseal", reason=NOT_INSTALLED)
+    rate, latency = 3.125e9, 20e-6  # eth-25g: ~0.2 ms for the two ciphertexts, less than the host's cost of them
+    dilation = await layer_dilation("auto", rate_Bps=rate, latency_s=latency)
+    assert dilation.dilation > 1 and dilation.host_floor_s is not None
+    report = await run_encrypted_layer(2, rate_Bps=rate, latency_s=latency, dilation=dilation)
+    assert report.transfer_s_median == pytest.approx(report.modelled_transfer_s, rel=0.15)
+    for parts, whole in zip(zip(report.encrypt_s, report.up_s, report.compute_s, report.down_s, report.decrypt_s,
+                                strict=True), report.request_s, strict=True):
+        assert sum(parts) <= whole * 1.001  # model seconds: still disjoint parts of the request
 
 
 def test_without_tenseal_the_flow_says_not_installed(monkeypatch):

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from kvtransit.agents.pqkex.handshake import NOT_INSTALLED, NotInstalled, load_kem, run_handshakes
+from kvtransit.agents.common.serial_dilation import SerialDilation
+from kvtransit.agents.pqkex.handshake import NOT_INSTALLED, NotInstalled, handshake_dilation, load_kem, run_handshakes
 from kvtransit.model.pqkex import MLKEM768_CT_BYTES, MLKEM768_EK_BYTES, HandshakeModel
 
 HEADER = 5
@@ -25,6 +26,28 @@ async def test_handshakes_round_trip_with_equal_secrets_and_the_ntt_checked_agai
     # The shaper never delivers early: each session's link time is at least the model's.
     assert min(report.link_s_per_session) >= modelled * 0.999
     assert report.session_rate > 0
+
+
+async def test_at_a_dilation_the_link_runs_slower_and_its_times_are_given_in_model_seconds():
+    pytest.importorskip("kyber_py.ml_kem", reason=NOT_INSTALLED)
+    rate, latency = 1e6, 0.002
+    report = await run_handshakes(3, rate_Bps=rate, latency_s=latency, check_ntt=False,
+                                  dilation=SerialDilation(4.0, "asked for"))
+    modelled = HandshakeModel(rate, latency, framing_bytes=HEADER).link_s
+    assert report.all_secrets_equal and report.dilation.dilation == 4.0
+    # Held 4x longer on the wall, divided by 4: never below the model, and nowhere near 4x it.
+    assert min(report.link_s_per_session) >= modelled * 0.999
+    assert report.link_s_median < modelled * 1.5
+
+
+async def test_auto_dilation_holds_a_fast_links_handshake_near_its_model():
+    pytest.importorskip("kyber_py.ml_kem", reason=NOT_INSTALLED)
+    rate, latency = 3.125e9, 20e-6  # eth-25g (REFERENCE §2): a 41 µs link time, of the order of the host's cost
+    dilation = await handshake_dilation("auto", rate_Bps=rate, latency_s=latency)
+    assert dilation.dilation > 1 and dilation.host_floor_s is not None and dilation.host_floor_s > 0
+    report = await run_handshakes(10, rate_Bps=rate, latency_s=latency, check_ntt=False, dilation=dilation)
+    # Undilated the median read +156 % here; a noisy 2-core box gets a wide band, not the candidate table's 5 %.
+    assert report.link_s_median == pytest.approx(report.modelled_link_s, rel=0.15)
 
 
 def test_without_kyber_py_the_flow_says_not_installed(monkeypatch):

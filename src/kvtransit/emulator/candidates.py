@@ -44,7 +44,8 @@ from kvtransit.model.candidates import (
     RowMeasured,
     Unknowns,
 )
-from kvtransit.model.five_tests import E2E_RESOLUTION, Judgement
+from kvtransit.model.fidelity import model_gap
+from kvtransit.model.five_tests import Judgement
 from kvtransit.model.link_catalog import link_by_name
 from kvtransit.model.module import MODULE_BUDGETS
 
@@ -628,24 +629,35 @@ def _not_run(ctx: RowContext, decl: Any, why: str, command: str) -> RowRun:
     return RowRun(row, None, None, "n/a: not run", command, None, measured_what="nothing", modelled_what="nothing")
 
 
+def _serial_faithful(measured_s: float, modelled_s: float, dilation: Any, what: str) -> str:
+    """A ciphertext row's fidelity: its median link time against the link model, in the live groups' band."""
+    gap = model_gap(measured_s, modelled_s, dilation.dilation, what)
+    return (f"{'yes' if gap.ok else 'NO'} ({what} {gap.measured:+.1%} off the link model at dilation "
+            f"{dilation.dilation:g}, {dilation.why}{'' if gap.ok else '; ' + gap.hint})")
+
+
 def row_pq_key_exchange(ctx: RowContext) -> RowRun:
-    from kvtransit.agents.pqkex.handshake import NotInstalled, run_handshakes
+    from kvtransit.agents.pqkex.handshake import NotInstalled, handshake_dilation, run_handshakes
     from kvtransit.kernels import ntt
 
     link = link_by_name(ctx.link)
-    command = f"python -m kvtransit.agents.pqkex --sessions {PQ_SESSIONS} --link {ctx.link}"
+    command = f"python -m kvtransit.agents.pqkex --sessions {PQ_SESSIONS} --link {ctx.link} --dilation auto"
+
+    async def handshakes() -> Any:
+        dilation = await handshake_dilation("auto", rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s)
+        return await run_handshakes(PQ_SESSIONS, rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s,
+                                    dilation=dilation)
+
     try:
-        rep = asyncio.run(run_handshakes(PQ_SESSIONS, rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s))
+        rep = asyncio.run(handshakes())
     except NotInstalled as exc:
         return _not_run(ctx, ntt.declaration(), str(exc), command)
     (ctx.run_dir / "pqkex.json").write_text(json.dumps(rep.as_dict(), indent=1, default=str))
     link_s = sum(rep.link_s_per_session)
     share = link_s / (link_s + rep.compute_s) if link_s + rep.compute_s > 0 else None
     wrong = rep.sessions - rep.secrets_equal + (0 if rep.ntt_check is None or rep.ntt_check.ok else 1)
-    median_link = sorted(rep.link_s_per_session)[len(rep.link_s_per_session) // 2]
-    off = median_link / rep.modelled_link_s - 1 if rep.modelled_link_s > 0 else math.nan
-    faithful = (f"{'yes' if abs(off) <= E2E_RESOLUTION else 'NO'} (link time {off:+.0%} off the model: a "
-                f"{rep.modelled_link_s * 1e6:.0f} µs link time is below what the host's loop resolves)")
+    median_link = rep.link_s_median
+    faithful = _serial_faithful(median_link, rep.modelled_link_s, rep.dilation, "a handshake's link time")
     row = RowMeasured(
         ctx.name, ntt.declaration(True), share, "link time of a handshake / its whole time (KEM compute on this CPU)",
         decl_other_transform=ntt.declaration(False), link=ctx.link,
@@ -656,7 +668,7 @@ def row_pq_key_exchange(ctx: RowContext) -> RowRun:
         streams=1.0, streams_as="connections a handshake uses (one client to one server)", share_whole="a handshake",
         notes=((f"required bits {((ntt.Q - 1) ** 2).bit_length()}: a product of two coefficients mod q = {ntt.Q} "
                "before its reduction"),))
-    return RowRun(row, 1.0, 1.0, faithful, command, str(ctx.run_dir),
+    return RowRun(row, 1.0, rep.dilation.dilation, faithful, command, str(ctx.run_dir),
                   measured_what=f"{rep.sessions} handshakes: link and compute time, shared secrets, the NTT against "
                                 "the library", modelled_what="nothing",
                   extra={"session_rate": rep.session_rate, "link_s_median": median_link,
@@ -668,19 +680,24 @@ def row_fhe_inference(ctx: RowContext) -> RowRun:
         COEFF_MOD_BIT_SIZES,
         ERROR_TOLERANCE,
         NotInstalled,
+        layer_dilation,
         run_encrypted_layer,
     )
     from kvtransit.kernels import ntt
 
     link = link_by_name(ctx.link)
-    command = f"python -m kvtransit.agents.fhe --requests {FHE_REQUESTS} --link {ctx.link}"
+    command = f"python -m kvtransit.agents.fhe --requests {FHE_REQUESTS} --link {ctx.link} --dilation auto"
+
+    async def layer() -> Any:
+        dilation = await layer_dilation("auto", rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s)
+        return await run_encrypted_layer(FHE_REQUESTS, rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s,
+                                         dilation=dilation)
+
     try:
-        rep = asyncio.run(run_encrypted_layer(FHE_REQUESTS, rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s))
+        rep = asyncio.run(layer())
     except NotInstalled as exc:
         return _not_run(ctx, ntt.declaration(), str(exc), command)
     (ctx.run_dir / "fhe.json").write_text(json.dumps(rep.as_dict(), indent=1, default=str))
-    transfer = sorted(u + d for u, d in zip(rep.up_s, rep.down_s, strict=True))[len(rep.up_s) // 2]
-    off = transfer / rep.modelled_transfer_s - 1
     row = RowMeasured(
         ctx.name, ntt.declaration(True), rep.transfer_share, "ciphertexts' transfer (up + down) / request time",
         decl_other_transform=ntt.declaration(False), link=ctx.link,
@@ -691,8 +708,9 @@ def row_fhe_inference(ctx: RowContext) -> RowRun:
         notes=(("the kernel is the NTT declaration of kernels/ntt.py (ML-KEM's), a proxy for CKKS's NTTs over "
                f"{max(COEFF_MOD_BIT_SIZES)}-bit primes: the same butterflies, wider moduli"),
                f"required bits {max(COEFF_MOD_BIT_SIZES)}: CKKS's largest coefficient modulus"))
-    return RowRun(row, 1.0, 1.0, f"{'yes' if abs(off) <= E2E_RESOLUTION else 'NO'} (transfer {off:+.0%} off the "
-                  "link model)", command, str(ctx.run_dir),
+    return RowRun(row, 1.0, rep.dilation.dilation,
+                  _serial_faithful(rep.transfer_s_median, rep.modelled_transfer_s, rep.dilation,
+                                   "the ciphertexts' transfer"), command, str(ctx.run_dir),
                   measured_what=f"{rep.requests} encrypted requests: encrypt, up, compute, down, decrypt; the error",
                   modelled_what="nothing",
                   extra={"transfer_share": rep.transfer_share, "max_abs_error": rep.max_abs_error,

@@ -97,6 +97,22 @@ def host_dilation(modelled_s: float, host_floor_s: float, scaled_rate_Bps: float
     return max(1.0, math.ceil(need / DILATION_QUANTUM - 1e-9) * DILATION_QUANTUM)
 
 
+def serial_dilation(modelled_s: float, host_floor_s: float, share: float) -> float:
+    """The least dilation (≥ 1, up to a DILATION_QUANTUM) at which a flow whose messages go one after another is
+    held to its link model: the host's own cost of an event (`host_floor_s`, measured on an unshaped link) at most
+    `share` of the event's modelled link time `modelled_s`.
+
+    Unlike a group on absolute deadlines (host_dilation: there a host cost shorter than the event is absorbed), a
+    serial flow sends each message when the previous one was handled, so the host's cost adds to every link time
+    it measures; run at dilation D (the link at rate / D and latency × D, times divided by D) it adds 1/D of it."""
+    if not (modelled_s > 0 and math.isfinite(modelled_s)):
+        raise ConfigError(f"a serial flow's modelled link time must be > 0, got {modelled_s!r}")
+    if not (0 < share <= 1):
+        raise ConfigError(f"share must be in (0, 1], got {share!r}")
+    need = max(0.0, host_floor_s) / (share * modelled_s)
+    return max(1.0, round(math.ceil(need / DILATION_QUANTUM - 1e-9) * DILATION_QUANTUM, 6))
+
+
 def resolve_dilation(asked: float | str, auto: float) -> tuple[float, str]:
     """(the dilation a live group runs at, why): "auto" takes `auto` (host_dilation's), a number itself."""
     if asked == "auto":

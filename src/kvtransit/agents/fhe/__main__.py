@@ -1,5 +1,5 @@
-"""`python -m kvtransit.agents.fhe [--requests N] [--link NAME | --rate-Bps R --latency-s L]`: an encrypted
-64 × 64 layer served across an emulated loopback link; prints the report as JSON (or the one-line "not
+"""`python -m kvtransit.agents.fhe [--requests N] [--link NAME | --rate-Bps R --latency-s L] [--dilation auto|D]`:
+an encrypted 64 × 64 layer served across an emulated loopback link; prints the report as JSON (or the one-line "not
 installed")."""
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ import argparse
 import asyncio
 import json
 import sys
+from typing import Any
 
+from kvtransit.agents.common.serial_dilation import dilation_arg
 from kvtransit.model.link_catalog import link_by_name
 
-from .encrypted_layer import NotInstalled, run_encrypted_layer
+from .encrypted_layer import NotInstalled, layer_dilation, run_encrypted_layer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,13 +22,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--link", help="a catalogued link (REFERENCE §2), e.g. eth-100g")
     parser.add_argument("--rate-Bps", type=float, default=100e6)
     parser.add_argument("--latency-s", type=float, default=0.001)
+    parser.add_argument("--dilation", type=dilation_arg, default="auto",
+                        help="time dilation (>= 1), or auto: the least that holds the host's measured cost of a "
+                             "request's ciphertexts within the model's band")
     args = parser.parse_args(argv)
     rate, latency = args.rate_Bps, args.latency_s
     if args.link:
         link = link_by_name(args.link)
         rate, latency = link.bandwidth_Bps, link.latency_s
+
+    async def run() -> Any:
+        dilation = await layer_dilation(args.dilation, rate_Bps=rate, latency_s=latency)
+        return await run_encrypted_layer(args.requests, rate_Bps=rate, latency_s=latency, dilation=dilation)
+
     try:
-        report = asyncio.run(run_encrypted_layer(args.requests, rate_Bps=rate, latency_s=latency))
+        report = asyncio.run(run())
     except NotInstalled as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -4,11 +4,14 @@ The client holds the secret key. Once per session it sends the server the public
 and Galois keys; no secret key); then per request it encrypts x (a `width`-vector), sends the ciphertext, the
 server computes the vector-matrix product and bias on the ciphertext (rotations and one multiplicative level) with
 plaintext W and b, and sends the result ciphertext back for the client to decrypt. Both directions go through a
-`ShapedStreamWriter` (the egress shaper's token bucket and delay line) over loopback TCP.
+`ShapedStreamWriter` (the egress shaper's token bucket and delay line) over loopback TCP, at a dilation that holds
+the host's own cost of moving a ciphertext (copies, the socket, the loop) within the model's band
+(`layer_dilation`, agents/common/serial_dilation.py: undilated, a 221 µs transfer over eth-25g read ~4x the model).
 
 Measured per request on the injected clock: encrypt, up (client's ciphertext ready → server has it), compute
 (on a worker thread, this CPU), down (result ready → client has it), decrypt; the transfer's share is
-(up + down) / the request's whole time. The error is against float64 numpy on the same x, W, b.
+(up + down) / the request's whole time, all in model seconds (link times divided by the dilation; the compute,
+encryption and decryption are this CPU's, measured). The error is against float64 numpy on the same x, W, b.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from kvtransit.agents.common.message_framing import HEADER_BYTES, frame, read_message
+from kvtransit.agents.common.serial_dilation import UNSHAPED_RATE_BPS, SerialDilation, plan
 from kvtransit.agents.common.shaped_stream import ShapedStreamWriter, shaped_loopback
 from kvtransit.runtime.clock import Clock, MonotonicClock
 
@@ -36,6 +40,9 @@ LAYER_WIDTH = 64  # the task's small layer: a 64 × 64 vector-matrix product
 # here); 1e-3 fails a real loss of precision (a wrong scale or a missing rescale is off by far more).
 ERROR_TOLERANCE = 1e-3
 KIND_CONTEXT, KIND_INPUT, KIND_OUTPUT, KIND_BYE = 10, 11, 12, 13
+# Requests over an unshaped link to measure the host's cost of moving a request's two ciphertexts (the median).
+CALIBRATION_REQUESTS = 3
+UNDILATED = SerialDilation(1.0, "asked for")
 
 
 class NotInstalled(RuntimeError):
@@ -57,7 +64,7 @@ class FheReport:
     rate_Bps: float
     latency_s: float
     context_bytes: int  # the public context, once per session (keys: public, relinearisation, Galois)
-    setup_s: float  # its transfer, measured
+    setup_s: float  # its transfer, measured (model seconds)
     input_ciphertext_bytes: int
     output_ciphertext_bytes: int
     encrypt_s: list[float] = field(default_factory=list)
@@ -67,6 +74,7 @@ class FheReport:
     decrypt_s: list[float] = field(default_factory=list)
     request_s: list[float] = field(default_factory=list)
     max_abs_error: float = 0.0
+    dilation: SerialDilation = UNDILATED
 
     @property
     def transfer_share(self) -> float:
@@ -75,9 +83,12 @@ class FheReport:
 
     @property
     def modelled_transfer_s(self) -> float:
-        """Both ciphertexts on the link model: 2·latency + (in + out + framing) / rate (REFERENCE §2)."""
-        wire = self.input_ciphertext_bytes + self.output_ciphertext_bytes + 2 * HEADER_BYTES
-        return 2 * self.latency_s + wire / self.rate_Bps
+        return transfer_model_s(self.input_ciphertext_bytes, self.output_ciphertext_bytes, self.rate_Bps,
+                                self.latency_s)
+
+    @property
+    def transfer_s_median(self) -> float:
+        return statistics.median(u + d for u, d in zip(self.up_s, self.down_s, strict=True))
 
     @property
     def within_tolerance(self) -> bool:
@@ -85,9 +96,30 @@ class FheReport:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self) | {"transfer_share": self.transfer_share, "modelled_transfer_s": self.modelled_transfer_s,
+                               "transfer_s_median": self.transfer_s_median,
                                "error_tolerance": ERROR_TOLERANCE, "within_tolerance": self.within_tolerance,
                                "ckks": {"poly_modulus_degree": POLY_MODULUS_DEGREE,
                                         "coeff_mod_bit_sizes": list(COEFF_MOD_BIT_SIZES), "scale_bits": 40}}
+
+
+def transfer_model_s(input_bytes: int, output_bytes: int, rate_Bps: float, latency_s: float) -> float:
+    """Both ciphertexts on the link model: 2·latency + (in + out + framing) / rate (REFERENCE §2)."""
+    return 2 * latency_s + (input_bytes + output_bytes + 2 * HEADER_BYTES) / rate_Bps
+
+
+async def layer_dilation(asked: float | str, *, rate_Bps: float, latency_s: float, width: int = LAYER_WIDTH,
+                         clock: Clock | None = None) -> SerialDilation:
+    """The dilation to serve the layer over (rate_Bps, latency_s) at: `asked`, or under "auto" the least that holds
+    the host's cost of a request's two ciphertexts (measured over an unshaped link) within the model's band."""
+    sizes: list[int] = []
+
+    async def host_floor_s() -> float:
+        unshaped = await run_encrypted_layer(CALIBRATION_REQUESTS, rate_Bps=UNSHAPED_RATE_BPS, latency_s=0.0,
+                                             width=width, clock=clock)
+        sizes[:] = [unshaped.input_ciphertext_bytes, unshaped.output_ciphertext_bytes]
+        return unshaped.transfer_s_median
+
+    return await plan(asked, lambda: transfer_model_s(sizes[0], sizes[1], rate_Bps, latency_s), host_floor_s)
 
 
 def _client_context(ts: Any) -> Any:
@@ -103,8 +135,10 @@ def _encrypt(ts: Any, context: Any, x: np.ndarray) -> bytes:
 
 
 async def run_encrypted_layer(requests: int = 3, *, rate_Bps: float, latency_s: float, width: int = LAYER_WIDTH,
-                              seed: int = 0, clock: Clock | None = None) -> FheReport:
-    """Serve `requests` encrypted y = x·W + b over one loopback connection shaped at (rate_Bps, latency_s)."""
+                              seed: int = 0, dilation: SerialDilation = UNDILATED,
+                              clock: Clock | None = None) -> FheReport:
+    """Serve `requests` encrypted y = x·W + b over one loopback connection shaped at (rate_Bps, latency_s), time
+    dilated by `dilation` (the link at rate / D and latency × D; its times reported in model seconds)."""
     if requests < 1 or width < 1:
         raise ValueError(f"requests and width must be >= 1, got {requests} and {width}")
     ts = load_tenseal()
@@ -142,13 +176,14 @@ async def run_encrypted_layer(requests: int = 3, *, rate_Bps: float, latency_s: 
             await link.send(frame(KIND_OUTPUT, out))
 
     report = FheReport(requests, width, rate_Bps, latency_s, context_bytes=len(public_context), setup_s=0.0,
-                       input_ciphertext_bytes=0, output_ciphertext_bytes=0)
-    async with shaped_loopback(serve, rate_Bps=rate_Bps, latency_s=latency_s, clock=clock) as connection:
+                       input_ciphertext_bytes=0, output_ciphertext_bytes=0, dilation=dilation)
+    d = dilation.dilation
+    async with shaped_loopback(serve, rate_Bps=rate_Bps / d, latency_s=latency_s * d, clock=clock) as connection:
         reader, link = connection.reader, connection.link
         sent = clock.now_ns()
         await link.send(frame(KIND_CONTEXT, public_context))
         await context_arrived.wait()
-        report.setup_s = (server_times["context_received"] - sent) / 1e9
+        report.setup_s = (server_times["context_received"] - sent) / 1e9 / d
         for _ in range(requests):
             x = rng.standard_normal(width)
             start = clock.now_ns()
@@ -161,11 +196,13 @@ async def run_encrypted_layer(requests: int = 3, *, rate_Bps: float, latency_s: 
             done = clock.now_ns()
             report.input_ciphertext_bytes, report.output_ciphertext_bytes = len(ciphertext), len(result)
             report.encrypt_s.append((encrypted - start) / 1e9)
-            report.up_s.append((server_times["received"] - encrypted) / 1e9)
+            up_ns, down_ns = server_times["received"] - encrypted, arrived - server_times["computed"]
+            report.up_s.append(up_ns / 1e9 / d)
             report.compute_s.append(server_times["compute_ns"] / 1e9)
-            report.down_s.append((arrived - server_times["computed"]) / 1e9)
+            report.down_s.append(down_ns / 1e9 / d)
             report.decrypt_s.append((done - arrived) / 1e9)
-            report.request_s.append((done - start) / 1e9)
+            # The request's wall time with its two link times taken at model time (the rest is this CPU's).
+            report.request_s.append((done - start - (up_ns + down_ns) * (1 - 1 / d)) / 1e9)
             report.max_abs_error = max(report.max_abs_error, float(np.abs(y - (x @ weights + bias)).max()))
         await link.send(frame(KIND_BYE, b""))
         await connection.served
