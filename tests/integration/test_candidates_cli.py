@@ -5,6 +5,7 @@ missing, and bad input."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -36,6 +37,16 @@ def test_two_cheap_rows_run_for_real_and_write_the_table(tmp_path, capsys):
     markdown = (out / "candidates.md").read_text()
     assert "kvtransit candidates --only pq-key-exchange,weight-streaming" in markdown
     assert "## What would flip each verdict" in markdown
+    # Every cell of the summary table links to its row's section, which holds the run's directory and command.
+    from kvtransit.emulator.candidates_report import anchor
+    headings = {anchor(line.removeprefix("### ")) for line in markdown.splitlines() if line.startswith("### ")}
+    for name in ("weight-streaming", "pq-key-exchange"):
+        (line,) = [ln for ln in markdown.splitlines() if ln.startswith(f"| [{name}](#")]
+        targets = set(re.findall(r"\]\(#([^)]+)\)", line))
+        assert len(targets) == 1 and targets <= headings and line.count("](#") == 7  # name, five tests, verdict
+    assert "- run: `" in markdown and "; command: `python -m kvtransit.agents.pqkex" in markdown
+    # The handshakes ran time-dilated (auto), so a 41 µs link time was measured, not the host's loop.
+    assert pq["run"]["dilation"] > 1 and "python -m kvtransit.agents.pqkex" in pq["run"]["command"]
     assert json.loads((out / "candidates.json").read_text())["rows"][1]["candidate"] == "pq-key-exchange"
 
 

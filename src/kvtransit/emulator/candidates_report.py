@@ -33,10 +33,23 @@ def cell(test: Judgement) -> str:
     return word + (" (modelled)" if test.values.get("modelled") else "")
 
 
-def row_cells(verdict: RowVerdict) -> list[str]:
+def row_cells(verdict: RowVerdict, link_to: str = "") -> list[str]:
+    """The five tests' cells; with `link_to` (an anchor) each is a link to it: the section with the figures
+    measured, the run's directory and its command."""
     if verdict.tests is None:
         return ["-"] * len(TEST_NAMES)
-    return [cell(t) for t in verdict.tests.tests]
+    return [f"[{cell(t)}](#{link_to})" if link_to else cell(t) for t in verdict.tests.tests]
+
+
+def _heading(verdict: RowVerdict) -> str:
+    return f"{verdict.row.name}: {verdict.verdict}"
+
+
+def anchor(heading: str) -> str:
+    """The anchor a Markdown renderer gives a heading (GitHub's rule: lower case, punctuation but - and _
+    dropped, spaces to -)."""
+    kept = "".join(c for c in heading.lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
 
 
 def _num(value: Any, spec: str) -> str:
@@ -75,22 +88,26 @@ def table_markdown(verdicts: list[RowVerdict], runs: list[RowRun], u: Unknowns, 
              "**promising** = exactly one measured failure, and one change of a stated unknown (module budget, "
              "transform charged/free, precision bits, or the link from the catalogue) makes all five pass when the "
              "row is judged again with its own measured figures; **not a candidate** otherwise; a test \"not "
-             "measured\" never passes. \"(modelled)\": the figure comes from the model because the flow is not live "
-             "in kvtransit yet (the row says what was measured)."), "",
+             "measured\" never passes. \"(modelled)\": the figure comes from the model (the row's section says what "
+             "was measured and what modelled). Each cell links to its row's section: the figures measured, the "
+             "run's directory and the command that reproduces it."), "",
              "| candidate | kernel | " + " | ".join(TEST_NAMES) + " | verdict | link | faithful | run |",
              "|---|---|" + "---|" * len(TEST_NAMES) + "---|---|---|---|"]
     for verdict, run in zip(verdicts, runs, strict=True):
         where = f"`{run.run_dir}`" if run.run_dir else "-"
-        lines.append(f"| {verdict.row.name} | {_md_escape(verdict.row.decl.name)} | "
-                     + " | ".join(row_cells(verdict)) + f" | **{verdict.verdict}** | {verdict.row.link or '-'} | "
-                     f"{run.faithful.split(' (')[0]} | {where} |")
+        section = anchor(_heading(verdict))
+        lines.append(f"| [{verdict.row.name}](#{section}) | {_md_escape(verdict.row.decl.name)} | "
+                     + " | ".join(row_cells(verdict, section)) + f" | **[{verdict.verdict}](#{section})** | "
+                     f"{verdict.row.link or '-'} | {run.faithful.split(' (')[0]} | {where} |")
     lines += ["", FAITHFUL_NOTE, "", png_note, "", "## Why each verdict", ""]
     for verdict, run in zip(verdicts, runs, strict=True):
-        lines += [f"### {verdict.row.name}: {verdict.verdict}", "", f"{_md_escape(verdict.why)}.", "",
+        lines += [f"### {_heading(verdict)}", "", f"{_md_escape(verdict.why)}.", "",
                   f"- flow: {CANDIDATES[verdict.row.name].flow}; kernel: {CANDIDATES[verdict.row.name].kernel}",
                   f"- measured: {run.measured_what}", f"- modelled: {run.modelled_what}",
                   (f"- scale {_num(run.scale, '.4g')}, dilation {_num(run.dilation, 'g')}, faithful: {run.faithful}; "
-                  f"{run.elapsed_s:.0f} s"), *(f"- note: {n}" for n in verdict.row.notes)]
+                  f"{run.elapsed_s:.0f} s"),
+                  f"- run: {f'`{run.run_dir}`' if run.run_dir else 'none (not run)'}; command: `{run.command}`",
+                  *(f"- note: {n}" for n in verdict.row.notes)]
         if verdict.tests is not None:
             lines += ["", "| test | passed | measured | target | reason |", "|---|---|---|---|---|"]
             lines += [f"| {t.test} | {cell(t)} | {_md_escape(t.measured)} | {_md_escape(t.target)} | "
