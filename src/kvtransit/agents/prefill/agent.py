@@ -291,9 +291,8 @@ class PrefillAgent:
         ring, metrics = plan.ring, self.ring_metrics
         assert ring is not None and self.ring is not None and metrics is not None
         attention_start_ns = deadline_ns - round(self.scenario.wall_s(ring.attention_s) * 1e9)
-        hops_before = self.ring.rank.result.hops if self.ring.rank is not None else 0
         try:  # ordered now, at the step's start: every rank is at the ring when the rest of the prompt is done
-            await self.ring.prompt(attention_start_ns)
+            done = await self.ring.prompt(attention_start_ns)
         except RingGroupFailed:
             self.ring_failed += 1
             metrics.prompts.labels(outcome="failed").inc()
@@ -304,9 +303,7 @@ class PrefillAgent:
         metrics.prompt_seconds.observe(measured_s)
         metrics.prompt_model_seconds.inc(ring.attention_s)
         metrics.prompts.labels(outcome="ok").inc()
-        assert self.ring.rank is not None
-        hops = self.ring.rank.result.hops - hops_before
-        metrics.hop_bytes.inc(hops * self.ring.rank.block_raw_bytes / self.scenario.ring_scale)
+        metrics.hop_bytes.inc(done.raw_bytes / self.scenario.ring_scale)
         return max(0, end_ns - deadline_ns)
 
     def ring_stats(self) -> dict[str, Any]:

@@ -19,12 +19,13 @@ from typing import Any
 
 from kvtransit.agents.collective.channel import Channel, PeerGone
 from kvtransit.agents.collective.connect import PeerListener, RingMember
+from kvtransit.agents.collective.follow import follow_orders
 from kvtransit.agents.collective.rank import RANK_SPIN_S
 from kvtransit.agents.common.process import announce_ready, announce_result, run_config_process, unless_stopped
-from kvtransit.agents.tp_group.orders import IDLE_WAIT_S, LEADER_DIAL_S, read_go
+from kvtransit.agents.tp_group.orders import LEADER_DIAL_S, read_go
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import MonotonicClock
-from kvtransit.wire.collective import Frame, Kind, abort
+from kvtransit.wire.collective import Frame, abort
 
 from .group import RingFollowerConfig, rank_plan, read_order, ring_blocks
 from .rank import RingFailed, RingRank
@@ -75,22 +76,12 @@ async def follower_main(config: RingFollowerConfig, stop: asyncio.Event) -> dict
 
 async def _serve_orders(control: Channel, rank: RingRank, result: dict[str, Any]) -> None:
     """Each ORDER in turn until the prefill leaves (its BYE or EOF: the run's end) or says ABORT."""
-    plan = rank.plan
-    while True:
-        try:
-            frame = await control.receive(IDLE_WAIT_S, "the next ring prompt's order")
-        except PeerGone:
-            return  # the prefill is gone: it stopped (a failure there is the prefill's to report)
-        if frame.kind is Kind.BYE:
-            return
-        if frame.kind is Kind.ABORT:
-            raise RingFailed(frame.reason)
-        if frame.kind is not Kind.STEP:
-            raise RingFailed(f"ring rank {plan.rank}: expected an order from the prefill, got {frame.kind.name}")
+    async def carry_out(frame: Frame) -> None:
         await rank.prompt(frame.step, read_order(frame))
         result["prompts"] += 1
-        with contextlib.suppress(PeerGone):
-            await control.send(Frame(Kind.DONE, plan.group, frame.step, rank=plan.rank), shaped=False)
+
+    await follow_orders(control, rank.plan.group, rank.plan.rank, carry_out, order="ring prompt",
+                        who=f"ring rank {rank.plan.rank}", failed=RingFailed)
 
 
 async def run(config_json: dict[str, Any], stop: asyncio.Event) -> None:

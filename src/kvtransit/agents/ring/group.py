@@ -43,6 +43,15 @@ _AT = struct.Struct("!Q")  # an ORDER's payload: when the prompt's attention sta
 ANSWERS_GRACE_S = 1.0
 
 
+@dataclass(frozen=True)
+class RingPromptDone:
+    """What one ring prompt did on rank 0's side: when its last layer was due to end, and its hops' bytes."""
+
+    due_end_ns: int
+    hops: int
+    raw_bytes: int  # the blocks rank 0 sent on, at the run's scale, before any codec
+
+
 class RingGroupFailed(Exception):
     """The ring cannot run any more prompts; the message is the reason its requests fail with."""
 
@@ -153,17 +162,20 @@ class RingGroupLeader:
         if self.failure is not None:
             raise RingGroupFailed(f"ring attention failed: {self.failure}")
 
-    async def prompt(self, at_ns: int) -> int:
+    async def prompt(self, at_ns: int) -> RingPromptDone:
         """One ring request's attention, from `at_ns` (monotonic ns, the model's start): the followers are ordered,
-        then rank 0 runs its part; returns when its last layer was due to end. Raises RingGroupFailed."""
+        then rank 0 runs its part; returns when it was due to end and its hops. Raises RingGroupFailed."""
         self._check()
         assert self.rank is not None, "start() first"
         number = self.prompts
+        hops_before = self.rank.result.hops
         self.answers.ordered()
         try:
             for control in self.controls:
                 await control.send(order_frame(self.plan.group, number, at_ns), shaped=False)
-            return await self.rank.prompt(number, at_ns)
+            due_end_ns = await self.rank.prompt(number, at_ns)
+            hops = self.rank.result.hops - hops_before
+            return RingPromptDone(due_end_ns, hops, hops * self.rank.block_raw_bytes)
         except (PeerGone, RingFailed) as exc:
             self.answers.fail(str(exc))
             await self.rank.next.send_quietly(abort(self.plan.group, str(exc), step=number, rank=0))

@@ -13,19 +13,19 @@ group's step is the leader's to hold, and a follower only has to be at the all-r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import replace
 from typing import Any
 
 from kvtransit.agents.collective.channel import Channel, PeerGone
 from kvtransit.agents.collective.connect import PeerListener, RingMember, close_channels, switch_member
+from kvtransit.agents.collective.follow import follow_orders
 from kvtransit.agents.collective.rank import MODE_RING, RANK_SPIN_S, CollectiveFailed
 from kvtransit.agents.common.process import announce_ready, announce_result, unless_stopped
 from kvtransit.runtime.clock import MonotonicClock
 from kvtransit.wire.collective import Frame, Kind, abort
 
 from .exact_step import ExactStep
-from .orders import IDLE_WAIT_S, LEADER_DIAL_S, FollowerConfig, read_go, read_step
+from .orders import LEADER_DIAL_S, FollowerConfig, read_go, read_step
 
 
 async def follower_main(config: FollowerConfig, stop: asyncio.Event) -> dict[str, Any]:
@@ -78,23 +78,13 @@ async def follower_main(config: FollowerConfig, stop: asyncio.Event) -> dict[str
 
 async def _serve_orders(control: Channel, step: ExactStep, result: dict[str, Any]) -> None:
     """Each STEP order in turn until the leader leaves (its BYE or EOF: the run's end) or says ABORT."""
-    while True:
-        try:
-            frame = await control.receive(IDLE_WAIT_S, "the next step's order")
-        except PeerGone:
-            return  # the leader is gone: it stopped (a failure there is the leader's to report)
-        if frame.kind is Kind.BYE:
-            return
-        if frame.kind is Kind.ABORT:
-            raise CollectiveFailed(frame.reason)
-        if frame.kind is not Kind.STEP:
-            raise CollectiveFailed(f"rank {step.plan.rank}: expected a STEP order from the leader, got "
-                                   f"{frame.kind.name}")
+    async def carry_out(frame: Frame) -> None:
         values, alltoall_values, at_ns = read_step(frame)
         await step.run(frame.step, values, at_ns, alltoall_values)
         result["steps"] += 1
-        with contextlib.suppress(PeerGone):
-            await control.send(Frame(Kind.DONE, step.plan.group, frame.step, rank=step.plan.rank), shaped=False)
+
+    await follow_orders(control, step.plan.group, step.plan.rank, carry_out, order="step",
+                        who=f"rank {step.plan.rank}", failed=CollectiveFailed)
 
 
 async def run(config_json: dict[str, Any], stop: asyncio.Event) -> None:
