@@ -23,19 +23,25 @@ expectation, and keep = 1 round-trips to float32 rounding.
 Arithmetic is float32 whatever the wire dtype (bfloat16, float16, float32); the payload holds the sink
 tokens then the kept coefficients, in the wire dtype, as one C-contiguous array `[..., kept_tokens, D]`.
 
-Why one file of ~500 lines: the forward and inverse transforms, the kept-band layout and the scratch buffers
-of the fast path (benchmarks/RESULTS.md: cache-sized chunks, fused reorder and widen) must agree to the index;
-split apart, the pair could drift and the round-trip tests would only find it after the fact.
+Two paths run the same arithmetic: arrays larger than a chunk go through cache-sized chunks (fused reorder and
+widen, benchmarks/RESULTS.md "## Kernels"); an array that fits one chunk per group (a one-channel layer of a
+few KB, the middlebox's common case at small scale) through a plan made once per layout, so its call is
+numpy work, not Python bookkeeping (RESULTS.md "Band-keep on small chunks: per-call overhead").
+
+Why one file of ~800 lines: the forward and inverse transforms, the kept-band layout, the scratch buffers and
+both paths must agree to the index (the small-array path to the bit); split apart, they could drift and the
+round-trip tests would only find it after the fact.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache, partial
+from typing import TypeVar, cast
 
 import ml_dtypes
 import numpy as np
@@ -92,18 +98,28 @@ def store(dest: np.ndarray, values: np.ndarray, scratch: _Scratch | None = None)
     u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
     # In place in one buffer (the caller's scratch when it has one): no temporaries.
     rounded = np.empty(u.shape, np.uint32) if scratch is None else scratch.get("round", u.shape, np.uint32)
+    _round_bf16(u, rounded, dest.view(np.uint16))
+
+
+def _round_bf16(u: np.ndarray, rounded: np.ndarray, dest: np.ndarray) -> None:
+    """dest (uint16, any strides) = the bfloat16 bits of float32 bits u, to nearest even, via `rounded` (u's shape)."""
     np.right_shift(u, 16, out=rounded)
     np.bitwise_and(rounded, 1, out=rounded)  # the lsb of the kept half: ties go to even
-    rounded += np.uint32(0x7FFF)
+    rounded += _ROUND_HALF
     rounded += u
-    rounded >>= 16
-    dest.view(np.uint16)[...] = rounded
+    np.right_shift(rounded, 16, out=dest)  # < 2^16: exact in the uint16 output
+
+
+_ROUND_HALF = np.uint32(0x7FFF)
+_BF16_EXPONENT = np.uint16(0x7F80)
 
 
 def all_finite(x: np.ndarray) -> bool:
     """No NaN or Inf in x; for bfloat16 by its exponent bits (ml_dtypes' isfinite is slow)."""
     if x.dtype == BF16:
-        return not np.any((x.view(np.uint16) & np.uint16(0x7F80)) == np.uint16(0x7F80))
+        # The largest exponent field is all ones only if some value is NaN/Inf: one pass and one reduction.
+        exponents = x.view(np.uint16) & _BF16_EXPONENT
+        return exponents.size == 0 or int(exponents.max()) != 0x7F80
     return bool(np.isfinite(x).all())
 
 
@@ -122,11 +138,16 @@ CHUNK_BYTES = 256 * 1024  # float32 input per chunk; ~2.5× that must fit a 2 Mi
 _HIGH_HALF = 1 if sys.byteorder == "little" else 0
 
 
+_Built = TypeVar("_Built")
+_MAX_PLANNED = 64  # views of this many plans per scratch set; then they are dropped and rebuilt on demand
+
+
 class _Scratch:
     """Reusable buffers by name. One encode or decode borrows one (`_borrowed_scratch`) for its duration."""
 
     def __init__(self) -> None:
         self._buffers: dict[str, np.ndarray] = {}
+        self._planned: dict[object, object] = {}
 
     def get(self, name: str, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
         """A C-contiguous array of `shape` over buffer `name`, grown (zeroed) when too small; contents stale."""
@@ -136,8 +157,20 @@ class _Scratch:
         if buf is None or buf.nbytes < need:
             buf = np.zeros(max(need, 1), np.uint8)  # zeroed: the bfloat16 stage relies on it (see _HIGH_HALF)
             self._buffers[name] = buf
+            # Views built over the old buffer would keep it alive (and stop sharing): rebuild them on demand.
+            self._planned.clear()
         view: np.ndarray = buf[:need].view(dtype).reshape(shape)
         return view
+
+    def planned(self, key: object, build: Callable[[_Scratch], _Built]) -> _Built:
+        """What `build(self)` makes (views over these buffers), made once per key and kept while they last."""
+        found = self._planned.get(key)
+        if found is None:
+            if len(self._planned) >= _MAX_PLANNED:
+                self._planned.clear()
+            found = build(self)
+            self._planned[key] = found
+        return cast(_Built, found)  # each key is only ever built by one `build`
 
 
 # Idle scratch sets. The middlebox encodes in executor threads, and this pure layer may not use threading:
@@ -146,12 +179,16 @@ class _Scratch:
 _idle_scratch: list[_Scratch] = []
 
 
+def _borrow() -> _Scratch:
+    try:
+        return _idle_scratch.pop()
+    except IndexError:
+        return _Scratch()
+
+
 @contextmanager
 def _borrowed_scratch() -> Iterator[_Scratch]:
-    try:
-        scratch = _idle_scratch.pop()
-    except IndexError:
-        scratch = _Scratch()
+    scratch = _borrow()
     try:
         yield scratch
     finally:
@@ -263,36 +300,58 @@ def _fourier_counts(n: int, kept: int) -> tuple[int, int]:
     return kept // 2, (kept - 1) // 2
 
 
-def _fourier_pack(spectrum: np.ndarray, n: int, kept: int, coef: np.ndarray) -> None:
+# The packs and unpacks below are built as lists of steps: ufunc calls bound to the very arrays they read and
+# write. The chunked path builds them per chunk and runs them at once; a small array's plan builds them once
+# per scratch set and runs them on every call (see "Small arrays"), so both run the same arithmetic.
+Step = Callable[[], object]
+
+
+def _run(steps: list[Step]) -> None:
+    for step in steps:
+        step()
+
+
+def _fourier_pack_steps(spectrum: np.ndarray, n: int, kept: int, coef: np.ndarray) -> list[Step]:
     inv_sqrt_n = np.float32(1 / math.sqrt(n))
     edge = np.float32(math.sqrt(2 / n))
     n_re, n_im = _fourier_counts(n, kept)
-    np.multiply(spectrum.real[..., 0, :], inv_sqrt_n, out=coef[..., 0, :])
+    steps: list[Step] = [partial(np.multiply, spectrum.real[..., 0, :], inv_sqrt_n, out=coef[..., 0, :])]
     if n_re:
-        np.multiply(spectrum.real[..., 1 : 1 + n_re, :], edge, out=coef[..., 1::2, :])
+        steps.append(partial(np.multiply, spectrum.real[..., 1 : 1 + n_re, :], edge, out=coef[..., 1::2, :]))
         if n % 2 == 0 and kept == n:  # the Nyquist bin is real and carries no √2
-            coef[..., n - 1, :] *= np.float32(1 / math.sqrt(2))
+            nyquist = coef[..., n - 1, :]
+            steps.append(partial(np.multiply, nyquist, np.float32(1 / math.sqrt(2)), out=nyquist))
     if n_im:
-        np.multiply(spectrum.imag[..., 1 : 1 + n_im, :], edge, out=coef[..., 2::2, :])
+        steps.append(partial(np.multiply, spectrum.imag[..., 1 : 1 + n_im, :], edge, out=coef[..., 2::2, :]))
+    return steps
 
 
-def _fourier_unpack(coef: np.ndarray, n: int, spectrum: np.ndarray) -> None:
+def _fourier_unpack_steps(coef: np.ndarray, n: int, spectrum: np.ndarray) -> list[Step]:
     kept = coef.shape[-2]
     sqrt_n = np.float32(math.sqrt(n))
     edge = np.float32(math.sqrt(n / 2))
     n_re, n_im = _fourier_counts(n, kept)
     re, im = spectrum.real, spectrum.imag
     # Zero only what the kept reals do not overwrite: Im V0, and the bins above the kept ones.
-    im[..., 0, :] = 0
-    re[..., 1 + n_re :, :] = 0
-    im[..., 1 + n_im :, :] = 0
-    np.multiply(coef[..., 0, :], sqrt_n, out=re[..., 0, :])
+    steps: list[Step] = [partial(im[..., 0, :].fill, 0), partial(re[..., 1 + n_re :, :].fill, 0),
+                         partial(im[..., 1 + n_im :, :].fill, 0),
+                         partial(np.multiply, coef[..., 0, :], sqrt_n, out=re[..., 0, :])]
     if n_re:
-        np.multiply(coef[..., 1::2, :], edge, out=re[..., 1 : 1 + n_re, :])
+        steps.append(partial(np.multiply, coef[..., 1::2, :], edge, out=re[..., 1 : 1 + n_re, :]))
         if n % 2 == 0 and kept == n:
-            re[..., n // 2, :] *= np.float32(math.sqrt(2))
+            nyquist = re[..., n // 2, :]
+            steps.append(partial(np.multiply, nyquist, np.float32(math.sqrt(2)), out=nyquist))
     if n_im:
-        np.multiply(coef[..., 2::2, :], edge, out=im[..., 1 : 1 + n_im, :])
+        steps.append(partial(np.multiply, coef[..., 2::2, :], edge, out=im[..., 1 : 1 + n_im, :]))
+    return steps
+
+
+def _fourier_pack(spectrum: np.ndarray, n: int, kept: int, coef: np.ndarray) -> None:
+    _run(_fourier_pack_steps(spectrum, n, kept, coef))
+
+
+def _fourier_unpack(coef: np.ndarray, n: int, spectrum: np.ndarray) -> None:
+    _run(_fourier_unpack_steps(coef, n, spectrum))
 
 
 @lru_cache(maxsize=256)
@@ -305,21 +364,38 @@ def _dct_interleaved_weights(n: int, kept: int, d: int) -> np.ndarray:
     return w
 
 
-def _dct_pack(spectrum: np.ndarray, n: int, kept: int, coef: np.ndarray, scratch: _Scratch) -> None:
+def _dct_pack_rows(spectrum: np.ndarray, n: int, kept: int) -> tuple[int, ...]:
+    """The shape of `_dct_pack_steps`' products buffer for this spectrum."""
+    return (*spectrum.shape[:-2], min(kept, n // 2 + 1), 2 * spectrum.shape[-1])
+
+
+def _dct_pack_steps(spectrum: np.ndarray, n: int, kept: int, coef: np.ndarray, products: np.ndarray) -> list[Step]:
     """y_j = a_j·Re V_j + b_j·Im V_j, on the kept bins only (the twiddle never touches the dropped ones).
 
     The spectrum is read as interleaved floats (Re, Im, Re, Im, …): one contiguous multiply by
-    (a, b, a, b, …) then one pairwise add, ~30 % faster than multiplying the strided .real and .imag."""
+    (a, b, a, b, …) then one pairwise add, ~30 % faster than multiplying the strided .real and .imag.
+    `products` is a float32 buffer of `_dct_pack_rows`' shape."""
     a, b, src, _ = _dct_constants(n, kept)
     m = n // 2 + 1
     low = min(kept, m)
     d = spectrum.shape[-1]
-    products = scratch.get("pack", (*spectrum.shape[:-2], low, 2 * d), np.float32)
-    np.multiply(spectrum[..., :low, :].view(np.float32), _dct_interleaved_weights(n, kept, d), out=products)
-    np.add(products[..., 0::2], products[..., 1::2], out=coef[..., :low, :])
+    steps: list[Step] = [
+        partial(np.multiply, spectrum[..., :low, :].view(np.float32), _dct_interleaved_weights(n, kept, d),
+                out=products),
+        partial(np.add, products[..., 0::2], products[..., 1::2], out=coef[..., :low, :])]
     if kept > m:  # keep > 1/2: bins above n/2 are mirrored conjugates
-        sel = spectrum[..., src[m:], :]
-        coef[..., m:, :] = sel.real * a[m:] + sel.imag * b[m:]
+
+        def mirrored() -> None:
+            sel = spectrum[..., src[m:], :]
+            coef[..., m:, :] = sel.real * a[m:] + sel.imag * b[m:]
+
+        steps.append(mirrored)
+    return steps
+
+
+def _dct_pack(spectrum: np.ndarray, n: int, kept: int, coef: np.ndarray, scratch: _Scratch) -> None:
+    products = scratch.get("pack", _dct_pack_rows(spectrum, n, kept), np.float32)
+    _run(_dct_pack_steps(spectrum, n, kept, coef, products))
 
 
 _InverseConstants = tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -346,15 +422,37 @@ def _dct_inverse_constants(n: int, kept: int) -> _InverseConstants:
     return low, re_w, im_w, mirrored, k, _column(half * np.sin(tk)), _column(half * np.cos(tk))
 
 
-def _dct_unpack(coef: np.ndarray, n: int, spectrum: np.ndarray) -> None:
-    low, re_w, im_w, mirrored, k, mir_re_w, mir_im_w = _dct_inverse_constants(n, coef.shape[-2])
+@lru_cache(maxsize=256)
+def _dct_unpack_weights(n: int, kept: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """The Re and Im weights on y_k (k < low) repeated along head_dim, [low, d] float32 C-contiguous.
+
+    A (low, 1) column broadcast over a small head_dim makes numpy loop d values at a time (10× slower at
+    d = 4); a full [low, d] block lets it run the kept bins and head_dim as one inner loop (same products)."""
+    low, re_w, im_w, *_ = _dct_inverse_constants(n, kept)
+    return (np.ascontiguousarray(np.broadcast_to(re_w, (low, d))),
+            np.ascontiguousarray(np.broadcast_to(im_w, (low, d))))
+
+
+def _dct_unpack_steps(coef: np.ndarray, n: int, spectrum: np.ndarray) -> list[Step]:
+    low, _, _, mirrored, k, mir_re_w, mir_im_w = _dct_inverse_constants(n, coef.shape[-2])
+    re_w, im_w = _dct_unpack_weights(n, coef.shape[-2], coef.shape[-1])
     re, im = spectrum.real, spectrum.imag
-    spectrum[..., low:, :] = 0  # zero-fill only the dropped bins; the kept ones are assigned below
-    np.multiply(coef[..., :low, :], re_w, out=re[..., :low, :])
-    np.multiply(coef[..., :low, :], im_w, out=im[..., :low, :])
+    steps: list[Step] = [
+        partial(spectrum[..., low:, :].fill, 0),  # zero-fill only the dropped bins; the kept ones are assigned
+        partial(np.multiply, coef[..., :low, :], re_w, out=re[..., :low, :]),
+        partial(np.multiply, coef[..., :low, :], im_w, out=im[..., :low, :])]
     if mirrored.size:  # keep > 1/2: kept y_{n−k} also feeds bin k (< low, assigned just above)
-        re[..., k, :] += coef[..., mirrored, :] * mir_re_w
-        im[..., k, :] -= coef[..., mirrored, :] * mir_im_w
+
+        def mirror() -> None:
+            re[..., k, :] += coef[..., mirrored, :] * mir_re_w
+            im[..., k, :] -= coef[..., mirrored, :] * mir_im_w
+
+        steps.append(mirror)
+    return steps
+
+
+def _dct_unpack(coef: np.ndarray, n: int, spectrum: np.ndarray) -> None:
+    _run(_dct_unpack_steps(coef, n, spectrum))
 
 
 # --- The whole-array codec ------------------------------------------------------------------------------
@@ -386,7 +484,7 @@ class BandKeepLayout:
     def kept_tokens(self) -> int:
         return self.sinks + self.full_blocks * self.kept_block + self.kept_tail
 
-    @property
+    @cached_property  # (every call asks; a frozen dataclass may still cache in its __dict__)
     def payload_shape(self) -> tuple[int, ...]:
         return (*self.shape[:-2], self.kept_tokens, self.shape[-1])
 
@@ -449,10 +547,18 @@ def encode(kv: np.ndarray, layout: BandKeepLayout, backend: FFTBackend,
     src = _rows(kv)
     payload = np.empty(layout.payload_shape, kv.dtype)
     dst = _rows(payload)
-    dst[:, : layout.sinks, :] = src[:, : layout.sinks, :]
+    if layout.sinks:
+        dst[:, : layout.sinks, :] = src[:, : layout.sinks, :]
     rng = np.random.default_rng(seed) if precision_bits else None
-    with _borrowed_scratch() as scratch:
-        _encode_groups(src, dst, layout, backend, rng, precision_bits, scratch)
+    plan = _plan_for(layout, kv.dtype, CHUNK_BYTES) if SMALL_FAST_PATH else None
+    scratch = _borrow()
+    try:
+        if plan is None:
+            _encode_groups(src, dst, layout, backend, rng, precision_bits, scratch)
+        else:
+            _encode_planned(src, dst, plan, backend, rng, precision_bits, scratch)
+    finally:
+        _idle_scratch.append(scratch)
     return payload
 
 
@@ -478,9 +584,17 @@ def decode(payload: np.ndarray, layout: BandKeepLayout, backend: FFTBackend) -> 
     """Rebuild [..., tokens, D] in the payload's dtype from the sinks and the kept coefficients."""
     out = np.empty(layout.shape, payload.dtype)
     src, dst = _rows(payload), _rows(out)
-    dst[:, : layout.sinks, :] = src[:, : layout.sinks, :]
-    with _borrowed_scratch() as scratch:
-        _decode_groups(src, dst, layout, backend, scratch)
+    plan = _plan_for(layout, payload.dtype, CHUNK_BYTES) if SMALL_FAST_PATH else None
+    scratch = _borrow()
+    try:
+        if plan is None:
+            if layout.sinks:
+                dst[:, : layout.sinks, :] = src[:, : layout.sinks, :]
+            _decode_groups(src, dst, layout, backend, scratch)
+        else:
+            _decode_planned(src, dst, plan, backend, scratch)  # (writes the sinks itself)
+    finally:
+        _idle_scratch.append(scratch)
     return out
 
 
@@ -502,3 +616,187 @@ def _decode_groups(src: np.ndarray, dst: np.ndarray, layout: BandKeepLayout, bac
                 x = v
             if x is not dest:
                 store(dest, x, scratch)
+
+
+# --- Small arrays: a plan per layout, its views per scratch set -------------------------------------------
+#
+# A one-channel layer (llama3-8b at scale 1/1024: [2, 2048, 1] BF16, 8 KB) is far below one chunk, and on it
+# the chunked path's per-call Python work (layout arithmetic, ~10 named scratch lookups, the views of two
+# groups, their packs' views) cost ~20× the FFT itself (r2c was ~5 % of such a call; benchmarks/RESULTS.md,
+# "Band-keep on small chunks").
+# An array the chunked path would take in one chunk per group (one FFT call per group) runs instead on a
+# plan made once per (layout, dtype): the token order that stages every group's DCT reorder in one gather,
+# and, per scratch set, the views of that plan over its buffers with each group's pack or unpack bound to
+# them (`Step`s). Same ufuncs on the same values as the chunked path, so the same bits
+# (tests/unit/test_bandkeep_small_chunks.py pins them). The coefficients of all groups sit in one float32
+# buffer laid out as the payload's body, so bfloat16 rounding is one pass for the whole array, not one per group.
+
+SMALL_FAST_PATH = True  # False: every array takes the chunked path (the reference the tests compare with)
+
+
+def _dct_order(n: int) -> np.ndarray:
+    """The DCT's reorder of a block as a gather: v = x[order], [0, 2, 4, …, 5, 3, 1]."""
+    return np.concatenate([np.arange(0, n, 2), np.arange(1, n, 2)[::-1]])
+
+
+class _Plan:
+    """What a layout and dtype fix for every small call (immutable, shared by threads)."""
+
+    def __init__(self, layout: BandKeepLayout, dtype: np.dtype, rows: int) -> None:
+        self.layout, self.dtype, self.rows = layout, dtype, rows
+        # bfloat16 is moved as its uint16 bits (widened by a shift, rounded by integer ops).
+        self.storage = np.dtype(np.uint16) if dtype == BF16 else dtype
+        self.groups = tuple(_groups(layout))
+        s, tokens = layout.sinks, layout.tokens
+        self.stage_order: np.ndarray | None = None  # staged[:, j] = x[:, stage_order[j]] (j over the body)
+        self.unstage_order: np.ndarray | None = None  # out[:, t] = arena[:, unstage_order[t]] (sinks: themselves)
+        if layout.variant == "dct":
+            order = np.concatenate([(start + length * np.arange(count)[:, None] + _dct_order(length)).ravel()
+                                    for start, count, length, _, _ in self.groups] or [np.arange(0)])
+            inverse = np.empty(tokens - s, np.intp)
+            inverse[order - s] = np.arange(s, tokens)
+            self.stage_order = order.astype(np.intp)
+            self.unstage_order = np.concatenate([np.arange(s, dtype=np.intp), inverse])
+            self.stage_order.flags.writeable = self.unstage_order.flags.writeable = False  # shared by threads
+
+
+@lru_cache(maxsize=256)
+def _plan_for(layout: BandKeepLayout, dtype: np.dtype, chunk_bytes: int) -> _Plan | None:
+    """A plan when every group fits one chunk of `chunk_bytes` (as `_chunks` cuts them), else None."""
+    rows, d = math.prod(layout.shape[:-2]), layout.shape[-1]
+    if rows == 0 or d == 0:
+        return None
+    for _, count, length, _, _ in _groups(layout):
+        if max(1, chunk_bytes // (length * d * 4)) < rows * count:
+            return None
+    return _Plan(layout, dtype, rows)
+
+
+class _EncodeViews:
+    """One plan's encode buffers in one scratch set: the staged body, each group's FFT input, spectrum and
+    pack steps, and the coefficients of all groups in the payload body's layout [rows, kept_tokens − sinks, D]."""
+
+    def __init__(self, plan: _Plan, scratch: _Scratch) -> None:
+        lay, rows, d = plan.layout, plan.rows, plan.layout.shape[-1]
+        s, body, kept_body = lay.sinks, lay.tokens - lay.sinks, lay.kept_tokens - lay.sinks
+        self.plan = plan
+        self.staged = scratch.get("plan-staged", (rows, body, d), np.float32)
+        # A gather in the input's own element type, then one widening pass (float32 gathers into `staged`).
+        self.gathered = (None if plan.stage_order is None or plan.dtype == np.float32
+                         else scratch.get("plan-gathered", (rows, body, d), plan.storage))
+        self.coef = scratch.get("plan-coef", (rows, kept_body, d), np.float32)
+        self.rounded = scratch.get("plan-round", (rows, kept_body, d), np.uint32) if plan.dtype == BF16 else None
+        # Groups run one after the other: they share one spectrum and one products buffer.
+        spectra = [(rows, count, length // 2 + 1, d) for _, count, length, _, _ in plan.groups]
+        spectrum_buf = scratch.get("plan-spectrum", (max(map(math.prod, spectra), default=0),), np.complex64)
+        self.groups: list[tuple[np.ndarray, np.ndarray, np.ndarray, list[Step]]] = []
+        for (start, count, length, kept, pos), shape in zip(plan.groups, spectra, strict=True):
+            x = _split_tokens(self.staged[:, start - s : start - s + count * length, :], count, length)
+            coef = _split_tokens(self.coef[:, pos - s : pos - s + count * kept, :], count, kept)
+            spectrum = spectrum_buf[: math.prod(shape)].reshape(shape)
+            if lay.variant == "dct":
+                rows_shape = _dct_pack_rows(spectrum, length, kept)
+                products = scratch.get("plan-pack", (math.prod(rows_shape),), np.float32).reshape(rows_shape)
+                steps = _dct_pack_steps(spectrum, length, kept, coef, products)
+            else:
+                steps = _fourier_pack_steps(spectrum, length, kept, coef)
+            self.groups.append((x, spectrum, coef, steps))
+
+    def stage(self, src: np.ndarray) -> None:
+        """staged = the body of src [rows, tokens, D] as float32, each block in its transform's order."""
+        plan, s = self.plan, self.plan.layout.sinks
+        bits = src.view(plan.storage)
+        if plan.stage_order is None:  # fft: a widening copy
+            if plan.dtype == BF16:
+                np.left_shift(bits[:, s:, :], 16, out=self.staged.view(np.uint32), dtype=np.uint32)
+            else:
+                np.copyto(self.staged, src[:, s:, :])
+            return
+        # mode="wrap": the indices are in range, and only the default "raise" mode buffers the output.
+        if self.gathered is None:
+            src.take(plan.stage_order, axis=1, out=self.staged, mode="wrap")
+            return
+        bits.take(plan.stage_order, axis=1, out=self.gathered, mode="wrap")
+        if plan.dtype == BF16:  # bfloat16 is the high half of a float32
+            np.left_shift(self.gathered, 16, out=self.staged.view(np.uint32), dtype=np.uint32)
+        else:
+            np.copyto(self.staged, self.gathered)
+
+    def store(self, dest_body: np.ndarray) -> None:
+        """The payload's body (all kept coefficients) = coef in the payload's dtype, bfloat16 rounded once."""
+        if self.rounded is not None:
+            _round_bf16(self.coef.view(np.uint32), self.rounded, dest_body.view(np.uint16))
+        else:
+            np.copyto(dest_body, self.coef)
+
+
+def _encode_planned(src: np.ndarray, dst: np.ndarray, plan: _Plan, backend: FFTBackend,
+                    rng: np.random.Generator | None, precision_bits: int | None, scratch: _Scratch) -> None:
+    """`_encode_groups` for a planned array (src [rows, tokens, D] → dst [rows, kept_tokens, D]; sinks done)."""
+    views = scratch.planned((plan, "encode"), partial(_EncodeViews, plan))
+    views.stage(src)
+    for x, spectrum, coef, pack in views.groups:
+        backend.rfft_into(x, spectrum, axis=-2)
+        _run(pack)
+        if rng is not None and precision_bits is not None:
+            _add_precision_noise(coef, precision_bits, rng)
+    views.store(dst[:, plan.layout.sinks :, :])
+
+
+class _DecodeViews:
+    """One plan's decode buffers in one scratch set: the coefficients widened, each group's spectrum, unpack
+    steps and inverse, into one signal [rows, tokens, D] whose first `sinks` tokens hold the sinks for the
+    final un-reorder (one gather of every token)."""
+
+    def __init__(self, plan: _Plan, scratch: _Scratch) -> None:
+        lay, rows, d = plan.layout, plan.rows, plan.layout.shape[-1]
+        s, kept_body = lay.sinks, lay.kept_tokens - lay.sinks
+        self.plan = plan
+        self.coef = scratch.get("plan-coef-in", (rows, kept_body, d), np.float32)
+        self.signal = scratch.get("plan-inverse", (rows, lay.tokens, d), np.float32)
+        # The output's elements before the un-reorder (dct only; a float32 output un-reorders `signal` itself).
+        self.arena = (None if plan.unstage_order is None else self.signal if plan.dtype == np.float32
+                      else scratch.get("plan-out", (rows, lay.tokens, d), plan.storage))
+        self.rounded = (scratch.get("plan-round", (rows, lay.tokens - s, d), np.uint32)
+                        if plan.dtype == BF16 else None)
+        spectra = [(rows, count, length // 2 + 1, d) for _, count, length, _, _ in plan.groups]
+        spectrum_buf = scratch.get("plan-spectrum", (max(map(math.prod, spectra), default=0),), np.complex64)
+        self.groups: list[tuple[np.ndarray, np.ndarray, int, list[Step]]] = []
+        for (start, count, length, kept, pos), shape in zip(plan.groups, spectra, strict=True):
+            coef = _split_tokens(self.coef[:, pos - s : pos - s + count * kept, :], count, kept)
+            v = _split_tokens(self.signal[:, start : start + count * length, :], count, length)
+            spectrum = spectrum_buf[: math.prod(shape)].reshape(shape)
+            steps = (_dct_unpack_steps if lay.variant == "dct" else _fourier_unpack_steps)(coef, length, spectrum)
+            self.groups.append((spectrum, v, length, steps))
+
+    def widen(self, src_body: np.ndarray) -> None:
+        """coef = the payload's body (every kept coefficient) as float32."""
+        if self.plan.dtype == BF16:  # by integer shift, not ml_dtypes' slow cast
+            np.left_shift(src_body.view(np.uint16), 16, out=self.coef.view(np.uint32), dtype=np.uint32)
+        else:
+            np.copyto(self.coef, src_body)
+
+    def store(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """dst [rows, tokens, D] = the payload's sinks, then the signal's body in dst's dtype, in token order."""
+        plan, s = self.plan, self.plan.layout.sinks
+        src, dst = src.view(plan.storage), dst.view(plan.storage)
+        arena = dst if self.arena is None else self.arena
+        body, target = self.signal[:, s:, :], arena[:, s:, :]
+        if self.rounded is not None:
+            _round_bf16(body.view(np.uint32), self.rounded, target)
+        elif target is not body and arena is not self.signal:
+            np.copyto(target, body)  # float16 rounds here, float32 copies
+        if s:
+            arena[:, :s, :] = src[:, :s, :]
+        if plan.unstage_order is not None:
+            arena.take(plan.unstage_order, axis=1, out=dst, mode="wrap")
+
+
+def _decode_planned(src: np.ndarray, dst: np.ndarray, plan: _Plan, backend: FFTBackend, scratch: _Scratch) -> None:
+    """`_decode_groups` for a planned array, sinks included (src [rows, kept_tokens, D] → dst [rows, tokens, D])."""
+    views = scratch.planned((plan, "decode"), partial(_DecodeViews, plan))
+    views.widen(src[:, plan.layout.sinks :, :])
+    for spectrum, v, length, unpack in views.groups:
+        _run(unpack)
+        backend.irfft_into(spectrum, v, length, axis=-2)
+    views.store(src, dst)

@@ -13,7 +13,9 @@ input, so a clean frame pays for one pass over the payload, not over the input.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -72,6 +74,13 @@ def _payload_bytes(payload: Payload, expected: int, codec: str) -> np.ndarray:
     return buf
 
 
+@lru_cache(maxsize=1024)
+def _unpack_header(data: bytes) -> Header:
+    """Header.unpack, remembered: a stream's chunks repeat a few headers (one per layer shape), and a small
+    chunk's decode is otherwise mostly this parsing. (Headers are frozen; a bad one raises and is not kept.)"""
+    return Header.unpack(data)
+
+
 class Codec:
     """A named kernel: encode/decode on KV arrays, and its declaration for the module's budget check."""
 
@@ -89,7 +98,7 @@ class Codec:
         raise NotImplementedError
 
     def decode(self, header: bytes, payload: Payload) -> np.ndarray:
-        h = Header.unpack(header)
+        h = _unpack_header(bytes(header))
         if h.codec != self.name:
             raise KernelInputError(f"header is for codec {h.codec!r}, this codec is {self.name!r}")
         return self._decode(h, payload)
@@ -241,6 +250,10 @@ class BandKeepCodec(Codec):
         self.precision_bits, self.seed = precision_bits, seed
         self.backend_name = backend
         self.backend = get_backend(backend)
+        # (shape, wire dtype) → (layout, packed header): the same few per stream, and rebuilding them cost a
+        # small chunk's encode as much as its FFT. Threads share the codec: a dict get/set is atomic, and two
+        # threads missing at once only build the same entry twice.
+        self._encode_layouts: dict[tuple[tuple[int, ...], str], tuple[bandkeep.BandKeepLayout, bytes]] = {}
 
     @property
     def params(self) -> dict[str, Any]:
@@ -254,25 +267,46 @@ class BandKeepCodec(Codec):
 
     def encode(self, kv: np.ndarray) -> Encoded:
         dtype = _check_input(kv)
-        layout = bandkeep.layout_for(kv.shape, self.keep, self.block, self.sinks, self.variant)
+        key = (kv.shape, dtype)
+        known = self._encode_layouts.get(key)
+        if known is None:
+            known = self._layout_and_header(kv.shape, dtype)
+            if len(self._encode_layouts) >= _MAX_LAYOUTS:
+                self._encode_layouts.clear()
+            self._encode_layouts[key] = known
+        layout, header = known
         with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf/overflow is reported just below
             payload = bandkeep.encode(kv, layout, self.backend, self.precision_bits, self.seed)
         if not bandkeep.all_finite(payload):
             raise _non_finite_error(kv, "freq-keep-k")
-        header = Header("freq-keep-k", dtype, kv.shape, (
+        return Encoded(header, payload)
+
+    def _layout_and_header(self, shape: tuple[int, ...], dtype: str) -> tuple[bandkeep.BandKeepLayout, bytes]:
+        layout = bandkeep.layout_for(shape, self.keep, self.block, self.sinks, self.variant)
+        header = Header("freq-keep-k", dtype, shape, (
             layout.block, layout.sinks, layout.kept_block, layout.kept_tail,
             bandkeep.VARIANTS.index(layout.variant), self.precision_bits or 0))
-        return Encoded(header.pack(), payload)
+        return layout, header.pack()
 
     def _decode(self, h: Header, payload: Payload) -> np.ndarray:
-        block, sinks, kept_block, kept_tail, variant_id, _bits = h.params
-        if variant_id >= len(bandkeep.VARIANTS):
-            raise KernelInputError(f"freq-keep-k header: unknown variant id {variant_id}")
-        layout = bandkeep.BandKeepLayout(h.shape, block, sinks, kept_block, kept_tail, bandkeep.VARIANTS[variant_id])
-        layout.check()
-        size = int(np.prod(layout.payload_shape))
+        layout = _band_keep_layout(h)
+        size = math.prod(layout.payload_shape)
         buf = _payload_bytes(payload, size * h.np_dtype.itemsize, "freq-keep-k")
         return bandkeep.decode(buf.view(h.np_dtype).reshape(layout.payload_shape), layout, self.backend)
+
+
+_MAX_LAYOUTS = 1024  # remembered (shape, dtype)s per band-keep codec: prompts of that many lengths
+
+
+@lru_cache(maxsize=1024)
+def _band_keep_layout(h: Header) -> bandkeep.BandKeepLayout:
+    """The layout a freq-keep-k header describes, checked (remembered: a stream repeats its headers)."""
+    block, sinks, kept_block, kept_tail, variant_id, _bits = h.params
+    if variant_id >= len(bandkeep.VARIANTS):
+        raise KernelInputError(f"freq-keep-k header: unknown variant id {variant_id}")
+    layout = bandkeep.BandKeepLayout(h.shape, block, sinks, kept_block, kept_tail, bandkeep.VARIANTS[variant_id])
+    layout.check()
+    return layout
 
 
 def get_codec(name: str, keep: float = bandkeep.DEFAULT_KEEP, block: int | None = None,
@@ -304,11 +338,18 @@ def get_codec(name: str, keep: float = bandkeep.DEFAULT_KEEP, block: int | None 
     raise KernelInputError(str(unknown_name("codec", name, CODEC_NAMES)))
 
 
+@lru_cache(maxsize=64)
+def _band_keep_decoder(block: int) -> Codec:
+    """The freq-keep-k codec `decode` inverts with (one per block size, not one per call: its decode reads only
+    the header's fields, so a shared one is safe in threads)."""
+    return get_codec("freq-keep-k", block=block)
+
+
 def decode(header: bytes, payload: Payload) -> np.ndarray:
     """Invert any codec from its header and payload bytes alone (FFT backend: auto)."""
-    h = Header.unpack(header)
+    h = _unpack_header(bytes(header))
     if h.codec == "freq-keep-k":
-        codec = get_codec(h.codec, block=h.params[0])
+        codec = _band_keep_decoder(h.params[0])
     elif h.codec in ("kivi-2", "kivi-3"):
         _bits, group = h.params  # bits are checked against the name by _decode
         if group < 1:
