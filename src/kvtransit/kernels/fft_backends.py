@@ -110,8 +110,11 @@ class NumpyBackend(FFTBackend):
 class PyFFTWBackend(FFTBackend):
     """FFTW plans made once per (kind, shape, dtype, axis, n) and reused.
 
-    A cached `pyfftw.FFTW` object owns its input and output buffers, so the result is copied out before
-    it is returned; the cache is not meant to be shared by concurrent threads (use one backend per thread).
+    A cached `pyfftw.FFTW` object owns its input and output buffers: the caller's array is copied into the plan's
+    input and the result copied out. (Calling the plan with the caller's array instead lets pyFFTW adopt that
+    array as its input when it happens to fit, and copy a later, differently aligned input *into* it: band-keep's
+    reused staging buffer was overwritten so, and every later encode from it came out wrong.) The cache is not
+    meant to be shared by concurrent threads (use one backend per thread).
     """
 
     name: str = "pyfftw"
@@ -122,6 +125,7 @@ class PyFFTWBackend(FFTBackend):
         import pyfftw.builders
 
         self._builders = pyfftw.builders
+        self._empty_aligned = pyfftw.empty_aligned
 
     def _plan(self, kind: str, x: np.ndarray, axis: int, n: int | None) -> Any:
         """pyFFTW's builder object for this shape (untyped: pyFFTW ships no annotations)."""
@@ -129,18 +133,23 @@ class PyFFTWBackend(FFTBackend):
         plan = self._plans.get(key)
         if plan is None:
             build = self._builders.rfft if kind == "r" else self._builders.irfft
-            plan = build(x, n=n, axis=axis, threads=1, planner_effort=self.planner_effort,
+            # Planned on an array of its own: planned on `x`, an aligned `x` became the plan's input buffer.
+            own = self._empty_aligned(x.shape, x.dtype)
+            plan = build(own, n=n, axis=axis, threads=1, planner_effort=self.planner_effort,
                          overwrite_input=kind == "i", auto_align_input=True)
             self._plans[key] = plan
         return plan
 
+    def _run(self, plan: Any, x: np.ndarray) -> np.ndarray:
+        plan.input_array[...] = x  # into the plan's own buffer, never the caller's adopted (class docstring)
+        out: np.ndarray = plan().copy()
+        return out
+
     def rfft(self, x: np.ndarray, axis: int) -> np.ndarray:
-        spectrum: np.ndarray = self._plan("r", x, axis, None)(x).copy()
-        return spectrum
+        return self._run(self._plan("r", x, axis, None), x)
 
     def irfft(self, spectrum: np.ndarray, n: int, axis: int) -> np.ndarray:
-        signal: np.ndarray = self._plan("i", spectrum, axis, n)(spectrum).copy()
-        return signal
+        return self._run(self._plan("i", spectrum, axis, n), spectrum)
 
 
 _CONSTRUCTORS = {"scipy": ScipyBackend, "pyfftw": PyFFTWBackend, "numpy": NumpyBackend}
