@@ -36,6 +36,9 @@ class SerialDilation:
         return asdict(self)
 
 
+UNDILATED = SerialDilation(1.0, "asked for")  # a flow run as it is, at the link's own rate
+
+
 def dilation_arg(text: str) -> float | str:
     """`--dilation` of a serial flow's command: "auto" or a number >= 1."""
     if text == "auto":

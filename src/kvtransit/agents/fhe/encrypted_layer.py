@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from kvtransit.agents.common.message_framing import HEADER_BYTES, frame, read_message
-from kvtransit.agents.common.serial_dilation import UNSHAPED_RATE_BPS, SerialDilation, plan
+from kvtransit.agents.common.serial_dilation import UNDILATED, UNSHAPED_RATE_BPS, SerialDilation, plan
 from kvtransit.agents.common.shaped_stream import ShapedStreamWriter, shaped_loopback
 from kvtransit.runtime.clock import Clock, MonotonicClock
 
@@ -42,7 +42,6 @@ ERROR_TOLERANCE = 1e-3
 KIND_CONTEXT, KIND_INPUT, KIND_OUTPUT, KIND_BYE = 10, 11, 12, 13
 # Requests over an unshaped link to measure the host's cost of moving a request's two ciphertexts (the median).
 CALIBRATION_REQUESTS = 3
-UNDILATED = SerialDilation(1.0, "asked for")
 
 
 class NotInstalled(RuntimeError):

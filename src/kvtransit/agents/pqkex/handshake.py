@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvtransit.agents.common.message_framing import HEADER_BYTES, frame, read_message
-from kvtransit.agents.common.serial_dilation import UNSHAPED_RATE_BPS, SerialDilation, plan
+from kvtransit.agents.common.serial_dilation import UNDILATED, UNSHAPED_RATE_BPS, SerialDilation, plan
 from kvtransit.agents.common.shaped_stream import ShapedStreamWriter, shaped_loopback
 from kvtransit.model.pqkex import MLKEM768_CT_BYTES, MLKEM768_EK_BYTES, HandshakeModel
 from kvtransit.runtime.clock import Clock, MonotonicClock
@@ -31,7 +31,6 @@ KIND_EK, KIND_CT, KIND_BYE = 1, 2, 3
 # Handshakes over an unshaped link to measure the host's cost of one (the median is taken: the first one also
 # warms kyber-py's code paths).
 CALIBRATION_SESSIONS = 5
-UNDILATED = SerialDilation(1.0, "asked for")
 
 
 class NotInstalled(RuntimeError):
