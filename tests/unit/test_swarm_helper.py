@@ -118,3 +118,53 @@ def test_the_cli_refuses_a_missing_stack_file_in_one_line(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err == (f"kvtransit swarm: error: {tmp_path / 'nope.yml'}: no such stack file (run from the repository, "
                    "or give -c PATH)\n")
+
+
+class _FakeDocker:
+    """`docker` as a stack's removal sees it: the first `stack rm` leaves a network a stopping task still uses."""
+
+    def __init__(self, stack: str, network: str) -> None:
+        self.stack, self.network = stack, network
+        self.calls: list[list[str]] = []
+        self.containers = ["c0ffee"]  # the stopping task's container, gone after one look
+        self.networks = [network, "bridge"]
+
+    def __call__(self, args, *, env=None, timeout_s=0.0) -> str:
+        self.calls.append(list(args))
+        if args[:2] == ["stack", "rm"]:
+            if sum(c[:2] == ["stack", "rm"] for c in self.calls) == 1:
+                raise DockerFailed(f"`docker stack rm {self.stack}` exited 1: Failed to remove network x: Error "
+                                   f"response from daemon: network x is in use by task y")
+            self.networks.remove(self.network)
+            return ""
+        if args[:2] == ["network", "ls"]:
+            return "\n".join(self.networks)
+        if args[:2] == ["ps", "-a"]:
+            left, self.containers = self.containers, []
+            return "\n".join(left)
+        raise AssertionError(args)
+
+
+def test_a_network_left_in_use_by_a_stopping_task_is_removed_once_the_tasks_are_gone(monkeypatch):
+    from kvtransit.emulator.swarm import stack_run
+    from kvtransit.emulator.swarm.stack import network_names
+
+    stack = "kvtransitabc123"
+    fake = _FakeDocker(stack, network_names(stack)[0])
+    monkeypatch.setattr(stack_run, "docker", fake)
+    monkeypatch.setattr(stack_run, "POLL_S", 0.0)
+    stack_run.remove_stack(stack, {}, timeout_s=5.0)
+    removals = [c for c in fake.calls if c[:2] == ["stack", "rm"]]
+    assert removals == [["stack", "rm", stack]] * 2  # by its exact name, asked again after the container went
+    assert fake.network not in fake.networks and "bridge" in fake.networks
+
+
+def test_any_other_removal_failure_is_raised(monkeypatch):
+    from kvtransit.emulator.swarm import stack_run
+
+    def failing(args, *, env=None, timeout_s=0.0) -> str:
+        raise DockerFailed("`docker stack rm s` exited 1: permission denied")
+
+    monkeypatch.setattr(stack_run, "docker", failing)
+    with pytest.raises(DockerFailed, match="permission denied"):
+        stack_run.remove_stack("s", {}, timeout_s=1.0)

@@ -231,14 +231,26 @@ def _gather(run: StackRun, env: Mapping[str, str], facts: SwarmFacts, report_pat
     return StackResult(report_path=report_path, ledger_path=ledger_path, verdict=verdict, summary=summary)
 
 
-def remove_stack(stack: str, env: Mapping[str, str], timeout_s: float = REMOVE_TIMEOUT_S) -> None:
-    """`docker stack rm`, then wait until its networks are no longer listed and its containers are gone (on this
-    node: the one the CLI sees), by exact name and by the stack's label, never by pattern."""
+def _stack_rm(stack: str, env: Mapping[str, str]) -> bool:
+    """`docker stack rm STACK`: True when it removed everything it found (or found nothing: a deploy that failed
+    before making anything), False when a network was left because a task still used it."""
     try:
         docker(["stack", "rm", stack], env=env)
     except DockerFailed as exc:
-        if "Nothing found in stack" not in str(exc):  # a deploy that failed before making anything
-            raise
+        if "Nothing found in stack" in str(exc):
+            return True
+        if "is in use by task" in str(exc):
+            return False
+        raise
+    return True
+
+
+def remove_stack(stack: str, env: Mapping[str, str], timeout_s: float = REMOVE_TIMEOUT_S) -> None:
+    """`docker stack rm`, then wait until its networks are no longer listed and its containers are gone (on this
+    node: the one the CLI sees), by exact name and by the stack's label, never by pattern. Docker removes the
+    services, then their networks without waiting for the tasks to stop: a network still used by a stopping task
+    is left ("is in use by task"), so the removal is asked again once the stack's containers are gone."""
+    removed = _stack_rm(stack, env)
     networks = set(network_names(stack))
     deadline = time.monotonic() + timeout_s
     while True:
@@ -246,6 +258,8 @@ def remove_stack(stack: str, env: Mapping[str, str], timeout_s: float = REMOVE_T
         containers = docker(["ps", "-a", "-q", "--filter", f"label={NAMESPACE_LABEL}={stack}"], env=env).split()
         if not left and not containers:
             return
+        if not removed and not containers:
+            removed = _stack_rm(stack, env)  # the tasks have stopped: their networks can go now
         if time.monotonic() >= deadline:
             raise StackRunFailed(f"stack {stack} removed, but after {timeout_s:.0f} s these are still there: "
                                  + ", ".join([*left, *(f"container {c}" for c in containers)]))
