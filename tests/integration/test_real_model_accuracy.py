@@ -57,11 +57,12 @@ def test_the_exact_cache_through_codec_none_reproduces_the_models_own_logits_bit
     with torch.inference_mode():
         full = session.model(input_ids=torch.tensor([ids])).logits[0]
     pre = session.prefill(ids[:CONTEXT])
-    assert torch.equal(pre.logits, full[:CONTEXT])  # the prefill is the full pass's first CONTEXT positions
+    # The prefill is the full pass's first CONTEXT positions, and teacher-forced over its cache the rest: the same
+    # arithmetic on differently shaped matrices, so equal only to float32 rounding (measured: max |diff| about 1e-4
+    # at 128 + 32 tokens; 0 at 1024 + 256; the prefill's usually 0, but not always: a CI run found it unequal).
+    torch.testing.assert_close(pre.logits, full[:CONTEXT], rtol=1e-5, atol=1e-3)
     positions = list(range(CONTEXT, CONTEXT + CONTINUATION))
     over_cache = session.forward_over(pre.cache, ids[CONTEXT:], positions)
-    # Teacher-forced over the cache vs the full pass: the same arithmetic on differently shaped matrices, so equal
-    # only to float32 rounding (measured: max |diff| about 1e-4 at 128 + 32 tokens; 0 at 1024 + 256).
     torch.testing.assert_close(over_cache, full[CONTEXT:], rtol=1e-5, atol=1e-3)
     # What is bit for bit: codec none at a float32 wire (encode, decode, back into a cache) gives the very logits
     # of the exact cache, so every difference a codec shows is the codec's.
