@@ -637,19 +637,13 @@ def _serial_faithful(measured_s: float, modelled_s: float, dilation: Any, what: 
 
 
 def row_pq_key_exchange(ctx: RowContext) -> RowRun:
-    from kvtransit.agents.pqkex.handshake import NotInstalled, handshake_dilation, run_handshakes
+    from kvtransit.agents.pqkex.handshake import NotInstalled, dilated_handshakes
     from kvtransit.kernels import ntt
 
     link = link_by_name(ctx.link)
     command = f"python -m kvtransit.agents.pqkex --sessions {PQ_SESSIONS} --link {ctx.link} --dilation auto"
-
-    async def handshakes() -> Any:
-        dilation = await handshake_dilation("auto", rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s)
-        return await run_handshakes(PQ_SESSIONS, rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s,
-                                    dilation=dilation)
-
     try:
-        rep = asyncio.run(handshakes())
+        rep = asyncio.run(dilated_handshakes(PQ_SESSIONS, rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s))
     except NotInstalled as exc:
         return _not_run(ctx, ntt.declaration(), str(exc), command)
     (ctx.run_dir / "pqkex.json").write_text(json.dumps(rep.as_dict(), indent=1, default=str))
@@ -680,21 +674,14 @@ def row_fhe_inference(ctx: RowContext) -> RowRun:
         COEFF_MOD_BIT_SIZES,
         ERROR_TOLERANCE,
         NotInstalled,
-        layer_dilation,
-        run_encrypted_layer,
+        dilated_layer,
     )
     from kvtransit.kernels import ntt
 
     link = link_by_name(ctx.link)
     command = f"python -m kvtransit.agents.fhe --requests {FHE_REQUESTS} --link {ctx.link} --dilation auto"
-
-    async def layer() -> Any:
-        dilation = await layer_dilation("auto", rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s)
-        return await run_encrypted_layer(FHE_REQUESTS, rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s,
-                                         dilation=dilation)
-
     try:
-        rep = asyncio.run(layer())
+        rep = asyncio.run(dilated_layer(FHE_REQUESTS, rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s))
     except NotInstalled as exc:
         return _not_run(ctx, ntt.declaration(), str(exc), command)
     (ctx.run_dir / "fhe.json").write_text(json.dumps(rep.as_dict(), indent=1, default=str))

@@ -8,12 +8,11 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
 
 from kvtransit.agents.common.serial_dilation import dilation_arg
 from kvtransit.model.link_catalog import link_by_name
 
-from .encrypted_layer import NotInstalled, layer_dilation, run_encrypted_layer
+from .encrypted_layer import NotInstalled, dilated_layer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,13 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.link:
         link = link_by_name(args.link)
         rate, latency = link.bandwidth_Bps, link.latency_s
-
-    async def run() -> Any:
-        dilation = await layer_dilation(args.dilation, rate_Bps=rate, latency_s=latency)
-        return await run_encrypted_layer(args.requests, rate_Bps=rate, latency_s=latency, dilation=dilation)
-
     try:
-        report = asyncio.run(run())
+        report = asyncio.run(dilated_layer(args.requests, rate_Bps=rate, latency_s=latency, dilation=args.dilation))
     except NotInstalled as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -121,6 +121,14 @@ async def layer_dilation(asked: float | str, *, rate_Bps: float, latency_s: floa
     return await plan(asked, lambda: transfer_model_s(sizes[0], sizes[1], rate_Bps, latency_s), host_floor_s)
 
 
+async def dilated_layer(requests: int, *, rate_Bps: float, latency_s: float,
+                        dilation: float | str = "auto") -> FheReport:
+    """`run_encrypted_layer` at the dilation `layer_dilation` takes for `dilation` (what the command and the
+    candidate row run)."""
+    planned = await layer_dilation(dilation, rate_Bps=rate_Bps, latency_s=latency_s)
+    return await run_encrypted_layer(requests, rate_Bps=rate_Bps, latency_s=latency_s, dilation=planned)
+
+
 def _client_context(ts: Any) -> Any:
     context = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=POLY_MODULUS_DEGREE,
                          coeff_mod_bit_sizes=list(COEFF_MOD_BIT_SIZES))

@@ -8,12 +8,11 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
 
 from kvtransit.agents.common.serial_dilation import dilation_arg
 from kvtransit.model.link_catalog import link_by_name
 
-from .handshake import NotInstalled, handshake_dilation, run_handshakes
+from .handshake import NotInstalled, dilated_handshakes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,13 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.link:
         link = link_by_name(args.link)
         rate, latency = link.bandwidth_Bps, link.latency_s
-
-    async def run() -> Any:
-        dilation = await handshake_dilation(args.dilation, rate_Bps=rate, latency_s=latency)
-        return await run_handshakes(args.sessions, rate_Bps=rate, latency_s=latency, dilation=dilation)
-
     try:
-        report = asyncio.run(run())
+        report = asyncio.run(dilated_handshakes(args.sessions, rate_Bps=rate, latency_s=latency,
+                                                dilation=args.dilation))
     except NotInstalled as exc:
         print(exc, file=sys.stderr)
         return 2

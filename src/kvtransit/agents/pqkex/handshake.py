@@ -94,6 +94,14 @@ async def handshake_dilation(asked: float | str, *, rate_Bps: float, latency_s: 
                       host_floor_s)
 
 
+async def dilated_handshakes(sessions: int, *, rate_Bps: float, latency_s: float,
+                             dilation: float | str = "auto") -> HandshakeReport:
+    """`run_handshakes` at the dilation `handshake_dilation` takes for `dilation` (what the command and the
+    candidate row run)."""
+    planned = await handshake_dilation(dilation, rate_Bps=rate_Bps, latency_s=latency_s)
+    return await run_handshakes(sessions, rate_Bps=rate_Bps, latency_s=latency_s, dilation=planned)
+
+
 async def run_handshakes(sessions: int, *, rate_Bps: float, latency_s: float, check_ntt: bool = True,
                          dilation: SerialDilation = UNDILATED, clock: Clock | None = None) -> HandshakeReport:
     """Run `sessions` handshakes over one loopback connection shaped at (rate_Bps, latency_s) each way, time
