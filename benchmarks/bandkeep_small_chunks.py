@@ -41,7 +41,7 @@ from kvtransit.agents.common import kv_frames
 from kvtransit.agents.middlebox.stages.kernel import NUMPY_DTYPES, KernelConfig, activate
 from kvtransit.kernels import registry
 from kvtransit.kernels.synthetic_kv import SyntheticKv
-from kvtransit.model.module import Module, Policy
+from kvtransit.model.module.budget import Module, Policy
 from kvtransit.model.scenario import Scenario
 
 REPO = Path(__file__).resolve().parent.parent

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtransit.emulator.launcher import Launcher
+from kvtransit.harness.up.launcher import Launcher
 from kvtransit.model.scenario import Scenario
 
 STUDY = dict(model="llama3-8b", device="h100", link="eth-25g", compress_at="transit", prompt_mean=2048.0,

@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvtransit.emulator.launcher import Launcher
-from kvtransit.model.cost import decode_step_s
+from kvtransit.harness.up.launcher import Launcher
+from kvtransit.model.cost.roofline import decode_step_s
 from kvtransit.model.scenario import Scenario
 
 LIGHT = dict(rate=1.0, output_mean=32.0, output_cv=0.5, prompt_mean=2048.0, prompt_cv=0.5, codec="none")

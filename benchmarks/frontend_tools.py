@@ -38,10 +38,10 @@ import tempfile
 from pathlib import Path
 
 from kvtransit.agents.frontend.prompt_tokens import load_smollm2
-from kvtransit.emulator.agent_commands import FrontendOptions
-from kvtransit.emulator.launcher import Launcher
+from kvtransit.harness.up.agent_commands import FrontendOptions
+from kvtransit.harness.up.launcher import Launcher
+from kvtransit.model.judge.slo import percentile
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import percentile
 
 TOOL_TIMEOUT_S = 900.0  # a tool that hangs must not hold the run forever
 

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from kvtransit.model.prefix import chain
+from kvtransit.flows.tier.prefix import chain
 from kvtransit.runtime.loop import run
 from kvtransit.runtime.transport import open_endpoint, serve
 from kvtransit.wire.events import DType, Hello, KvBegin, KvChunk, KvEnd, PoolFetch, PoolHit, PoolPut, Role

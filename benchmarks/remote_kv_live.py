@@ -22,7 +22,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from kvtransit.emulator.launcher import Launcher
+from kvtransit.harness.up.launcher import Launcher
 from kvtransit.model.scenario import Scenario
 
 LIGHT = dict(model="llama3-8b", link="eth-100g", kv_pool="pool", kv_placement="remote", rate=0.5,

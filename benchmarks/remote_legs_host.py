@@ -3,13 +3,13 @@ was written before and is now, side by side in one run.
 
     python benchmarks/remote_legs_host.py [--repeats 50]
 
-A step's legs are held against their modelled link time (model/remote_kv.py: legs_model_s); at the auto scale that
-is a few ms a step whatever the dilation, so the pool's page gather and decode's ranking, which run inside the legs,
-count against it. For llama3-8b over eth-100g, 8k- and 32k-token contexts at 1/256 (the auto scale at dilation 1)
-and 1/32, top-k 1/16 of the mean-key pages: the pool's gather of the chosen pages (take_along_axis on the bfloat16
-context, before; whole pages as rows of 16-bit words, now: agents/common/remote_context.py) and the host's top-k
-(a stable argsort, before; a partition and the ties in page order, now: kernels/selection.top_k_pages), each
-checked equal to the other; the module's scoring beside them for scale.
+A step's legs are held against their modelled link time (flows/selection/remote_class.py: legs_model_s); at the auto
+scale that is a few ms a step whatever the dilation, so the pool's page gather and decode's ranking, which run inside
+the legs, count against it. For llama3-8b over eth-100g, 8k- and 32k-token contexts at 1/256 (the auto scale at dilation
+1) and 1/32, top-k 1/16 of the mean-key pages: the pool's gather of the chosen pages (take_along_axis on the bfloat16
+context, before; whole pages as rows of 16-bit words, now: flows/selection/remote_context.py) and the host's top-k (a
+stable argsort, before; a partition and the ties in page order, now: kernels/selection.top_k_pages), each checked equal
+to the other; the module's scoring beside them for scale.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvtransit.agents.common.remote_context import RemoteContexts, choose, score, step_queries
+from kvtransit.flows.selection.remote_context import RemoteContexts, choose, score, step_queries
 from kvtransit.kernels.selection import top_k_pages
 from kvtransit.model.scenario import Scenario
 

@@ -3,11 +3,11 @@
     python benchmarks/ring_crossover.py [--link eth-100g] [--n 4] [--blocks 2048 4096 8192 12288 16384 32768]
 
 For each block size (tokens a rank holds; the prompt is n blocks), two live rings of n rank processes
-(`kvtransit ring`, emulator/ring_run.py) run side by side in one run: no codec, and band-keep (keep 0.5, 4 sinks)
+(`kvtransit ring`, flows/ring/run.py) run side by side in one run: no codec, and band-keep (keep 0.5, 4 sinks)
 in transit on every hop. Printed per block: the model's hop (link leg, blockwise attention; link- or
 compute-bound), the prompt's time measured and modelled for each, and the saving the codec buys (1 − codec /
 none), measured and modelled. The measured crossover is the largest block whose measured saving is over
-SAVING_NOISE; the model's is model/ring.py's `crossover_block_tokens` (the largest block whose raw hop is
+SAVING_NOISE; the model's is flows/ring/model.py's `crossover_block_tokens` (the largest block whose raw hop is
 link-bound). The modelled saving uses the wire ratio the codec measured on the real blocks (the sample's short
 blocks keep 4 sinks in 96 tokens, so 1.92, not the declared 2.0).
 """
@@ -18,11 +18,11 @@ import argparse
 import asyncio
 
 from kvtransit.cli.accuracy import default_sample_path
-from kvtransit.emulator.ring_run import plan_ring, run_ring
-from kvtransit.model.catalog import model_by_name
-from kvtransit.model.devices import device_by_name
-from kvtransit.model.link_catalog import link_by_name
-from kvtransit.model.ring import crossover_block_tokens
+from kvtransit.flows.ring.model import crossover_block_tokens
+from kvtransit.flows.ring.run import plan_ring, run_ring
+from kvtransit.model.catalog.devices import device_by_name
+from kvtransit.model.catalog.links import link_by_name
+from kvtransit.model.catalog.models import model_by_name
 
 # A saving under this is within the noise of a prompt on this 2-core box (the ring's prompts measured 0.2-1.2 %
 # off the model at light load, RESULTS.md "Ring attention, live").

@@ -21,10 +21,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from kvtransit.emulator.sweep_runner import PointRunner, sweep_points
+from kvtransit.harness.studies.sweep.plan import PRESETS, preset
+from kvtransit.harness.studies.sweep.runner import PointRunner, sweep_points
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.sweep_plan import PRESETS, preset
-from kvtransit.model.workload import generate
+from kvtransit.model.serving.workload import generate
 
 BASE = dict(link="eth-25g", codec="freq-keep-k", compress_at="transit", dilation=2.0)
 

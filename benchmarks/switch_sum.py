@@ -2,7 +2,7 @@
 
     python benchmarks/switch_sum.py [--ranks 2 4 8] [--values 8192 1048576 16777216] [--repeats 20]
 
-For each n and size, n BF16 streams of the payloads a TP group sends (agents/collective/payloads.py) are summed
+For each n and size, n BF16 streams of the payloads a TP group sends (flows/tp/rank/payloads.py) are summed
 three ways, interleaved round by round so the box's noise falls on all three alike:
 - "switch": what the switch does per collective: the n parts taken in through `GroupReducer.accept` (a view of
   each received buffer), summed by `kernels/stream_sum.sum_streams` a block at a time (`reducer.blocked_sum`: float32
@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from kvtransit.agents.collective.payloads import Payloads
-from kvtransit.agents.switch.reducer import GroupReducer
+from kvtransit.flows.tp.rank.payloads import Payloads
+from kvtransit.flows.tp.switch.reducer import GroupReducer
 from kvtransit.kernels.stream_sum import sum_streams
 
 

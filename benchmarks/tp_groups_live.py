@@ -25,7 +25,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from kvtransit.emulator.launcher import Launcher
+from kvtransit.harness.up.launcher import Launcher
 from kvtransit.model.scenario import Scenario
 
 LIGHT = dict(rate=0.5, arrival="poisson", prompt_mean=2048, prompt_cv=0.0, output_cv=0.0, codec="none")

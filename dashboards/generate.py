@@ -26,7 +26,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, Threshold, ThresholdsMode
 
-from kvtransit.model.fidelity import KERNEL_TOLERANCE, LINK_RATE_TOLERANCE
+from kvtransit.model.judge.fidelity import KERNEL_TOLERANCE, LINK_RATE_TOLERANCE
 from kvtransit.runtime.metrics import TPOT_SLO_S, TTFT_SLO_S
 
 OUT_DIR = Path(__file__).resolve().parent / "json"
@@ -233,7 +233,7 @@ def agents():
 
 
 def collectives_panels() -> list[PanelSpec]:
-    """A prefill or decode TP group's collectives (`--prefill-tp`, `--decode-tp N`, agents/common/tp_steps.py); empty
+    """A prefill or decode TP group's collectives (`--prefill-tp`, `--decode-tp N`, flows/tp/group/steps.py); empty
     without one. Model seconds, as the run report's `collectives` block gives them."""
     return [
         PanelSpec("Collective share of the step", "A TP group's collective time over its step time, last 30 s, by "
@@ -258,7 +258,7 @@ def collectives_panels() -> list[PanelSpec]:
 
 
 def remote_kv_panels() -> list[PanelSpec]:
-    """The long-context class's remote KV (`--kv-placement remote`, agents/decode/remote_kv.py): each decode step's
+    """The long-context class's remote KV (`--kv-placement remote`, flows/selection/decode_legs.py): each decode step's
     legs to the KV pool through the middlebox over the decode link; empty without it. Model units, as the run
     report's `remote_kv` block gives them."""
     steps = _rate("kvtransit_remote_kv_steps_total")
@@ -281,7 +281,7 @@ def remote_kv_panels() -> list[PanelSpec]:
 
 
 def ring_panels() -> list[PanelSpec]:
-    """The ring class's prefill (`--ring-share`, agents/ring/group.py): each ring request's attention round the ring
+    """The ring class's prefill (`--ring-share`, flows/ring/group.py): each ring request's attention round the ring
     its prefill leads, measured at rank 0 beside the model's; empty without a ring class. Model units, as the run
     report's `ring` block gives them."""
     return [
@@ -334,7 +334,7 @@ def kv_pool_panels() -> list[PanelSpec]:
 def fidelity():
     return _dashboard(
         "kvtransit-fidelity", "kvtransit / Fidelity",
-        "Did the host emulate what the scenario asked (DESIGN §2, model/fidelity.py)? Red lines: tolerances.",
+        "Did the host emulate what the scenario asked (DESIGN §2, model/judge/fidelity.py)? Red lines: tolerances.",
         [("Fidelity", [
             PanelSpec("Link: achieved / configured", f"1 is exact; below {1 - LINK_RATE_TOLERANCE:g} the run "
                       "is not faithful.",

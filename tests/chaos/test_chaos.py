@@ -18,8 +18,8 @@ import pytest
 
 from kvtransit.agents.common.kv_frames import MAX_CHUNK_BYTES
 from kvtransit.agents.middlebox.app import DEFAULT_INFLIGHT_BYTES
-from kvtransit.emulator import chaos
-from kvtransit.model.workload import generate
+from kvtransit.harness.studies import chaos
+from kvtransit.model.serving.workload import generate
 from kvtransit.runtime.transport import FlowLimits
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from kvtransit.emulator.launcher import Launcher
+from kvtransit.harness.up.launcher import Launcher
 from kvtransit.runtime.http_client import get_json
 
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from kvtransit.agents.pqkex.handshake import NOT_INSTALLED as PQ_NOT_INSTALLED
 from kvtransit.cli import main
-from kvtransit.model.candidates import VERDICTS
+from kvtransit.flows.ciphertext.handshake import NOT_INSTALLED as PQ_NOT_INSTALLED
+from kvtransit.harness.studies.candidates.table import VERDICTS
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,7 +29,7 @@ def test_two_cheap_rows_run_for_real_and_write_the_table(tmp_path, capsys):
     precision = next(t for t in pq["tests"] if t["test"] == "precision")
     assert precision["passed"] is True  # both sides' secrets equal, the module's NTT equal to the library's
     assert pq["run"]["run_dir"] and (out / "runs" / "pq-key-exchange" / "pqkex.json").exists()
-    assert "python -m kvtransit.agents.pqkex" in pq["run"]["command"]
+    assert "python -m kvtransit.flows.ciphertext" in pq["run"]["command"]
     weights = table["rows"][0]
     assert not weights["tests"][0]["measured"].endswith("(modelled)")  # the adapter waits were measured live
     assert "kvtransit weights" in weights["run"]["command"]
@@ -38,15 +38,15 @@ def test_two_cheap_rows_run_for_real_and_write_the_table(tmp_path, capsys):
     assert "kvtransit candidates --only pq-key-exchange,weight-streaming" in markdown
     assert "## What would flip each verdict" in markdown
     # Every cell of the summary table links to its row's section, which holds the run's directory and command.
-    from kvtransit.emulator.candidates_report import anchor
+    from kvtransit.harness.studies.candidates.report import anchor
     headings = {anchor(line.removeprefix("### ")) for line in markdown.splitlines() if line.startswith("### ")}
     for name in ("weight-streaming", "pq-key-exchange"):
         (line,) = [ln for ln in markdown.splitlines() if ln.startswith(f"| [{name}](#")]
         targets = set(re.findall(r"\]\(#([^)]+)\)", line))
         assert len(targets) == 1 and targets <= headings and line.count("](#") == 7  # name, five tests, verdict
-    assert "- run: `" in markdown and "; command: `python -m kvtransit.agents.pqkex" in markdown
+    assert "- run: `" in markdown and "; command: `python -m kvtransit.flows.ciphertext" in markdown
     # The handshakes ran time-dilated (auto), so a 41 µs link time was measured, not the host's loop.
-    assert pq["run"]["dilation"] > 1 and "python -m kvtransit.agents.pqkex" in pq["run"]["command"]
+    assert pq["run"]["dilation"] > 1 and "python -m kvtransit.flows.ciphertext" in pq["run"]["command"]
     assert json.loads((out / "candidates.json").read_text())["rows"][1]["candidate"] == "pq-key-exchange"
 
 

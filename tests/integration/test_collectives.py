@@ -9,18 +9,19 @@ import asyncio
 import numpy as np
 import pytest
 
-from kvtransit.agents.collective.channel import Channel
-from kvtransit.agents.collective.connect import RingMember, close_channels, switch_member
-from kvtransit.agents.collective.rank import RankPlan, run_steps
-from kvtransit.agents.switch.server import SwitchServer
-from kvtransit.emulator.collective_run import plan_collective, run_collective
+from kvtransit.flows.tp.rank.join import connect_ring, switch_member
+from kvtransit.flows.tp.rank.rank import RankPlan, run_steps
+from kvtransit.flows.tp.run import plan_collective, run_collective
+from kvtransit.flows.tp.switch.server import SwitchServer
 from kvtransit.kernels import quant
 from kvtransit.kernels.registry import Fp8Codec
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.devices import DEVICES
-from kvtransit.model.link_catalog import LINKS
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
 from kvtransit.runtime.clock import MonotonicClock
-from kvtransit.wire.collective import Frame, Kind
+from kvtransit.runtime.group_link.channel import Channel
+from kvtransit.runtime.group_link.connect import RingMember, close_channels
+from kvtransit.wire.group import Frame, Kind
 
 RATE = 45e9  # nvlink4 at dilation 10, scale 1
 LATENCY = 50e-6
@@ -38,7 +39,8 @@ async def _group(mode: str, plans: list[RankPlan], clock: MonotonicClock):
     if mode == "ring":
         members = [RingMember(p, clock, rate_Bps=RATE, latency_s=LATENCY) for p in plans]
         ports = [await m.listen() for m in members]
-        algorithms = await asyncio.gather(*(m.connect("127.0.0.1", ports[(i + 1) % n]) for i, m in enumerate(members)))
+        algorithms = await asyncio.gather(*(connect_ring(m, "127.0.0.1", ports[(i + 1) % n])
+                                            for i, m in enumerate(members)))
         return list(algorithms), None
     server = SwitchServer(clock, group=1, size=n, rate_Bps=RATE, latency_s=LATENCY, deadline_s=DEADLINE_S)
     port = await server.start("127.0.0.1", 0)
@@ -212,7 +214,7 @@ async def test_an_ep_group_with_fp8_dispatch_at_the_gpu_steps_near_the_model():
 
 
 async def test_an_fp8_kernel_that_decodes_wrong_fails_every_rank_with_a_reason(monkeypatch):
-    import kvtransit.agents.collective.rank as rank_module
+    import kvtransit.flows.tp.rank.rank as rank_module
 
     class Broken(Fp8Codec):
         def _decode(self, h, payload):

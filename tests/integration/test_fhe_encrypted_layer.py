@@ -1,4 +1,4 @@
-"""Real CKKS ciphertexts of a small encrypted layer across an emulated link (agents/fhe/encrypted_layer.py)."""
+"""Real CKKS ciphertexts of a small encrypted layer across an emulated link (flows/ciphertext/encrypted_layer.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from kvtransit.agents.fhe.encrypted_layer import (
+from kvtransit.flows.ciphertext.encrypted_layer import (
     ERROR_TOLERANCE,
     NOT_INSTALLED,
     NotInstalled,

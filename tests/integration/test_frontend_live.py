@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from kvtransit.emulator.agent_commands import FrontendOptions
-from kvtransit.emulator.launcher import Launcher
-from kvtransit.model import ledger_check as ledger
+from kvtransit.harness.up.agent_commands import FrontendOptions
+from kvtransit.harness.up.launcher import Launcher
+from kvtransit.model.judge import ledger_check as ledger
 from kvtransit.model.scenario import Scenario
 
 openai = pytest.importorskip("openai", reason="the `openai` client is in the test extra: pip install -e '.[test]'")

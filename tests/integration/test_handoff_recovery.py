@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from kvtransit.agents.common.process import Address, parse_ready_line
 from kvtransit.agents.decode.agent import DecodeAgent
+from kvtransit.agents.process import Address, parse_ready_line
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.transport import open_endpoint
 from kvtransit.wire.events import Ack, AckStatus, Error, Hello, Role, Tokens

@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import pytest
 
-from kvtransit.emulator.k8s.sweep_job import points_document
-from kvtransit.emulator.k8s.sweep_logs import collect, parse_log
-from kvtransit.emulator.sweep_runner import RESULTS_CSV, RESULTS_JSON, ResultsStore, run_sweep
+from kvtransit.harness.deploy.k8s.sweep_job import points_document
+from kvtransit.harness.deploy.k8s.sweep_logs import collect, parse_log
+from kvtransit.harness.studies.sweep.runner import RESULTS_CSV, RESULTS_JSON, ResultsStore, run_sweep
 from kvtransit.model.scenario import Scenario
 
 pytestmark = pytest.mark.timeout(240)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
-from kvtransit.emulator.launcher import Launcher
+from kvtransit.harness.up.launcher import Launcher
 
 pytestmark = pytest.mark.timeout(180)
 

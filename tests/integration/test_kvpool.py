@@ -18,15 +18,15 @@ import sys
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvtransit.agents.common.process import Address
-from kvtransit.agents.kvpool.agent import KvPool
-from kvtransit.agents.kvpool.store import BlockStore
 from kvtransit.agents.middlebox.app import Middlebox
-from kvtransit.agents.middlebox.pool import PoolRelay
-from kvtransit.agents.prefill.prefix_cache import PrefixReuse
+from kvtransit.agents.process import Address
+from kvtransit.flows.tier.middlebox_pool import PoolRelay
+from kvtransit.flows.tier.pool.agent import KvPool
+from kvtransit.flows.tier.pool.store import BlockStore
+from kvtransit.flows.tier.prefix import BLOCK_TOKENS, chain
+from kvtransit.flows.tier.prefix_cache import PrefixReuse
 from kvtransit.kernels.synthetic_kv import SyntheticKv
-from kvtransit.model.cost import prefill_step_cached_s
-from kvtransit.model.prefix import BLOCK_TOKENS, chain
+from kvtransit.model.cost.roofline import prefill_step_cached_s
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import MonotonicClock
 from kvtransit.runtime.transport import serve

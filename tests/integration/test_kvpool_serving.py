@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.emulator.launcher import Launcher
-from kvtransit.model.prefix_workloads import prefix_requests
+from kvtransit.flows.tier.workloads import prefix_requests
+from kvtransit.harness.up.launcher import Launcher
 from kvtransit.model.scenario import Scenario
 
 pytestmark = pytest.mark.timeout(120)

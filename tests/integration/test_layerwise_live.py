@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.emulator.launcher import Launcher
-from kvtransit.model.fidelity import HANDOFF_ABS_TOLERANCE_S, HANDOFF_REL_TOLERANCE
+from kvtransit.harness.up.launcher import Launcher
+from kvtransit.model.judge.fidelity import HANDOFF_ABS_TOLERANCE_S, HANDOFF_REL_TOLERANCE
 from kvtransit.model.scenario import Scenario
 
 pytestmark = pytest.mark.timeout(180)

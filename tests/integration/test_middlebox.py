@@ -363,7 +363,7 @@ async def test_a_transit_bound_kernel_holds_the_link_for_its_modelled_compute_ti
     byte (REFERENCE §5): the hand-off takes ops / (1.6 x bw), not wire / bw, and is counted transit-bound."""
     import time as _time
 
-    from kvtransit.model.module import fft_ops_per_byte
+    from kvtransit.model.module.budget import fft_ops_per_byte
 
     # 3.125 MB/s shaped (eth-25g at scale 1, dilation 1000): the hold (~0.2 s) dwarfs the fixed overheads.
     stub, mb, server, registry = await testbed(dilation=1000.0)

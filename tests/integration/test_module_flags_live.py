@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.agents.loadgen.report_text import headline
 from kvtransit.agents.middlebox.stages.chain import ChainSettings
-from kvtransit.emulator.launcher import Launcher
-from kvtransit.model import fidelity
+from kvtransit.harness.up.launcher import Launcher
+from kvtransit.model.judge import fidelity
 from kvtransit.model.scenario import Scenario
+from kvtransit.report.text import headline
 from kvtransit.runtime.clock import MonotonicClock
 
 pytestmark = pytest.mark.timeout(180)

@@ -1,4 +1,4 @@
-"""A warmed pool (`--pool-warm trace`, agents/kvpool/warm.py) holds what the trace's earlier write-backs would have
+"""A warmed pool (`--pool-warm trace`, flows/tier/pool/warm.py) holds what the trace's earlier write-backs would have
 left, byte for byte; the tier with its codec at the GPU (`--compress-at gpu`) stores and fetches the GPU's compact
 form and holds the GPU's decode of it; and a whole run from a warmed pool reuses what the trace's past implies.
 
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.agents.common import pool_blocks
-from kvtransit.agents.kvpool.store import BlockStore
-from kvtransit.agents.kvpool.warm import WARM_WRITER_BASE, plan_for, stored_blocks, warm
-from kvtransit.emulator.launcher import Launcher
+from kvtransit.flows.tier import pool_blocks
+from kvtransit.flows.tier.pool.store import BlockStore
+from kvtransit.flows.tier.pool.warm import WARM_WRITER_BASE, plan_for, stored_blocks, warm
+from kvtransit.flows.tier.prefix import BLOCK_TOKENS, PrefixIndex, storable
+from kvtransit.flows.tier.prefix_warm import WarmPut
+from kvtransit.harness.up.launcher import Launcher
 from kvtransit.kernels.synthetic_kv import SyntheticKv
-from kvtransit.model.prefix import BLOCK_TOKENS, PrefixIndex, storable
-from kvtransit.model.prefix_warm import WarmPut
 from kvtransit.model.scenario import Scenario
 from tests.integration.test_kvpool import _prefix, _request, _write_back, pool_path
 

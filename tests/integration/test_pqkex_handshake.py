@@ -1,4 +1,4 @@
-"""ML-KEM-768 handshakes across an emulated link over loopback TCP (agents/pqkex/handshake.py)."""
+"""ML-KEM-768 handshakes across an emulated link over loopback TCP (flows/ciphertext/handshake.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,15 @@ import sys
 
 import pytest
 
-from kvtransit.agents.common.serial_dilation import SerialDilation
-from kvtransit.agents.pqkex.handshake import NOT_INSTALLED, NotInstalled, handshake_dilation, load_kem, run_handshakes
-from kvtransit.model.pqkex import MLKEM768_CT_BYTES, MLKEM768_EK_BYTES, HandshakeModel
+from kvtransit.flows.ciphertext.handshake import (
+    NOT_INSTALLED,
+    NotInstalled,
+    handshake_dilation,
+    load_kem,
+    run_handshakes,
+)
+from kvtransit.flows.ciphertext.model import MLKEM768_CT_BYTES, MLKEM768_EK_BYTES, HandshakeModel
+from kvtransit.flows.ciphertext.serial_dilation import SerialDilation
 
 HEADER = 5
 

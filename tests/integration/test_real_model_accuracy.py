@@ -180,10 +180,10 @@ def test_a_model_file_that_fails_to_load_names_the_file_and_the_reason(tmp_path,
 
 
 def test_a_short_end_to_end_run_through_the_cli_feeds_the_verdict(tmp_path, capsys):
-    from kvtransit.agents.loadgen.report import build_report, write_report
     from kvtransit.cli import main
+    from kvtransit.model.judge.slo import RequestRecord
     from kvtransit.model.scenario import Scenario
-    from kvtransit.model.slo import RequestRecord
+    from kvtransit.report.build import build_report, write_report
 
     results, page = tmp_path / "accuracy.json", tmp_path / "accuracy.md"
     codecs = "none,fp8,freq-keep-k/dct/keep=0.25/sinks=0"
@@ -224,7 +224,7 @@ def test_a_short_end_to_end_run_through_the_cli_feeds_the_verdict(tmp_path, caps
 def test_fp8_dispatch_error_on_the_mlp_inputs_is_within_e4m3s_rounding(session):
     """Issue 17 part 5: what an MoE layer would dispatch (each MLP's input, the post-attention norm's output),
     through the same fp8 kernel the ranks run."""
-    from kvtransit.realmodel.dispatch_accuracy import FP8_ROUNDING_BOUND, fp8_dispatch_error
+    from kvtransit.flows.tp.dispatch_accuracy import FP8_ROUNDING_BOUND, fp8_dispatch_error
 
     acc = fp8_dispatch_error(session, tokens=128)
     assert acc.tokens == 128 and acc.layers == session.layers

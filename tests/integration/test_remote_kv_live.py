@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.emulator.launcher import Launcher
-from kvtransit.model import ledger_check
+from kvtransit.harness.up.launcher import Launcher
+from kvtransit.model.judge import ledger_check
 from kvtransit.model.scenario import Scenario
 
 from ._launcher_stats import until_stats
@@ -69,7 +69,7 @@ def _request_steps(report: dict) -> int:
 
 def test_top_k_moves_the_models_bytes_a_step_and_sixteen_times_fewer_than_every_token(top_k, every_token):
     chosen, every = top_k["remote_kv"], every_token["remote_kv"]
-    # Exactly the model's bytes per request-step (model/selection.py), at the run's scale multiplied back.
+    # Exactly the model's bytes per request-step (flows/selection/model.py), at the run's scale multiplied back.
     assert chosen["summary_bytes"]["measured"] == pytest.approx(chosen["summary_bytes"]["model"], rel=1e-9)
     assert chosen["page_bytes"]["measured"] == pytest.approx(chosen["page_bytes"]["model"], rel=1e-9)
     assert every["summary_bytes"]["measured"] == 0

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from kvtransit.emulator.launcher import Launcher
-from kvtransit.model import ledger_check as ledger
+from kvtransit.harness.up.launcher import Launcher
+from kvtransit.model.judge import ledger_check as ledger
 from kvtransit.model.scenario import Scenario
 
 pytestmark = pytest.mark.timeout(120)

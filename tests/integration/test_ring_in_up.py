@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.emulator.launcher import Launcher
-from kvtransit.model import ledger_check
+from kvtransit.harness.up.launcher import Launcher
+from kvtransit.model.judge import ledger_check
 from kvtransit.model.scenario import Scenario
 
 from ._launcher_stats import until_stats
@@ -25,7 +25,7 @@ from ._launcher_stats import until_stats
 pytestmark = pytest.mark.timeout(240)
 
 # Light load with a third of the requests a 4,096-token prompt a ring of 2 prefills over eth-100g (a hop of a
-# 2,048-token block: 0.7 ms of link, link-bound, model/ring_class.py) at a dilation this host carries a ring's hops
+# 2,048-token block: 0.7 ms of link, link-bound, flows/ring/ring_class.py) at a dilation this host carries a ring's hops
 # at (a loopback hop in Python costs ~0.3 ms on the 2-core box, benchmarks/RESULTS.md "Ring attention").
 LIGHT = dict(ring_share=0.34, ring_ranks=2, ring_prompt=4096, ring_link="eth-100g", rate=2.0, requests=12,
              prompt_mean=512.0, output_mean=16.0, dilation=3.0, link="eth-100g", codec="none", seed=5)

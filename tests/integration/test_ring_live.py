@@ -9,16 +9,16 @@ import asyncio
 
 import pytest
 
-from kvtransit.agents.collective.connect import RingMember
-from kvtransit.agents.ring.blocks import RingKV
-from kvtransit.agents.ring.rank import RingRank, RingRankPlan
 from kvtransit.cli.accuracy import default_sample_path
-from kvtransit.emulator.ring_run import offline_errors, plan_ring, run_ring
+from kvtransit.flows.ring.blocks import RingKV
+from kvtransit.flows.ring.rank import RingRank, RingRankPlan
+from kvtransit.flows.ring.run import offline_errors, plan_ring, run_ring
 from kvtransit.kernels.ring_attention import error_after_hops, wire_codec
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.devices import DEVICES
-from kvtransit.model.link_catalog import LINKS
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
 from kvtransit.runtime.clock import MonotonicClock
+from kvtransit.runtime.group_link.connect import RingMember
 
 SAMPLE = str(default_sample_path())
 RATE = 100e6  # a scaled link: a 96-token block (74 KB) in 0.7 ms

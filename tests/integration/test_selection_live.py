@@ -11,11 +11,11 @@ import pytest
 
 from kvtransit.cli import main
 from kvtransit.cli.accuracy import default_sample_path
-from kvtransit.emulator.selection_run import offline_selection, plan_selection, run_selection
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.devices import DEVICES
-from kvtransit.model.link_catalog import LINKS
-from kvtransit.model.module import Policy
+from kvtransit.flows.selection.run import offline_selection, plan_selection, run_selection
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
+from kvtransit.model.module.budget import Policy
 
 SAMPLE = str(default_sample_path())
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # every test runs three processes

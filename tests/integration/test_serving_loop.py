@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from kvtransit.agents.common import kv_frames
-from kvtransit.agents.loadgen.report import REPORT_KEYS
-from kvtransit.emulator.launcher import Launcher, RunFailed
+from kvtransit.harness.up.launcher import Launcher, RunFailed
 from kvtransit.kernels.synthetic_kv import SyntheticKv
-from kvtransit.model.cost import decode_step_s
+from kvtransit.model.cost.roofline import decode_step_s
 from kvtransit.model.scenario import Scenario
+from kvtransit.report.build import REPORT_KEYS
 
 pytestmark = pytest.mark.timeout(120)
 

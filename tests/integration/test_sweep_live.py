@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvtransit.cli import main
-from kvtransit.emulator.launcher import Launcher
-from kvtransit.emulator.sweep_runner import PointRunner, ResultsStore, search_goodput
+from kvtransit.harness.studies.sweep.runner import PointRunner, ResultsStore, search_goodput
+from kvtransit.harness.up.launcher import Launcher
 from kvtransit.model.scenario import Scenario
 
 pytestmark = pytest.mark.timeout(180)
@@ -22,7 +22,6 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SHORT = ["--requests", "8", "--prompt-mean", "1024", "--output-mean", "16", "--scale", "0.02", "--dilation", "2",
          "--accuracy-sample", "0", "--no-progress", "--drain-timeout", "10"]
 REPO = Path(__file__).resolve().parents[2]
-REAL_TRACE = REPO.parent / "shared" / "data" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +86,10 @@ def test_live_goodput_bisection_brackets_the_rate_where_a_tight_tpot_slo_breaks(
     assert loose.goodput_rps == 4.0 and len(loose.evaluations) == 1
 
 
-@pytest.mark.skipif(not REAL_TRACE.exists(), reason=f"the shared Mooncake traces are not at {REAL_TRACE.parent}")
 def test_the_real_mooncake_trace_replays_with_time_scaling_and_a_context_cap(tmp_path):
     # The trace's first 12 requests (ten at t=0, two at 3 s, one with an 87k-token prompt), 10x faster, prompts
     # capped at 4,096 tokens; outputs as the trace has them (up to 794 tokens).
-    scenario = Scenario(trace=str(REAL_TRACE), requests=12, time_scale=0.1, context_cap=4096, codec="none",
+    scenario = Scenario(trace="mooncake-conversation", requests=12, time_scale=0.1, context_cap=4096, codec="none",
                         scale=0.01, dilation=1.0)
     launcher = Launcher(scenario, report_path=tmp_path / "trace.json", accuracy_sample=0, drain_timeout_s=60.0,
                         log=lambda _line: None, links="loopback")

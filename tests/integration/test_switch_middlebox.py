@@ -10,15 +10,16 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvtransit.agents.collective.connect import close_channels, switch_member
-from kvtransit.agents.collective.rank import RankPlan, run_steps
-from kvtransit.agents.switch.server import SWITCH_STREAMS_MEASURED_AS, SwitchServer
-from kvtransit.emulator.collective_run import plan_collective, run_collective
+from kvtransit.flows.tp.rank.join import switch_member
+from kvtransit.flows.tp.rank.rank import RankPlan, run_steps
+from kvtransit.flows.tp.run import plan_collective, run_collective
+from kvtransit.flows.tp.switch.server import SWITCH_STREAMS_MEASURED_AS, SwitchServer
 from kvtransit.kernels.stream_sum import declaration as sum_declaration
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.devices import DEVICES
-from kvtransit.model.link_catalog import LINKS
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
 from kvtransit.runtime.clock import MonotonicClock
+from kvtransit.runtime.group_link.connect import close_channels
 from kvtransit.runtime.metrics import switch_metrics
 
 RATE = 45e9  # nvlink4 at dilation 10, scale 1 (as tests/integration/test_collectives.py)

@@ -1,5 +1,5 @@
-"""A TP group's leader (agents/tp_group/leader.py, in this process as a prefill or decode runs it) and its follower
-rank processes (`python -m kvtransit.agents.tp_group`): every step's order reaches every rank, every rank's sum of
+"""A TP group's leader (flows/tp/group/leader.py, in this process as a prefill or decode runs it) and its follower
+rank processes (`python -m kvtransit.flows.tp.group`): every step's order reaches every rank, every rank's sum of
 every step is exact, whatever the step's size (a batch changes it), ring or switch, and with EP every all-to-all
 chunk arrives as its sender made it; a follower that dies fails the group with a reason naming it, within the
 collective's deadline, never a hang."""
@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from kvtransit.agents.switch.server import SwitchServer
-from kvtransit.agents.tp_group.leader import GroupFailed, GroupLeader, LeaderConfig
-from kvtransit.agents.tp_group.orders import FollowerConfig
-from kvtransit.emulator.run_to_end import RunToEndChild, collect_results, reap, spawn
-from kvtransit.model.module import Module
+from kvtransit.flows.tp.group.leader import GroupFailed, GroupLeader, LeaderConfig
+from kvtransit.flows.tp.group.orders import FollowerConfig
+from kvtransit.flows.tp.switch.server import SwitchServer
+from kvtransit.harness.children import RunToEndChild, collect_results, reap, spawn
+from kvtransit.model.module.budget import Module
 from kvtransit.runtime.clock import MonotonicClock
 
 # A scale-up link slow enough that a loopback hop in Python keeps up with it: 200 MB/s, 200 µs.
@@ -25,7 +25,7 @@ STEP_S = 0.01  # the compute held before each all-reduce
 
 
 async def _start_group(mode: str, n: int) -> tuple[GroupLeader, list[RunToEndChild], SwitchServer | None]:
-    followers = [await spawn(f"rank {r}", "kvtransit.agents.tp_group",
+    followers = [await spawn(f"rank {r}", "kvtransit.flows.tp.group",
                              FollowerConfig(group=1, rank=r, size=n, mode=mode, rate_Bps=RATE_BPS,
                                             latency_s=LATENCY_S, deadline_s=DEADLINE_S).__dict__)
                  for r in range(1, n)]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.emulator.launcher import Launcher
-from kvtransit.model import ledger_check
+from kvtransit.harness.up.launcher import Launcher
+from kvtransit.model.judge import ledger_check
 from kvtransit.model.scenario import Scenario
 
 from ._launcher_stats import until_stats

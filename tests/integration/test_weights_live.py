@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvtransit.emulator.weights_run import plan_weights, run_weights
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.devices import DEVICES
-from kvtransit.model.link_catalog import LINKS
-from kvtransit.model.module import Policy
+from kvtransit.flows.weights.run import plan_weights, run_weights
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
+from kvtransit.model.module.budget import Policy
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # every test runs two processes for seconds
 

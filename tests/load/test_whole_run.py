@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from kvtransit.emulator.launcher import Launcher
+from kvtransit.harness.up.launcher import Launcher
 from kvtransit.model.scenario import Scenario
 
 from ._peers import RssSampler, percentile

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from dashboards.queries import PanelQuery, all_queries, metric_names
-from kvtransit.emulator.prometheus import ANNOUNCE_PREFIX
+from kvtransit.harness.up.prometheus import ANNOUNCE_PREFIX
 
 pytestmark = [
     pytest.mark.system,

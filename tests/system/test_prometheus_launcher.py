@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
 
-from kvtransit.emulator import prometheus as launcher
+from kvtransit.harness.up import prometheus as launcher
 from kvtransit.runtime.metrics import middlebox_metrics
 
 pytestmark = pytest.mark.system

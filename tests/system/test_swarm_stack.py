@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvtransit.emulator.swarm.stack import PLACEMENT, network_names
-from kvtransit.emulator.swarm.stack_run import remove_stack
-from kvtransit.model import ledger_check
+from kvtransit.harness.deploy.swarm.stack import PLACEMENT, network_names
+from kvtransit.harness.deploy.swarm.stack_run import remove_stack
+from kvtransit.model.judge import ledger_check
 
 from ._docker_engine import (
     AGENTS,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.emulator.launcher import Launcher, RunFailed
-from kvtransit.emulator.placement import LinksUnavailable, choose_links
+from kvtransit.harness.up.launcher import Launcher, RunFailed
+from kvtransit.harness.up.placement import LinksUnavailable, choose_links
 from kvtransit.model.scenario import Scenario
 from kvtransit.shaping.errors import CommandFailed
 from kvtransit.shaping.runner import run_command

@@ -75,8 +75,8 @@ def collect(endpoint: Endpoint, clock, into: list) -> asyncio.Task:
 async def prefill_link_to_memory_middlebox(clock: ManualClock):
     """A prefill's HandoffLink greeted over memory to a middlebox end this test reads, and a client endpoint for its
     hand-offs: (link, the middlebox's end, client, the link's metrics registry)."""
-    from kvtransit.agents.common.process import Address, new_registry
     from kvtransit.agents.prefill.handoffs import HandoffLink
+    from kvtransit.agents.process import Address, new_registry
     from kvtransit.runtime import metrics as runtime_metrics
 
     registry, _ = new_registry("prefill")

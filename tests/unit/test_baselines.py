@@ -10,12 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.agents.loadgen.report import build_report, write_report
 from kvtransit.cli import build_parser, main
 from kvtransit.cli.sweep import _grids
-from kvtransit.emulator.sweep_report import markdown_tables
-from kvtransit.emulator.sweep_runner import _parameters, sweep_points
-from kvtransit.model.baselines import (
+from kvtransit.harness.studies.sweep.baselines import (
     AT_GPU,
     BASELINES,
     FASTER_LINK,
@@ -27,11 +24,14 @@ from kvtransit.model.baselines import (
     identify_baselines,
     next_faster_link,
 )
+from kvtransit.harness.studies.sweep.plan import preset, preset_emulation
+from kvtransit.harness.studies.sweep.report import markdown_tables
+from kvtransit.harness.studies.sweep.runner import _parameters, sweep_points
+from kvtransit.model.catalog.links import LINKS
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import LINKS
+from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import RequestRecord
-from kvtransit.model.sweep_plan import preset, preset_emulation
+from kvtransit.report.build import build_report, write_report
 
 KERNEL = Scenario(codec="freq-keep-k", compress_at="transit", link="eth-25g", scale=0.0625)
 

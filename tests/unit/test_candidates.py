@@ -1,4 +1,5 @@
-"""The candidate table's verdict rule and its flip search (model/candidates.py), on hand-made measurements."""
+"""The candidate table's verdict rule and its flip search (harness/studies/candidates/table.py), on hand-made
+measurements."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from kvtransit.model.candidate_verdicts import flips, judge_table, verdict_flips
-from kvtransit.model.candidates import (
+from kvtransit.agents.common.trace_file import trace_path
+from kvtransit.harness.studies.candidates.table import (
     CANDIDATE,
     CANDIDATE_NAMES,
     LINE_INPUT,
@@ -23,11 +24,12 @@ from kvtransit.model.candidates import (
     judge_row,
     rescaled_share,
 )
-from kvtransit.model.codecs import codec_declaration
+from kvtransit.harness.studies.candidates.verdicts import flips, judge_table, verdict_flips
+from kvtransit.model.catalog.codecs import codec_declaration
+from kvtransit.model.catalog.links import LINKS
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.five_tests import BOTTLENECK_MIN_SHARE
-from kvtransit.model.link_catalog import LINKS
-from kvtransit.model.module import MODULE_BUDGETS, KernelDeclaration
+from kvtransit.model.judge.five_tests import BOTTLENECK_MIN_SHARE
+from kvtransit.model.module.budget import MODULE_BUDGETS, KernelDeclaration
 
 SIM = Unknowns()
 EXACT = PrecisionFigure(0.0, 0.0, "values not returned exactly", required_bits=12)
@@ -208,8 +210,8 @@ def test_where_no_change_flips_the_verdict_the_nearest_that_fixes_a_test_is_show
 def test_the_tier_row_runs_the_tier_deck_presets_in_transit_point_under_the_tables_unknowns(tmp_path):
     from pathlib import Path
 
-    from kvtransit.emulator.candidates import RowContext, tier_scenario
-    from kvtransit.model.sweep_plan import preset
+    from kvtransit.harness.studies.candidates.run import RowContext, tier_scenario
+    from kvtransit.harness.studies.sweep.plan import preset
 
     sample = Path("tests/data/smollm2_kv_sample.npz")
     ctx = RowContext("kv-tier-fetch", Unknowns(module_budget=3.96, precision_bits=6, link="eth-25g"), tmp_path,
@@ -221,4 +223,4 @@ def test_the_tier_row_runs_the_tier_deck_presets_in_transit_point_under_the_tabl
     assert (scenario.codec, scenario.compress_at) == ("freq-keep-k", "transit")
     assert (scenario.link, scenario.precision_bits, scenario.kv_sample) == ("eth-25g", 6, str(sample))
     assert scenario.module_budget_ops_per_byte == 3.96
-    assert Path(scenario.trace).exists()  # the shared trace, found beside the checkout when not under the cwd
+    assert trace_path(scenario.trace).exists()  # the shipped trace, wherever the command runs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtransit.emulator.chaos import oversized_chunk_header
+from kvtransit.harness.studies.chaos import oversized_chunk_header
 from kvtransit.wire import Connection, ErrorCode, RemoteProtocolError, Role
 from kvtransit.wire.events import Hello
 from kvtransit.wire.limits import MAX_PAYLOAD, WIRE_VERSION

@@ -5,11 +5,11 @@ import json
 import pytest
 
 from kvtransit.cli import main
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.collectives import ring_allreduce_s
-from kvtransit.model.cost import decode_step_s
-from kvtransit.model.devices import DEVICES
-from kvtransit.model.link_catalog import LINKS
+from kvtransit.flows.tp.model import ring_allreduce_s
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
+from kvtransit.model.cost.roofline import decode_step_s
 
 
 def _run(capsys, *argv):
@@ -70,8 +70,8 @@ def test_bad_group_is_one_line_with_the_valid_values(capsys, argv, expected):
 
 
 def test_a_switch_below_the_sums_budget_is_slower_than_the_wire(capsys):
-    from kvtransit.model.collectives import switch_allreduce
-    from kvtransit.model.module import Module
+    from kvtransit.flows.tp.model import switch_allreduce
+    from kvtransit.model.module.budget import Module
 
     status, out, _ = _run(capsys, "cost", "--model", "llama3-70b", "--tp", "8", "--allreduce", "switch",
                           "--module-budget", "low", "--decode-batch", "1", "--context", "2048", "--json")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from kvtransit.cli import main
-from kvtransit.model.prefix import BLOCK_TOKENS, implied_hit_rate
-from kvtransit.model.prefix_workloads import prefix_requests
+from kvtransit.flows.tier.prefix import BLOCK_TOKENS, implied_hit_rate
+from kvtransit.flows.tier.workloads import prefix_requests
 from kvtransit.model.scenario import Scenario
 
 

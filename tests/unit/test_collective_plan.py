@@ -1,16 +1,16 @@
-"""What a live collective run holds and sends (emulator/collective_run.py: plan_collective), before any process
+"""What a live collective run holds and sends (flows/tp/run.py: plan_collective), before any process
 starts: the modelled step is kept whatever the granularity, scale and dilation; bad groups are one line."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvtransit.emulator.collective_run import plan_collective
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.collectives import ring_allreduce_s, switch_allreduce
-from kvtransit.model.devices import DEVICES
+from kvtransit.flows.tp.model import ring_allreduce_s, switch_allreduce
+from kvtransit.flows.tp.run import plan_collective
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import LINKS
 
 LLAMA70, MIXTRAL, H100, NVLINK4 = MODELS["llama3-70b"], MODELS["mixtral-8x7b"], DEVICES["h100"], LINKS["nvlink4"]
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from kvtransit.cli import build_parser
-from kvtransit.emulator.agent_commands import agent_commands
+from kvtransit.harness.up.agent_commands import agent_commands
 from kvtransit.model.scenario import Scenario
 from kvtransit.shaping.commands import NAMESPACE_SYSCTLS
 

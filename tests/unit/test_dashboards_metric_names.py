@@ -12,7 +12,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from dashboards.queries import all_queries, dashboard_files, metric_names
-from kvtransit.model.fidelity import KERNEL_TOLERANCE, LINK_RATE_TOLERANCE, TIMER_TOLERANCE
+from kvtransit.model.judge.fidelity import KERNEL_TOLERANCE, LINK_RATE_TOLERANCE, TIMER_TOLERANCE
 from kvtransit.runtime.metrics import METRIC_FACTORIES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ import pytest
 from ml_dtypes import bfloat16
 
 from kvtransit.agents.common import kv_frames
-from kvtransit.agents.common.process import Address
 from kvtransit.agents.decode.agent import DecodeAgent
 from kvtransit.agents.decode.incoming import Incoming
+from kvtransit.agents.process import Address
 from kvtransit.kernels.accuracy import relative_error
 from kvtransit.kernels.registry import get_codec
 from kvtransit.kernels.synthetic_kv import SyntheticKv

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from kvtransit.agents.common.process import Address
 from kvtransit.agents.decode.agent import DecodeAgent
+from kvtransit.agents.process import Address
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import ManualClock
 from kvtransit.wire import ErrorCode

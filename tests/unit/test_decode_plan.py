@@ -1,5 +1,5 @@
 """The codec's inverse at the receiving end (issue 14): decode's GPU inverts a GPU-encoded KV when it admits it
-(Scenario.gpu_codec_inverse_*, model/decode_plan.py); an in-transit hand-off pays a decoding module at the far
+(Scenario.gpu_codec_inverse_*, model/serving/decode_plan.py); an in-transit hand-off pays a decoding module at the far
 end (model/energy.handoff_module_energy_j)."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from kvtransit.model.cost import decode_step_s, decode_work, step_energy_j, step_time
-from kvtransit.model.decode_plan import plan_decode_step
-from kvtransit.model.energy import handoff_module_energy_j, module_energy_j
-from kvtransit.model.module import Module
+from kvtransit.model.cost.energy import handoff_module_energy_j, module_energy_j
+from kvtransit.model.cost.roofline import decode_step_s, decode_work, step_energy_j, step_time
+from kvtransit.model.module.budget import Module
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving.decode_plan import plan_decode_step
 
 GPU = dict(compress_at="gpu", dilation=2.0)
 

@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from kvtransit.agents.common.process import Address
 from kvtransit.agents.decode.agent import DecodeAgent
-from kvtransit.model.cost import decode_step_s, decode_work, step_energy_j
+from kvtransit.agents.process import Address
+from kvtransit.model.cost.roofline import decode_step_s, decode_work, step_energy_j
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.serving import DecodeBatcher, ServingRequest
+from kvtransit.model.serving.policies import DecodeBatcher, ServingRequest
 from kvtransit.runtime.clock import ManualClock
 from kvtransit.wire.events import Ack, AckStatus, Role, Tokens
 

@@ -1,6 +1,6 @@
-"""A decode instance as a TP group (issue 17 part 4, model/decode_plan.py): its step is the shard's roofline plus the
-2·L all-reduces of REFERENCE §7, of which one real all-reduce a step carries every byte and the rest is held; the
-scenario's fields and their one-line errors; the collective check of the fidelity guard."""
+"""A decode instance as a TP group (issue 17 part 4, model/serving/decode_plan.py): its step is the shard's roofline
+plus the 2·L all-reduces of REFERENCE §7, of which one real all-reduce a step carries every byte and the rest is held;
+the scenario's fields and their one-line errors; the collective check of the fidelity guard."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from kvtransit.model.collectives import ring_allreduce_s, switch_allreduce, tp_decode_step
-from kvtransit.model.cost import decode_step_s
-from kvtransit.model.decode_plan import plan_decode_step
+from kvtransit.flows.tp.model import ring_allreduce_s, switch_allreduce, tp_decode_step
+from kvtransit.model.cost.roofline import decode_step_s
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.fidelity import COLLECTIVE_SHARE_TOLERANCE, NOT_MEASURED, collective_gap
+from kvtransit.model.judge.fidelity import COLLECTIVE_SHARE_TOLERANCE, NOT_MEASURED, collective_gap
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving.decode_plan import plan_decode_step
 
 
 def test_without_a_group_the_step_is_the_roofline_on_its_gpus_as_before():
@@ -131,9 +131,9 @@ def test_a_bad_ep_group_is_one_line_with_the_valid_values(fields, message):
 
 
 def test_a_tp_prefill_step_reduces_every_token_it_computes():
-    from kvtransit.model.collectives import activation_bytes
-    from kvtransit.model.cost import prefill_step_cached_s
-    from kvtransit.model.prefill_plan import BatchEntry, plan_prefill_step
+    from kvtransit.flows.tp.model import activation_bytes
+    from kvtransit.model.cost.roofline import prefill_step_cached_s
+    from kvtransit.model.serving.prefill_plan import BatchEntry, plan_prefill_step
 
     s = Scenario(prefill_tp=4, scale=1 / 256)
     model, link = s.model_spec, s.scaleup_link_spec

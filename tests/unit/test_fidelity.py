@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kvtransit.model.fidelity import (
+from kvtransit.model.judge.fidelity import (
     assess,
     handoff_distribution,
     handoff_gap,

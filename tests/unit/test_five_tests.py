@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from kvtransit.model.codecs import codec_declaration
-from kvtransit.model.five_tests import (
+from kvtransit.model.catalog.codecs import codec_declaration
+from kvtransit.model.judge.five_tests import (
     BOTTLENECK_MIN_SHARE,
     CANDIDATE,
     NO_KERNEL,
@@ -21,7 +21,7 @@ from kvtransit.model.five_tests import (
     placement_test,
     precision_test,
 )
-from kvtransit.model.module import KernelDeclaration
+from kvtransit.model.module.budget import KernelDeclaration
 
 BAND_KEEP = codec_declaration("freq-keep-k", keep=0.5, transform_length=64)
 SIM_BUDGET = 1.6

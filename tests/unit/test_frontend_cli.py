@@ -7,7 +7,7 @@ import pytest
 
 from kvtransit.cli import build_parser
 from kvtransit.cli import main as cli_main
-from kvtransit.emulator.agent_commands import FrontendOptions, agent_commands
+from kvtransit.harness.up.agent_commands import FrontendOptions, agent_commands
 from kvtransit.model.scenario import Scenario
 
 

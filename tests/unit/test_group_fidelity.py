@@ -1,11 +1,11 @@
-"""A live group's fidelity (model/fidelity.py: model_gap, group_fidelity): within the emulator's band of the model
+"""A live group's fidelity (model/judge/fidelity.py: model_gap, group_fidelity): within the emulator's band of the model
 or not, and never faithful when unmeasured or failed (fail closed)."""
 
 from __future__ import annotations
 
 import math
 
-from kvtransit.model.fidelity import GROUP_TOLERANCE, group_fidelity, model_gap
+from kvtransit.model.judge.fidelity import GROUP_TOLERANCE, group_fidelity, model_gap
 
 
 def test_a_figure_within_the_band_is_faithful_and_one_outside_says_what_dilation_would_do():

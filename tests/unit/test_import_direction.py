@@ -26,9 +26,11 @@ ALLOWED_INTERNAL = {
     "shaping": set(),
     "runtime": {"wire", "model", "kernels", "shaping"},
     "realmodel": {"model", "kernels"},
-    "agents": {"runtime", "wire", "model", "kernels", "shaping", "realmodel"},
-    "emulator": {"agents", "runtime", "wire", "model", "kernels", "shaping", "realmodel"},
-    "cli": {"emulator", "agents", "runtime", "wire", "model", "kernels", "shaping", "realmodel"},
+    "report": {"model", "wire"},
+    "agents": {"runtime", "wire", "model", "kernels", "shaping", "realmodel", "report", "flows"},
+    "flows": {"agents", "harness", "runtime", "wire", "model", "kernels", "shaping", "realmodel", "report", "cli"},
+    "harness": {"agents", "flows", "runtime", "wire", "model", "kernels", "shaping", "realmodel", "report"},
+    "cli": {"harness", "flows", "agents", "runtime", "wire", "model", "kernels", "shaping", "realmodel", "report"},
 }
 # Third-party packages each layer may import; stdlib is always allowed except where banned below.
 ALLOWED_THIRD_PARTY = {
@@ -40,8 +42,10 @@ ALLOWED_THIRD_PARTY = {
     # The realkv extra's torch and transformers, imported only inside realmodel (never on the default install's
     # paths: tests/unit/test_realmodel_offline.py checks `import kvtransit.cli` loads neither).
     "realmodel": {"numpy", "ml_dtypes", "torch", "transformers"},
+    "report": None,
     "agents": None,
-    "emulator": None,
+    "flows": None,
+    "harness": None,
     "cli": None,
 }
 # The pure layers hold no sockets, event loops, clocks, threads, loggers or metrics.
@@ -107,13 +111,13 @@ def test_the_checker_sees_a_violation(tmp_path):
     """The rule itself can fail: a planted bad import is found (planted in a temporary folder, never the package)."""
     planted = tmp_path / "kvtransit" / "model" / "_planted_violation.py"
     planted.parent.mkdir(parents=True)
-    planted.write_text("import asyncio\nfrom kvtransit.runtime import x\nfrom ..emulator import launcher\n")
+    planted.write_text("import asyncio\nfrom kvtransit.runtime import x\nfrom ..harness import launcher\n")
     names = [n for _, n in _imports(planted, root=tmp_path)]
-    assert names == ["asyncio", "kvtransit.runtime", "kvtransit.emulator"]
+    assert names == ["asyncio", "kvtransit.runtime", "kvtransit.harness"]
     assert _problems("model", planted, root=tmp_path) == [
         "kvtransit/model/_planted_violation.py:1: pure layer model must not import asyncio",
         "kvtransit/model/_planted_violation.py:2: model must not import kvtransit.runtime",
-        "kvtransit/model/_planted_violation.py:3: model must not import kvtransit.emulator",
+        "kvtransit/model/_planted_violation.py:3: model must not import kvtransit.harness",
     ]
 
 
@@ -122,4 +126,4 @@ def test_an_agent_importing_the_harness_is_refused(tmp_path):
     planted.parent.mkdir(parents=True)
     planted.write_text("from ...emulator.placement import SHAPED_MTU\n")
     assert _problems("agents", planted, root=tmp_path) == [
-        "kvtransit/agents/middlebox/_planted.py:1: agents must not import kvtransit.emulator"]
+        "kvtransit/agents/middlebox/_planted.py:1: agents must not import kvtransit.harness"]

@@ -11,16 +11,16 @@ import yaml
 
 from kvtransit.cli import build_parser
 from kvtransit.cli._common import CliError
-from kvtransit.emulator import chaos
-from kvtransit.emulator.k8s.chaos_mesh import (
+from kvtransit.harness.deploy.k8s.chaos_mesh import (
     CONTROL_FAULTS,
     RATE_COLLAPSE_SHARE,
     ChaosTarget,
     collapsed_bandwidth,
     experiments,
 )
-from kvtransit.emulator.k8s.naming import COMPONENT, Names
-from kvtransit.emulator.k8s.validate import load_directory, problems
+from kvtransit.harness.deploy.k8s.naming import COMPONENT, Names
+from kvtransit.harness.deploy.k8s.validate import load_directory, problems
+from kvtransit.harness.studies import chaos
 from kvtransit.model.errors import ConfigError
 from kvtransit.shaping.commands import wire_rate_Bps
 from kvtransit.shaping.spec import DEFAULT_MTU

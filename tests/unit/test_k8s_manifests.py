@@ -14,11 +14,11 @@ import yaml
 
 from kvtransit.cli import OneLineErrorParser, build_parser
 from kvtransit.cli import k8s as k8s_cli
-from kvtransit.emulator.k8s.naming import COMPONENT, NODE_GROUP
-from kvtransit.emulator.k8s.render import base_texts, read_dashboards
-from kvtransit.emulator.k8s.scenario_configmap import expand, scenario_data, scenario_from_data
-from kvtransit.emulator.k8s.testbed import TestbedOptions, render_testbed
-from kvtransit.emulator.k8s.validate import KUBERNETES_VERSION, problems
+from kvtransit.harness.deploy.k8s.naming import COMPONENT, NODE_GROUP
+from kvtransit.harness.deploy.k8s.render import base_texts, read_dashboards
+from kvtransit.harness.deploy.k8s.scenario_configmap import expand, scenario_data, scenario_from_data
+from kvtransit.harness.deploy.k8s.testbed import TestbedOptions, render_testbed
+from kvtransit.harness.deploy.k8s.validate import KUBERNETES_VERSION, problems
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
 

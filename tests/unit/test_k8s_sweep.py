@@ -18,7 +18,7 @@ import yaml
 
 from kvtransit.cli import build_parser
 from kvtransit.cli._common import CliError
-from kvtransit.emulator.k8s.sweep_job import (
+from kvtransit.harness.deploy.k8s.sweep_job import (
     POD_SWEEP_DIR,
     SweepJobOptions,
     points_document,
@@ -26,9 +26,9 @@ from kvtransit.emulator.k8s.sweep_job import (
     sweep_id,
     sweep_job,
 )
-from kvtransit.emulator.k8s.sweep_logs import collect, completion_index, run_point
-from kvtransit.emulator.k8s.validate import load_directory, problems
-from kvtransit.emulator.sweep_runner import RESULTS_CSV, RESULTS_JSON, ResultsStore, failed_row, run_sweep
+from kvtransit.harness.deploy.k8s.sweep_logs import collect, completion_index, run_point
+from kvtransit.harness.deploy.k8s.validate import load_directory, problems
+from kvtransit.harness.studies.sweep.runner import RESULTS_CSV, RESULTS_JSON, ResultsStore, failed_row, run_sweep
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
 

@@ -7,7 +7,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtransit.emulator.k8s.yaml_text import dump, dump_all
+from kvtransit.harness.deploy.k8s.yaml_text import dump, dump_all
 
 # Strings YAML 1.1 (PyYAML, go-yaml v2) would read as something else if written plain.
 TRICKY = ["yes", "No", "on", "OFF", "y", "null", "~", "true", "1", "-1", "1.5", "1e3", "0x1F", "0o17", "1_000",

@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 
 from kvtransit.cli import main
-from kvtransit.model.codecs import codec_declaration, parse_kernel_declaration
+from kvtransit.model.catalog.codecs import codec_declaration, parse_kernel_declaration
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.kernel_file import declaration_to_mapping, load_kernel_declaration
-from kvtransit.model.module import (
+from kvtransit.model.module.budget import (
     MODULE_BUDGETS,
     PUBLISHED_OPS,
     WIRING_OPS,
@@ -23,6 +22,7 @@ from kvtransit.model.module import (
     budget_check,
     placement_check,
 )
+from kvtransit.model.module.kernel_file import declaration_to_mapping, load_kernel_declaration
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kernels"
 SKETCH_FILE = EXAMPLES / "freq-keep-half.toml"

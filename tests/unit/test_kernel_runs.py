@@ -11,10 +11,10 @@ from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 from kvtransit.kernels import quant
 from kvtransit.kernels.bandkeep import kept_count
 from kvtransit.kernels.registry import get_codec
-from kvtransit.model.codecs import CODECS
+from kvtransit.model.catalog.codecs import CODECS
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.kernel_runs import LIVE_FP4_BLOCK, RUNNABLE_SHAPES, scenario_fields_for
-from kvtransit.model.module import KernelDeclaration, LinkKernel
+from kvtransit.model.module.budget import KernelDeclaration, LinkKernel
+from kvtransit.model.module.kernel_runs import LIVE_FP4_BLOCK, RUNNABLE_SHAPES, scenario_fields_for
 from kvtransit.model.scenario import Scenario
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kernels"
@@ -217,7 +217,7 @@ def test_kernel_sets_the_mapped_fields_and_records_the_file():
 def test_the_children_get_the_mapped_flags_not_the_file():
     scenario = _parse(["--kernel", str(SKETCH_FILE), "--rate", "3"])
     argv = scenario.to_argv()
-    assert "--kernel" not in argv  # what the launcher passes every process (emulator/launcher.py: to_argv)
+    assert "--kernel" not in argv  # what the launcher passes every process (harness/up/launcher.py: to_argv)
     assert argv[argv.index("--variant") + 1] == "fft" and argv[argv.index("--precision-bits") + 1] == "8"
     assert _parse(argv) == scenario  # a child reads back the same scenario without the file
 

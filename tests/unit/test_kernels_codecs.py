@@ -10,7 +10,7 @@ from kvtransit.kernels import CODEC_NAMES, Encoded, KernelInputError, decode, ge
 from kvtransit.kernels.header import MAX_HEADER_BYTES, Header
 from kvtransit.kernels.page_scoring import page_representatives, score_pages
 from kvtransit.kernels.quant import int_quantise_roundtrip
-from kvtransit.model.module import PUBLISHED_OPS, KernelDeclaration
+from kvtransit.model.module.budget import PUBLISHED_OPS, KernelDeclaration
 
 
 def _kv(shape=(2, 2, 3, 100, 64), dtype=ml_dtypes.bfloat16, seed=0):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kvtransit.kernels import KernelInputError, decode, get_codec, kivi
 from kvtransit.kernels.header import Header
 from kvtransit.kernels.registry import KiviCodec
-from kvtransit.model.codecs import CODECS, KIVI_GROUP
+from kvtransit.model.catalog.codecs import CODECS, KIVI_GROUP
 from kvtransit.model.scenario import Scenario
 
 KIVI = ("kivi-2", "kivi-3")

@@ -1,12 +1,12 @@
-"""Decode's decisions on an arriving hand-off (model/kv_arrival.py): taken once, re-acked when retried, dropped
+"""Decode's decisions on an arriving hand-off (model/serving/kv_arrival.py): taken once, re-acked when retried, dropped
 while stopping or with no client, refused when it can never fit."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvtransit.model.kv_arrival import KvArrivals, Verdict
-from kvtransit.model.serving import DecodeBatcher, ServingRequest
+from kvtransit.model.serving.kv_arrival import KvArrivals, Verdict
+from kvtransit.model.serving.policies import DecodeBatcher, ServingRequest
 
 BATCHER = DecodeBatcher(kv_capacity_tokens=10_000)
 

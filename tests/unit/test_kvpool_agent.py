@@ -1,4 +1,4 @@
-"""The pool's protocol side (agents/kvpool/agent.py: KvPool) over an in-memory connection, as the middlebox speaks
+"""The pool's protocol side (flows/tier/pool/agent.py: KvPool) over an in-memory connection, as the middlebox speaks
 to it: how it counts the write-backs it does not store."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
-from kvtransit.agents.kvpool.agent import KvPool
-from kvtransit.agents.kvpool.store import BlockStore
+from kvtransit.flows.tier.pool.agent import KvPool
+from kvtransit.flows.tier.pool.store import BlockStore
 from kvtransit.wire import ErrorCode
 from kvtransit.wire.events import Bye, Error, PoolPut, Role
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvtransit.agents.kvpool.store import BadBlockFile, BlockStore, StoredBlock, StoredChunk, decode_block, encode_block
+from kvtransit.flows.tier.pool.store import (
+    BadBlockFile,
+    BlockStore,
+    StoredBlock,
+    StoredChunk,
+    decode_block,
+    encode_block,
+)
 from kvtransit.model.errors import ConfigError
 from kvtransit.wire.events import DType
 

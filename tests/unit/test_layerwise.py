@@ -1,5 +1,5 @@
-"""Layer-wise KV streaming as pure data (model/layerwise.py): when each layer is released, how a hand-off splits at
-its first token, and the model of its exposed part; the scenario's bad input; chunked prefill's batches."""
+"""Layer-wise KV streaming as pure data (model/serving/layerwise.py): when each layer is released, how a hand-off splits
+at its first token, and the model of its exposed part; the scenario's bad input; chunked prefill's batches."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import argparse
 import pytest
 
 from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
-from kvtransit.emulator.sweep_runner import sweep_points
+from kvtransit.harness.studies.sweep.plan import preset
+from kvtransit.harness.studies.sweep.runner import sweep_points
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.fidelity import prescribed_exposed_s, prescribed_handoff_s, prescribed_latency_s
-from kvtransit.model.layerwise import (
+from kvtransit.model.judge.fidelity import prescribed_exposed_s, prescribed_handoff_s, prescribed_latency_s
+from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving.layerwise import (
     HandoffSplit,
     chunk_stops,
     kv_segments,
@@ -21,10 +23,8 @@ from kvtransit.model.layerwise import (
     release_ns,
     streamed_ready_s,
 )
-from kvtransit.model.prefill_plan import BatchEntry, ChunkedPrefillQueue, plan_prefill_step
-from kvtransit.model.scenario import Scenario
-from kvtransit.model.serving import PrefillQueue, ServingRequest
-from kvtransit.model.sweep_plan import preset
+from kvtransit.model.serving.policies import PrefillQueue, ServingRequest
+from kvtransit.model.serving.prefill_plan import BatchEntry, ChunkedPrefillQueue, plan_prefill_step
 
 STEP_START_NS, STEP_NS, LAYERS = 10**12, 32_000_000, 32
 

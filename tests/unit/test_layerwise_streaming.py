@@ -11,7 +11,6 @@ import itertools
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvtransit.agents.common.process import Address
 from kvtransit.agents.decode.agent import DecodeAgent
 from kvtransit.agents.decode.incoming import Arrived, Incoming
 from kvtransit.agents.decode.link_meter import streamed_idle_ns
@@ -19,10 +18,11 @@ from kvtransit.agents.middlebox import decode_peers
 from kvtransit.agents.middlebox.app import Middlebox
 from kvtransit.agents.prefill.agent import PrefillAgent
 from kvtransit.agents.prefill.handoff_frames import HandoffFrames
+from kvtransit.agents.process import Address
 from kvtransit.kernels.synthetic_kv import SyntheticKv
-from kvtransit.model.layerwise import StepWindow
-from kvtransit.model.prefill_plan import BatchEntry, plan_prefill_step
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving.layerwise import StepWindow
+from kvtransit.model.serving.prefill_plan import BatchEntry, plan_prefill_step
 from kvtransit.runtime.clock import ManualClock
 from kvtransit.runtime.transport import Endpoint, serve_memory
 from kvtransit.wire.events import DType, Error, FirstToken, Hello, KvBegin, KvChunk, KvEnd, Request, Role

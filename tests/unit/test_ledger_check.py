@@ -1,11 +1,12 @@
-"""The request-ledger checker (model/ledger_check.py): each kind of violation is found, a clean history is clean."""
+"""The request-ledger checker (model/judge/ledger_check.py): each kind of violation is found, a clean history is
+clean."""
 
 import json
 
 import pytest
 
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.ledger_check import check, first_after, parse, reason_class
+from kvtransit.model.judge.ledger_check import check, first_after, parse, reason_class
 
 
 def sent(rid, output=3):

@@ -9,11 +9,11 @@ import json
 import time
 from dataclasses import dataclass
 
-from kvtransit.agents.common.process import Address
 from kvtransit.agents.loadgen.agent import LoadGenerator
 from kvtransit.agents.loadgen.ledger_writer import LedgerWriter
+from kvtransit.agents.process import Address
+from kvtransit.model.judge.slo import Outcome
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import Outcome
 from kvtransit.runtime.clock import ManualClock
 from kvtransit.runtime.transport import memory_pair
 from kvtransit.wire.errors import ErrorCode

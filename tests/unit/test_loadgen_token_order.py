@@ -5,11 +5,11 @@ readers call it."""
 
 from __future__ import annotations
 
-from kvtransit.agents.common.process import Address
 from kvtransit.agents.loadgen.agent import LoadGenerator
 from kvtransit.agents.loadgen.workload_source import new_record
+from kvtransit.agents.process import Address
+from kvtransit.model.judge.slo import Outcome
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import Outcome
 from kvtransit.runtime.clock import ManualClock
 
 ANY = Address("127.0.0.1", 0)

@@ -9,11 +9,11 @@ import pytest
 from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
 from kvtransit.agents.middlebox.stages.kernel import RUNS_ON_MODULE
 from kvtransit.agents.middlebox.stages.module import ModuleStage
-from kvtransit.model.catalog import model_by_name
-from kvtransit.model.codecs import CODECS
-from kvtransit.model.handoff import handoff
-from kvtransit.model.link_catalog import LINKS
-from kvtransit.model.module import Module
+from kvtransit.model.catalog.codecs import CODECS
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import model_by_name
+from kvtransit.model.cost.handoff import handoff
+from kvtransit.model.module.budget import Module
 from kvtransit.wire.events import DType, KvChunk
 
 RAW, WIRE = 4096, 1024  # a 4× codec

@@ -13,7 +13,7 @@ from kvtransit.agents.middlebox.pipeline import Abandoned, ByteBudget, Delivered
 from kvtransit.agents.middlebox.stages.kernel import KernelConfig, activate
 from kvtransit.agents.middlebox.stages.link import TbfMirror
 from kvtransit.kernels import KernelInputError
-from kvtransit.model.module import Module, Policy
+from kvtransit.model.module.budget import Module, Policy
 from kvtransit.wire import ErrorCode
 from kvtransit.wire.events import Error, KvChunk, KvEnd
 from kvtransit.wire.limits import MAX_MESSAGE

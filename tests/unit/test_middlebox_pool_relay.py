@@ -1,4 +1,4 @@
-"""The middlebox's write-back path (agents/middlebox/pool.py) in memory: a real KvPool behind a real PoolRelay, the
+"""The middlebox's write-back path (flows/tier/middlebox_pool.py) in memory: a real KvPool behind a real PoolRelay, the
 prefill played by the test. The middlebox runs on a ManualClock, so the put lane stands still until the test moves
 the clock: a lane as slow as a test needs, without sleeping."""
 
@@ -11,12 +11,12 @@ from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry
 
-from kvtransit.agents.kvpool.agent import KvPool
-from kvtransit.agents.kvpool.store import BlockStore
-from kvtransit.agents.middlebox import pool as pool_module
 from kvtransit.agents.middlebox.app import Middlebox
 from kvtransit.agents.middlebox.pipeline import ByteBudget
-from kvtransit.agents.middlebox.pool import PoolRelay
+from kvtransit.flows.tier import middlebox_pool as pool_module
+from kvtransit.flows.tier.middlebox_pool import PoolRelay
+from kvtransit.flows.tier.pool.agent import KvPool
+from kvtransit.flows.tier.pool.store import BlockStore
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import ManualClock
 from kvtransit.runtime.transport import Endpoint, FlowLimits, serve_memory

@@ -2,11 +2,11 @@
 
 import pytest
 
-from kvtransit.model.catalog import MODELS, ModelSpec, model_by_name
-from kvtransit.model.devices import DEVICES, device_by_name
+from kvtransit.model.catalog.devices import DEVICES, device_by_name
+from kvtransit.model.catalog.links import LINKS, link_by_name
+from kvtransit.model.catalog.models import MODELS, ModelSpec, model_by_name
+from kvtransit.model.cost.handoff import weight_load_s
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.handoff import weight_load_s
-from kvtransit.model.link_catalog import LINKS, link_by_name
 
 
 @pytest.mark.parametrize(

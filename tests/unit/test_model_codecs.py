@@ -4,18 +4,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.codecs import (
+from kvtransit.model.catalog.codecs import (
     CODECS,
     KERNEL_TABLE_ROWS,
     codec_declaration,
     kernel_table_row,
     parse_kernel_declaration,
 )
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
+from kvtransit.model.cost.handoff import handoff
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.handoff import handoff
-from kvtransit.model.link_catalog import LINKS
-from kvtransit.model.module import KernelDeclaration, Module, Policy, Verdict
+from kvtransit.model.module.budget import KernelDeclaration, Module, Policy, Verdict
 
 L8B = MODELS["llama3-8b"]
 

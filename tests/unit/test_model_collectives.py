@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from kvtransit.flows.tp import model as c
 from kvtransit.kernels import stream_sum
-from kvtransit.model import collectives as c
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.cost import decode_step_s, decode_work, prefill_work, step_time
-from kvtransit.model.devices import DEVICES
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
+from kvtransit.model.cost.roofline import decode_step_s, decode_work, prefill_work, step_time
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import LINKS
-from kvtransit.model.module import Module
+from kvtransit.model.module.budget import Module
 
 LLAMA70 = MODELS["llama3-70b"]
 MIXTRAL = MODELS["mixtral-8x7b"]

@@ -4,8 +4,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.cost import (
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
+from kvtransit.model.cost.energy import gpu_energy_j, link_energy_j, module_energy_j
+from kvtransit.model.cost.roofline import (
     decode_step_s,
     decode_work,
     kv_capacity_tokens,
@@ -13,11 +16,8 @@ from kvtransit.model.cost import (
     prefill_work,
     step_energy_j,
 )
-from kvtransit.model.devices import DEVICES
-from kvtransit.model.energy import gpu_energy_j, link_energy_j, module_energy_j
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import LINKS
-from kvtransit.model.module import Module
+from kvtransit.model.module.budget import Module
 
 H100 = DEVICES["h100"]
 L8B, L70B = MODELS["llama3-8b"], MODELS["llama3-70b"]

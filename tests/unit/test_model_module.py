@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.module import (
+from kvtransit.model.module.budget import (
     MODULE_BUDGETS,
     Action,
     KernelDeclaration,

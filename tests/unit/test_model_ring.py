@@ -1,15 +1,15 @@
-"""model/ring.py: a ring hop is max(link, block attention), and a codec pays only while the hop is link-bound."""
+"""flows/ring/model.py: a ring hop is max(link, block attention), and a codec pays only while the hop is link-bound."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvtransit.model import ring
-from kvtransit.model.catalog import model_by_name
-from kvtransit.model.codecs import codec_declaration
-from kvtransit.model.devices import device_by_name
+from kvtransit.flows.ring import model as ring
+from kvtransit.model.catalog.codecs import codec_declaration
+from kvtransit.model.catalog.devices import device_by_name
+from kvtransit.model.catalog.links import link_by_name
+from kvtransit.model.catalog.models import model_by_name
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import link_by_name
 
 LLAMA = model_by_name("llama3-8b")
 H100 = device_by_name("h100")

@@ -1,14 +1,14 @@
-"""model/selection.py: bytes per decode step with and without selection, and the scoring kernels' budget."""
+"""flows/selection/model.py: bytes per decode step with and without selection, and the scoring kernels' budget."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvtransit.model import selection as sel
-from kvtransit.model.catalog import model_by_name
+from kvtransit.flows.selection import model as sel
+from kvtransit.model.catalog.links import link_by_name
+from kvtransit.model.catalog.models import model_by_name
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import link_by_name
-from kvtransit.model.module import Action, Policy, Verdict
+from kvtransit.model.module.budget import Action, Policy, Verdict
 
 LLAMA = model_by_name("llama3-8b")  # 32 layers, 8 kv heads, head_dim 128: 131,072 B of KV a token
 

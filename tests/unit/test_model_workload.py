@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.workload import LengthDist, RequestSpec, WorkloadSpec, generate
+from kvtransit.model.serving.workload import LengthDist, RequestSpec, WorkloadSpec, generate
 
 
 def _lognormal_length(rng: random.Random, mean: float, cv: float) -> int:

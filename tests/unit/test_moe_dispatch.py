@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from kvtransit.kernels import quant
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.collectives import alltoall_bytes, tp_decode_step, tp_prefill_step
-from kvtransit.model.cost import HBM_EFFICIENCY
-from kvtransit.model.devices import DEVICES
-from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import LINKS
-from kvtransit.model.module import Policy
-from kvtransit.model.moe_dispatch import (
+from kvtransit.flows.tp.model import alltoall_bytes, tp_decode_step, tp_prefill_step
+from kvtransit.flows.tp.moe_dispatch import (
     DISPATCH_VALUE_BYTES,
     FP8_BLOCK,
     gpu_cast_s,
     gpu_cast_work,
     place_dispatch,
 )
+from kvtransit.kernels import quant
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
+from kvtransit.model.cost.roofline import HBM_EFFICIENCY
+from kvtransit.model.errors import ConfigError
+from kvtransit.model.module.budget import Policy
 
 MIXTRAL = MODELS["mixtral-8x7b"]  # k = 2 experts a token, d = 4,096
 

@@ -9,7 +9,7 @@ from hypothesis.extra.numpy import arrays
 
 from kvtransit.kernels import KernelInputError
 from kvtransit.kernels import ntt as kem
-from kvtransit.model.module import MODULE_BUDGETS, Module, Verdict, budget_check
+from kvtransit.model.module.budget import MODULE_BUDGETS, Module, Verdict, budget_check
 
 Q, N = kem.Q, kem.N
 EXAMPLES = settings(max_examples=60, deadline=None)

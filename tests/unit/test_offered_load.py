@@ -1,13 +1,13 @@
-"""The offered load of a request stream against the modelled system's capacity (model/offered_load.py)."""
+"""The offered load of a request stream against the modelled system's capacity (model/serving/offered_load.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvtransit.model.cost import decode_step_s, prefill_step_s
-from kvtransit.model.offered_load import decode_tokens_per_s, offered_vs_capacity, prefill_share_s
+from kvtransit.model.cost.roofline import decode_step_s, prefill_step_s
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.workload import RequestSpec, generate
+from kvtransit.model.serving.offered_load import decode_tokens_per_s, offered_vs_capacity, prefill_share_s
+from kvtransit.model.serving.workload import RequestSpec, generate
 
 
 def _stream(rate: float, n: int, prompt: int, output: int) -> list[RequestSpec]:

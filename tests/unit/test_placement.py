@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvtransit.agents.loadgen.report import annotate_report
-from kvtransit.agents.loadgen.report_text import headline
-from kvtransit.emulator.agent_commands import agent_commands
-from kvtransit.emulator.placement import LinksUnavailable, choose_links
+from kvtransit.harness.up.agent_commands import agent_commands
+from kvtransit.harness.up.placement import LinksUnavailable, choose_links
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
+from kvtransit.report.build import annotate_report
+from kvtransit.report.text import headline
 from kvtransit.shaping.backend import Capabilities
 from kvtransit.shaping.runner import RecordingRunner
 

@@ -1,14 +1,14 @@
 """The KV tier's fidelity check (`pool_fetch`): every answered pool fetch against the pool link's fetch lane, one
-FIFO (model/fidelity.py: prescribed_fetches_s), built from stats dicts, no process."""
+FIFO (model/judge/fidelity.py: prescribed_fetches_s), built from stats dicts, no process."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvtransit.agents.loadgen.report import build_report
-from kvtransit.model.fidelity import prescribed_fetches_s, prescribed_handoff_s
+from kvtransit.model.judge.fidelity import prescribed_fetches_s, prescribed_handoff_s
+from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import RequestRecord
+from kvtransit.report.build import build_report
 
 SCENARIO = Scenario(codec="none", scale=0.0625, requests=4, kv_pool="pool", prefix_workload="system-prompts")
 BW = SCENARIO.link_spec.bandwidth_Bps

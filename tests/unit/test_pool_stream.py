@@ -1,10 +1,10 @@
-"""The write-back stream's one reader (agents/common/pool_stream.py), as the middlebox's pool path and the pool
+"""The write-back stream's one reader (flows/tier/pool_stream.py), as the middlebox's pool path and the pool
 use it: PoolPut names the blocks, KvBegin opens the put, chunks, KvEnd closes it, an Error aborts it (or, before
 its KvBegin, withdraws it). No sockets."""
 
 from __future__ import annotations
 
-from kvtransit.agents.common.pool_stream import PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened, PutWithdrawn
+from kvtransit.flows.tier.pool_stream import PutAborted, PutAssembler, PutChunk, PutEnded, PutOpened, PutWithdrawn
 from kvtransit.wire import ErrorCode
 from kvtransit.wire.events import Bye, Error, KvEnd, PoolFetch, PoolPut
 from kvtransit.wire.limits import MAX_OPEN_KV_STREAMS

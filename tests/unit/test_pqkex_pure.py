@@ -1,15 +1,15 @@
-"""ML-KEM-768's bytes and handshake model (model/pqkex.py), FIPS 203's ByteEncode/Decode_12
+"""ML-KEM-768's bytes and handshake model (flows/ciphertext/model.py), FIPS 203's ByteEncode/Decode_12
 (kernels/mlkem_encoding.py), and the NTT kernel checked against kyber-py's arithmetic on real keys
-(agents/pqkex/ntt_check.py)."""
+(flows/ciphertext/ntt_check.py)."""
 
 from __future__ import annotations
 
 import pytest
 
+from kvtransit.flows.ciphertext.model import MLKEM768_CT_BYTES, MLKEM768_EK_BYTES, HandshakeModel
 from kvtransit.kernels.errors import KernelInputError
 from kvtransit.kernels.mlkem_encoding import byte_decode_12, byte_encode_12
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.pqkex import MLKEM768_CT_BYTES, MLKEM768_EK_BYTES, HandshakeModel
 
 
 def test_mlkem768_sizes_are_reference_1184_and_1088_bytes():
@@ -44,7 +44,7 @@ def _kem_and_keys():
 
 
 def test_ntt_kernel_matches_kyber_py_on_a_real_key_pair():
-    from kvtransit.agents.pqkex.ntt_check import check_against_library
+    from kvtransit.flows.ciphertext.ntt_check import check_against_library
 
     kem, ek, dk = _kem_and_keys()
     assert len(ek) == MLKEM768_EK_BYTES
@@ -55,7 +55,7 @@ def test_ntt_kernel_matches_kyber_py_on_a_real_key_pair():
 
 
 def test_ntt_check_fails_on_a_key_whose_polynomials_do_not_belong_together():
-    from kvtransit.agents.pqkex.ntt_check import check_against_library
+    from kvtransit.flows.ciphertext.ntt_check import check_against_library
 
     kem, ek, dk = _kem_and_keys()
     polys = byte_decode_12(dk[:1152])
@@ -68,7 +68,7 @@ def test_ntt_check_fails_on_a_key_whose_polynomials_do_not_belong_together():
 async def test_a_message_of_the_wrong_size_is_refused_in_one_line():
     import asyncio
 
-    from kvtransit.agents.common.message_framing import MessageError, frame, read_message
+    from kvtransit.flows.ciphertext.message_framing import MessageError, frame, read_message
 
     reader = asyncio.StreamReader()
     reader.feed_data(frame(1, bytes(1183)))

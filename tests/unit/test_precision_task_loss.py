@@ -9,15 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from kvtransit.agents.loadgen.report import build_report, write_report
 from kvtransit.cli import main
-from kvtransit.model.codecs import codec_declaration
+from kvtransit.model.catalog.codecs import codec_declaration
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.five_tests import NO_TASK_LOSS, PrecisionMeasured, judge_handoff, precision_test
-from kvtransit.model.module import KernelDeclaration
-from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import RequestRecord
-from kvtransit.model.task_accuracy import (
+from kvtransit.model.judge.five_tests import NO_TASK_LOSS, PrecisionMeasured, judge_handoff, precision_test
+from kvtransit.model.judge.slo import RequestRecord
+from kvtransit.model.judge.task_accuracy import (
     PPL_INCREASE_TOLERANCE,
     RESULTS_KIND,
     RESULTS_VERSION,
@@ -25,6 +22,9 @@ from kvtransit.model.task_accuracy import (
     codec_key,
     task_loss_from_results,
 )
+from kvtransit.model.module.budget import KernelDeclaration
+from kvtransit.model.scenario import Scenario
+from kvtransit.report.build import build_report, write_report
 
 BAND_KEEP = codec_declaration("freq-keep-k", keep=0.5, transform_length=64)
 BAND_KEEP_KEY = codec_key("freq-keep-k", keep=0.5, block=64, sinks=4, variant="dct")
@@ -103,7 +103,7 @@ def test_a_lossless_kernel_is_still_judged_by_exactness():
 
 
 def test_the_hand_off_verdict_takes_the_task_level_loss():
-    from kvtransit.model.five_tests import HandoffMeasured
+    from kvtransit.model.judge.five_tests import HandoffMeasured
 
     measured = HandoffMeasured(kv_wait_share=0.25, link_busy=0.6, transit_bound_frames=0, frames_in=640,
                                frames_out=640, precision=TENSORS)

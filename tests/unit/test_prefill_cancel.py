@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
-from kvtransit.agents.common.process import Address
 from kvtransit.agents.prefill.agent import PrefillAgent
 from kvtransit.agents.prefill.handoffs import HeldHandoff, ReleaseSchedule
-from kvtransit.model.layerwise import HANDOFF_LAYERWISE, StepWindow
-from kvtransit.model.prefill_plan import BatchEntry, plan_prefill_step
+from kvtransit.agents.process import Address
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving.layerwise import HANDOFF_LAYERWISE, StepWindow
+from kvtransit.model.serving.prefill_plan import BatchEntry, plan_prefill_step
 from kvtransit.runtime.clock import ManualClock
 from kvtransit.wire import DType, ErrorCode
 from kvtransit.wire.events import Error, FirstToken, KvBegin, KvChunk, KvEnd, Request, Role

@@ -1,12 +1,12 @@
-"""The prefill step plan (model/prefill_plan.py): what one batch holds and costs, decided without I/O."""
+"""The prefill step plan (model/serving/prefill_plan.py): what one batch holds and costs, decided without I/O."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvtransit.model.cost import prefill_step_s, prefill_work, step_energy_j
-from kvtransit.model.prefill_plan import BatchEntry, codec_on_gpu, plan_prefill_step
+from kvtransit.model.cost.roofline import prefill_step_s, prefill_work, step_energy_j
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving.prefill_plan import BatchEntry, codec_on_gpu, plan_prefill_step
 
 
 def entries(*prompts: tuple[int, int], output: int = 16) -> list[BatchEntry]:

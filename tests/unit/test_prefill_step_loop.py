@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from kvtransit.agents.common.process import Address
 from kvtransit.agents.prefill.agent import PrefillAgent
 from kvtransit.agents.prefill.handoffs import HANDOFF_DEADLINE_S
-from kvtransit.model.prefill_plan import BatchEntry, plan_prefill_step
+from kvtransit.agents.process import Address
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving.prefill_plan import BatchEntry, plan_prefill_step
 from kvtransit.runtime.clock import ManualClock
 from kvtransit.wire.events import FirstToken, KvBegin, Request, Role
 

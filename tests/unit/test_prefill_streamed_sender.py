@@ -8,7 +8,7 @@ import asyncio
 import itertools
 
 from kvtransit.agents.prefill.handoffs import HeldHandoff, ReleaseSchedule
-from kvtransit.model.layerwise import HANDOFF_LAYERWISE, StepWindow
+from kvtransit.model.serving.layerwise import HANDOFF_LAYERWISE, StepWindow
 from kvtransit.runtime.clock import ManualClock
 from kvtransit.wire import DType
 from kvtransit.wire.events import KvBegin, KvChunk, KvEnd, Request

@@ -1,4 +1,4 @@
-"""Prefix reuse as pure data (model/prefix.py, model/prefix_workloads.py) and the cached-prefix roofline.
+"""Prefix reuse as pure data (flows/tier/prefix.py, flows/tier/workloads.py) and the cached-prefix roofline.
 
 Hit rates are held against counts made here independently: a plain set or OrderedDict over the ids, never
 the PrefixIndex under test.
@@ -13,17 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.model.catalog import model_by_name
-from kvtransit.model.cost import (
-    STEP_OVERHEAD_S,
-    prefill_step_cached_s,
-    prefill_step_s,
-    prefill_work,
-    prefill_work_cached,
-)
-from kvtransit.model.devices import device_by_name
-from kvtransit.model.errors import ConfigError
-from kvtransit.model.prefix import (
+from kvtransit.agents.common.trace_file import open_trace, trace_path
+from kvtransit.flows.tier.prefix import (
     BLOCK_TOKENS,
     PrefixIndex,
     cached_tokens,
@@ -32,12 +23,21 @@ from kvtransit.model.prefix import (
     implied_hit_rate,
     storable,
 )
-from kvtransit.model.prefix_workloads import SessionsSpec, SystemPromptsSpec, sessions, system_prompts
-from kvtransit.model.traces import parse_mooncake, replay
-from kvtransit.model.workload import LengthDist
+from kvtransit.flows.tier.workloads import SessionsSpec, SystemPromptsSpec, sessions, system_prompts
+from kvtransit.model.catalog.devices import device_by_name
+from kvtransit.model.catalog.models import model_by_name
+from kvtransit.model.cost.roofline import (
+    STEP_OVERHEAD_S,
+    prefill_step_cached_s,
+    prefill_step_s,
+    prefill_work,
+    prefill_work_cached,
+)
+from kvtransit.model.errors import ConfigError
+from kvtransit.model.serving.traces import parse_mooncake, replay
+from kvtransit.model.serving.workload import LengthDist
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_TRACES = ROOT.parent / "shared" / "data" / "traces"
 LLAMA8B, H100 = model_by_name("llama3-8b"), device_by_name("h100")
 
 
@@ -182,11 +182,9 @@ def test_the_trace_excerpt_keeps_its_hash_ids_through_replay():
         assert spec.hash_ids == record.hash_ids[:-(-spec.prompt_tokens // BLOCK_TOKENS)]
 
 
-@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason=f"the real traces are not at {SHARED_TRACES}")
 @pytest.mark.parametrize("capacity_blocks", [None, 2000, 200])
 def test_a_mooncake_trace_implies_the_hit_rate_counted_independently(capacity_blocks):
-    path = SHARED_TRACES / "mooncake_conversation_trace.jsonl"
-    with path.open() as handle:
+    with open_trace(trace_path("mooncake-conversation")) as handle:
         rows = [json.loads(next(handle)) for _ in range(3000)]
     requests = [(row["input_length"], tuple(row["hash_ids"])) for row in rows]
     got = implied_hit_rate(requests, capacity_blocks)

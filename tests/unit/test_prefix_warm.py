@@ -1,10 +1,10 @@
-"""What a warmed pool holds when the window begins (model/prefix_warm.py): the window's past replayed through an LRU
-of the pool's capacity, kept to the blocks the window will look up, as writes of consecutive chain blocks."""
+"""What a warmed pool holds when the window begins (flows/tier/prefix_warm.py): the window's past replayed through an
+LRU of the pool's capacity, kept to the blocks the window will look up, as writes of consecutive chain blocks."""
 
 from __future__ import annotations
 
-from kvtransit.model.prefix import BLOCK_TOKENS
-from kvtransit.model.prefix_warm import WarmPut, warm_plan
+from kvtransit.flows.tier.prefix import BLOCK_TOKENS
+from kvtransit.flows.tier.prefix_warm import WarmPut, warm_plan
 
 B = BLOCK_TOKENS
 

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 from ml_dtypes import bfloat16
 
-from kvtransit.agents.common.process import Address
 from kvtransit.agents.loadgen.model_accuracy_report import model_accuracy_block, model_accuracy_errors
-from kvtransit.agents.loadgen.report_text import model_accuracy_line
 from kvtransit.agents.prefill.agent import PrefillAgent
+from kvtransit.agents.process import Address
 from kvtransit.kernels.chunk_rows import decoded_layers
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.kv_scale import KvLayout
 from kvtransit.model.scenario import Scenario
 from kvtransit.realmodel import live
+from kvtransit.report.text import model_accuracy_line
 from kvtransit.runtime.clock import ManualClock
 from kvtransit.wire.events import Request
 
@@ -153,7 +153,7 @@ def test_up_without_the_extra_says_what_to_install_before_starting_anything(tmp_
 
 
 def test_a_cluster_render_refuses_real_kv_naming_what_its_pods_lack():
-    from kvtransit.emulator.k8s.scenario_configmap import refuse_host_files
+    from kvtransit.harness.deploy.k8s.scenario_configmap import refuse_host_files
 
     with pytest.raises(ConfigError, match=r"--kv-sample real: kvtransit k8s render runs in pods, whose image has no "
                                           r"real-model extra"):
@@ -161,8 +161,8 @@ def test_a_cluster_render_refuses_real_kv_naming_what_its_pods_lack():
 
 
 def test_the_precision_test_judges_a_lossy_kernel_by_the_live_reading_when_every_request_was_read():
-    from kvtransit.agents.loadgen.report import live_task_loss
-    from kvtransit.model.five_tests import PrecisionMeasured, precision_test
+    from kvtransit.model.judge.five_tests import PrecisionMeasured, precision_test
+    from kvtransit.report.build import live_task_loss
 
     scenario = Scenario(kv_sample="real", accuracy="model", real_kv_requests=1, codec="freq-keep-k")
     sums = {"scored": 32, "nll_reference": 64.0, "nll": 66.0, "kl": 1.6, "agree": 28, "k_err2": 1.0, "k_ref2": 100.0,

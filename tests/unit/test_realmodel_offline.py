@@ -16,7 +16,7 @@ from kvtransit.agents.common.kv_frames import row_slices
 from kvtransit.kernels.bandkeep import layout_for
 from kvtransit.kernels.page_scoring import page_representatives
 from kvtransit.kernels.registry import get_codec
-from kvtransit.model.task_accuracy import codec_key
+from kvtransit.model.judge.task_accuracy import codec_key
 from kvtransit.realmodel import kv_codecs, needle, texts
 from kvtransit.realmodel.errors import RealModelError
 

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from kvtransit.agents.common.remote_context import (
+from kvtransit.flows.selection.remote_class import RemoteLegs, in_remote_class, leg_s, legs_model_s
+from kvtransit.flows.selection.remote_context import (
     BF16,
     LegError,
     RemoteContexts,
@@ -21,9 +22,8 @@ from kvtransit.agents.common.remote_context import (
     unpack_ids,
 )
 from kvtransit.kernels.selection import PageSummaries, page_summaries, top_k_pages
+from kvtransit.model.catalog.links import link_by_name
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import link_by_name
-from kvtransit.model.remote_kv import RemoteLegs, in_remote_class, leg_s, legs_model_s
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.scenario_text import field_from_text
 
@@ -214,7 +214,7 @@ def test_remote_shapes_follow_the_scaled_layout():
 
 
 def test_a_sweep_row_carries_the_remote_legs_and_each_class_tpot():
-    from kvtransit.emulator.sweep_runner import _remote_kv_columns
+    from kvtransit.harness.studies.sweep.runner import _remote_kv_columns
 
     block = {"select": "top-k", "budget": 0.0625, "legs_s": {"measured": 0.021, "model": 0.020},
              "summary_bytes": {"measured": 1e8}, "page_bytes": {"measured": 2e8},
@@ -228,7 +228,7 @@ def test_a_sweep_row_carries_the_remote_legs_and_each_class_tpot():
 
 @pytest.mark.parametrize("scale,fixed", [("auto", "at a fixed --scale 1/256"), (1 / 256, None)])
 def test_slow_legs_under_the_auto_scale_are_told_to_dilate_at_a_fixed_scale(scale, fixed):
-    from kvtransit.agents.loadgen.fidelity_report import fidelity_block
+    from kvtransit.report.fidelity import fidelity_block
 
     scenario = Scenario(**REMOTE, link="eth-100g", scale=scale)
     decode = {"role": "decode", "name": "decode-0", "remote_kv": {"ratio_median": 1.3, "idle_link_steps": 9}}

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvtransit.agents.loadgen.report import build_report
-from kvtransit.agents.loadgen.report_text import headline
-from kvtransit.model.fidelity import prescribed_handoff_s
+from kvtransit.model.judge.fidelity import prescribed_handoff_s
+from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import RequestRecord
+from kvtransit.report.build import build_report
+from kvtransit.report.text import headline
 
 SCENARIO = Scenario(codec="none", scale=0.0625, requests=10)  # eth-25g shaped to 195 MB/s, dilation 1
 PROMPT = 2048

@@ -9,14 +9,14 @@ from datetime import datetime
 
 import pytest
 
-from kvtransit.agents.loadgen import report_figures as series
-from kvtransit.agents.loadgen.report import build_report, write_report
-from kvtransit.agents.loadgen.report_plots import FIGURE_FILES, PLOTS_MISSING, figures_dir
 from kvtransit.cli import build_parser
 from kvtransit.cli.up import RUNS_DIR, default_report_path
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import RequestRecord
+from kvtransit.report import figures as series
+from kvtransit.report.build import build_report, write_report
+from kvtransit.report.plots import FIGURE_FILES, PLOTS_MISSING, figures_dir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

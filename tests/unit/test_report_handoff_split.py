@@ -7,13 +7,13 @@ import math
 
 import pytest
 
-from kvtransit.agents.loadgen.report import build_report
-from kvtransit.agents.loadgen.report_text import headline
-from kvtransit.emulator.sweep_report import markdown_tables
-from kvtransit.emulator.sweep_runner import METRIC_COLUMNS, row_from_report
-from kvtransit.model import fidelity
+from kvtransit.harness.studies.sweep.report import markdown_tables
+from kvtransit.harness.studies.sweep.runner import METRIC_COLUMNS, row_from_report
+from kvtransit.model.judge import fidelity
+from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import RequestRecord
+from kvtransit.report.build import build_report
+from kvtransit.report.text import headline
 
 N, PROMPT = 10, 2048
 WHOLE = Scenario(codec="none", scale=0.0625, requests=N)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvtransit.agents.loadgen.report_text import headline, offered_load_line, scale_note, to_markdown
 from kvtransit.cli.up import run_preamble
 from kvtransit.model.scenario import Scenario
+from kvtransit.report.text import headline, offered_load_line, scale_note, to_markdown
 
 
 def _report(scenario: Scenario, workload: dict | None = None) -> dict:
@@ -60,7 +60,7 @@ def test_up_warns_before_it_starts_when_the_workload_overloads_the_model(tmp_pat
 
 
 def test_the_report_records_the_offered_load_it_warned_with():
-    from kvtransit.agents.loadgen.report import build_report
+    from kvtransit.report.build import build_report
 
     scenario = Scenario(requests=10)
     report = build_report(scenario, [], [], run_wall_s=1.0, tokens_delivered=0)

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from kvtransit.agents.loadgen.report import build_report, handoff_verdict, write_report
-from kvtransit.agents.loadgen.report_text import headline, to_markdown
 from kvtransit.cli import main
+from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import RequestRecord
+from kvtransit.report.build import build_report, handoff_verdict, write_report
+from kvtransit.report.text import headline, to_markdown
 
 SCENARIO = Scenario(codec="freq-keep-k", compress_at="transit", scale=0.0625)
 

@@ -1,4 +1,4 @@
-"""A ring rank's blocks and the codec on its links (agents/ring/blocks.py): the sample split as the offline
+"""A ring rank's blocks and the codec on its links (flows/ring/blocks.py): the sample split as the offline
 measure splits it, real encoded bytes, fresh analogue noise every hop, and a block that is not this ring's is
 refused with what was wrong."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvtransit.agents.ring.blocks import BlockError, LinkCodec, RingKV
 from kvtransit.cli.accuracy import default_sample_path
+from kvtransit.flows.ring.blocks import BlockError, LinkCodec, RingKV
 from kvtransit.kernels.ring_attention import block_bounds
 
 SAMPLE = str(default_sample_path())

@@ -1,21 +1,21 @@
-"""Ring attention inside `kvtransit up` (issue 18 part 4, model/ring_class.py): the class rule, the model of a ring
+"""Ring attention inside `kvtransit up` (issue 18 part 4, flows/ring/ring_class.py): the class rule, the model of a ring
 request's prefill, the scenario's rules, the queue that keeps a ring request alone and the step plan it gets."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvtransit.agents.ring.blocks import SyntheticRingKV
-from kvtransit.agents.ring.group import order_frame, rank_plan, read_order, ring_blocks
-from kvtransit.model.cost import STEP_OVERHEAD_S, StepWork, prefill_work_cached, step_energy_j, step_time
+from kvtransit.flows.ring.blocks import SyntheticRingKV
+from kvtransit.flows.ring.group import order_frame, rank_plan, read_order, ring_blocks
+from kvtransit.flows.ring.model import hop
+from kvtransit.flows.ring.ring_class import in_ring_class, rest_of_prompt_s, ring_prefill, with_ring_prompts
+from kvtransit.flows.selection.remote_class import in_remote_class
+from kvtransit.model.cost.roofline import STEP_OVERHEAD_S, StepWork, prefill_work_cached, step_energy_j, step_time
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.prefill_plan import BatchEntry, plan_prefill_step
-from kvtransit.model.remote_kv import in_remote_class
-from kvtransit.model.ring import hop
-from kvtransit.model.ring_class import in_ring_class, rest_of_prompt_s, ring_prefill, with_ring_prompts
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.serving import PrefillQueue, ServingRequest
-from kvtransit.model.workload import RequestSpec
+from kvtransit.model.serving.policies import PrefillQueue, ServingRequest
+from kvtransit.model.serving.prefill_plan import BatchEntry, plan_prefill_step
+from kvtransit.model.serving.workload import RequestSpec
 
 RING = dict(ring_share=0.25, ring_ranks=4, ring_prompt=32768, codec="none")
 
@@ -150,7 +150,7 @@ def test_a_ring_requests_step_is_the_rings_plan_and_its_whole_prompts_energy():
 
 
 def test_a_sweep_row_carries_the_rings_headline_figures():
-    from kvtransit.emulator.sweep_runner import _ring_columns
+    from kvtransit.harness.studies.sweep.runner import _ring_columns
 
     block = {"ranks": 4, "link": "eth-25g", "attention_s": {"measured": 1.1, "model": 1.0},
              "ttft_ms": {"ring": {"p50": 1500.0}, "other": None}}
@@ -168,8 +168,8 @@ def test_a_ring_request_whose_prompt_is_not_the_rings_is_refused_by_its_step_pla
 
 
 def test_the_testbeds_with_one_process_a_prefill_refuse_a_ring_class_with_the_way_to_run_it():
-    from kvtransit.emulator.k8s.scenario_configmap import refuse_host_files
-    from kvtransit.emulator.swarm.stack import refusal
+    from kvtransit.harness.deploy.k8s.scenario_configmap import refuse_host_files
+    from kvtransit.harness.deploy.swarm.stack import refusal
 
     scenario = Scenario(**RING)
     with pytest.raises(ConfigError, match=r"ring-share.*kvtransit up"):
@@ -178,7 +178,7 @@ def test_the_testbeds_with_one_process_a_prefill_refuse_a_ring_class_with_the_wa
 
 
 def test_the_offered_load_counts_a_ring_request_as_its_whole_ring_prefill():
-    from kvtransit.model.offered_load import offered_vs_capacity, prefill_share_s
+    from kvtransit.model.serving.offered_load import offered_vs_capacity, prefill_share_s
 
     scenario = Scenario(**RING)
     specs = with_ring_prompts([RequestSpec(i, i * 0.5, 512, 16) for i in range(40)], scenario.seed, 0.25, 32768)
@@ -191,8 +191,8 @@ def test_the_offered_load_counts_a_ring_request_as_its_whole_ring_prefill():
 
 
 def test_a_lossless_hop_forwards_the_very_bytes_a_decode_and_re_encode_would_make():
-    """Why a rank with no codec and nothing to keep forwards a block as it came (agents/ring/rank.py)."""
-    from kvtransit.agents.ring.blocks import LinkCodec
+    """Why a rank with no codec and nothing to keep forwards a block as it came (flows/ring/rank.py)."""
+    from kvtransit.flows.ring.blocks import LinkCodec
 
     codec = LinkCodec("none")
     block = ring_blocks(Scenario(**RING, scale=1 / 64, dilation=8.0)).block(2, 0)

@@ -1,6 +1,6 @@
-"""What a live ring attention run holds and sends (emulator/ring_run.py: plan_ring), before any process starts:
+"""What a live ring attention run holds and sends (flows/ring/run.py: plan_ring), before any process starts:
 the model's hop and prompt, the effective scale of the sample's blocks, where the codec runs, when time is
-dilated; bad rings are one line (cli/ring.py)."""
+dilated; bad rings are one line (flows/ring/cli.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import pytest
 
 from kvtransit.cli import main
 from kvtransit.cli.accuracy import default_sample_path
-from kvtransit.emulator.ring_run import RUNS_NOWHERE, RUNS_ON_GPU, RUNS_ON_TRANSIT, plan_ring
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.devices import DEVICES
+from kvtransit.flows.ring.model import block_bytes, hop, layer_s
+from kvtransit.flows.ring.run import RUNS_NOWHERE, RUNS_ON_GPU, RUNS_ON_TRANSIT, plan_ring
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import LINKS
-from kvtransit.model.module import Module, Policy
-from kvtransit.model.ring import block_bytes, hop, layer_s
+from kvtransit.model.module.budget import Module, Policy
 
 LLAMA8, H100 = MODELS["llama3-8b"], DEVICES["h100"]
 SAMPLE = str(default_sample_path())

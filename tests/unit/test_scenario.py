@@ -8,17 +8,17 @@ import dataclasses
 import pytest
 
 from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
-from kvtransit.model.catalog import model_by_name
+from kvtransit.harness.studies.sweep.plan import Grid, parse_value
+from kvtransit.model.catalog.links import link_by_name
+from kvtransit.model.catalog.models import model_by_name
+from kvtransit.model.cost.handoff import handoff
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.handoff import handoff
 from kvtransit.model.kv_scale import HOST_BUDGET_BPS, auto_channels_and_dilation, scaled_layout
-from kvtransit.model.link_catalog import link_by_name
-from kvtransit.model.module import Module, Policy
-from kvtransit.model.prefill_plan import BatchEntry, plan_prefill_step
+from kvtransit.model.module.budget import Module, Policy
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.scenario_text import field_from_text
-from kvtransit.model.sweep_plan import Grid, parse_value
-from kvtransit.model.workload import generate
+from kvtransit.model.serving.prefill_plan import BatchEntry, plan_prefill_step
+from kvtransit.model.serving.workload import generate
 
 
 def test_defaults_are_the_issues():

@@ -1,24 +1,24 @@
-"""What a live selection run holds and sends (emulator/selection_run.py: plan_selection) and the bytes of each leg
-(agents/selection/context.py), before any process starts: the model's step, where the scoring runs, the effective
-scale, the model at the bytes moved; bad input is one line (cli/select.py)."""
+"""What a live selection run holds and sends (flows/selection/run.py: plan_selection) and the bytes of each leg
+(flows/selection/context.py), before any process starts: the model's step, where the scoring runs, the effective
+scale, the model at the bytes moved; bad input is one line (flows/selection/cli.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kvtransit.agents.selection.context import LegError, RemoteContext
 from kvtransit.cli import main
 from kvtransit.cli.accuracy import default_sample_path
-from kvtransit.emulator.selection_run import plan_selection
+from kvtransit.flows.selection.context import LegError, RemoteContext
+from kvtransit.flows.selection.model import MODULE_LOW, SelectionStep
+from kvtransit.flows.selection.run import plan_selection
 from kvtransit.kernels.selection import group_scores, rank_pages, select_pages
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.cost import decode_step_s
-from kvtransit.model.devices import DEVICES
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
+from kvtransit.model.cost.roofline import decode_step_s
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import LINKS
-from kvtransit.model.module import Module, Policy
-from kvtransit.model.selection import MODULE_LOW, SelectionStep
+from kvtransit.model.module.budget import Module, Policy
 
 LLAMA8, H100, ETH100 = MODELS["llama3-8b"], DEVICES["h100"], LINKS["eth-100g"]
 SAMPLE = str(default_sample_path())

@@ -1,4 +1,4 @@
-"""How slow a serial flow runs (model/kv_scale.py: serial_dilation; agents/common/serial_dilation.py: plan): the
+"""How slow a serial flow runs (model/kv_scale.py: serial_dilation; flows/ciphertext/serial_dilation.py: plan): the
 host's measured cost of an event held to a share of the event's modelled link time."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from kvtransit.agents.common.serial_dilation import SERIAL_SHARE, dilation_arg, plan
+from kvtransit.flows.ciphertext.serial_dilation import SERIAL_SHARE, dilation_arg, plan
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.kv_scale import serial_dilation
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.serving import (
+from kvtransit.model.serving.policies import (
     MAX_DECODE_BATCH,
     PREFILL_BATCH_TOKEN_LIMIT,
     DecodeBatcher,

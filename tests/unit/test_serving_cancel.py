@@ -1,10 +1,10 @@
-"""Withdrawing a request whose client went away, in the pure serving policies (model/serving.py): out of a
+"""Withdrawing a request whose client went away, in the pure serving policies (model/serving/policies.py): out of a
 prefill queue (whole prompts or chunked) before its step, out of the decode batch with its KV reservation freed."""
 
 from __future__ import annotations
 
-from kvtransit.model.prefill_plan import ChunkedPrefillQueue
-from kvtransit.model.serving import DecodeBatcher, PrefillQueue, ServingRequest
+from kvtransit.model.serving.policies import DecodeBatcher, PrefillQueue, ServingRequest
+from kvtransit.model.serving.prefill_plan import ChunkedPrefillQueue
 
 
 def test_a_cancelled_queued_prompt_leaves_the_queue_with_its_tokens_and_the_rest_keep_their_order():

@@ -9,14 +9,14 @@ import pytest
 from ml_dtypes import bfloat16
 
 from kvtransit.agents.common import kv_frames
-from kvtransit.agents.common.process import parse_address, parse_addresses, parse_ready_line
 from kvtransit.agents.decode.accuracy_sample import AccuracyMeter
 from kvtransit.agents.decode.link_meter import LinkMeter
-from kvtransit.agents.loadgen.report import REPORT_KEYS, build_report, write_report
-from kvtransit.agents.loadgen.report_text import to_markdown
+from kvtransit.agents.process import parse_address, parse_addresses, parse_ready_line
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import RequestRecord
+from kvtransit.report.build import REPORT_KEYS, build_report, write_report
+from kvtransit.report.text import to_markdown
 
 
 def test_row_slices_keep_whole_token_rows_and_respect_the_chunk_bound():

@@ -1,4 +1,4 @@
-"""The ciphertext flows' link (agents/common/shaped_stream.py) on a ManualClock: each message reaches the socket
+"""The ciphertext flows' link (runtime/shaped_stream.py) on a ManualClock: each message reaches the socket
 when the link model says, latency + its serialisation, queued FIFO behind the one before it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from kvtransit.agents.common.shaped_stream import ShapedStreamWriter
 from kvtransit.runtime.clock import ManualClock
+from kvtransit.runtime.shaped_stream import ShapedStreamWriter
 
 
 async def test_messages_arrive_at_latency_plus_bytes_over_rate_fifo():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.slo import (
+from kvtransit.model.judge.slo import (
     TPOT_SLO_S,
     TTFT_SLO_S,
     Outcome,

@@ -2,7 +2,7 @@
 (kvpool and Grafana excepted: a compose profile, and a registry image), each with the same image, command,
 environment, sysctls, healthcheck, init, capabilities, volumes and networks; plus what a stack needs and compose
 has not (deploy: dnsrr, placement by role label, the load generator held at 0 replicas), and none of what a stack
-refuses. The names `kvtransit swarm` drives the stack by (emulator/swarm/stack.py) are the file's.
+refuses. The names `kvtransit swarm` drives the stack by (harness/deploy/swarm/stack.py) are the file's.
 
 Where the Docker CLI has `docker stack config` (CLI 23+, client-side: no engine), its own stack loader reads the file
 and must give every agent the scenario `kvtransit swarm run` sets; tests/system/test_swarm_stack.py deploys it.
@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from kvtransit.cli import build_parser
-from kvtransit.emulator.swarm.stack import CLIENT, NETWORKS, PLACEMENT, SERVING, constraint, stack_env
+from kvtransit.harness.deploy.swarm.stack import CLIENT, NETWORKS, PLACEMENT, SERVING, constraint, stack_env
 from kvtransit.model.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[2]

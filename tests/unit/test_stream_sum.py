@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kvtransit.kernels import KernelInputError
 from kvtransit.kernels.stream_sum import BF16, declaration, ops_per_input_byte, sum_streams
-from kvtransit.model.module import MODULE_BUDGETS, Module, Verdict, budget_check
+from kvtransit.model.module.budget import MODULE_BUDGETS, Module, Verdict, budget_check
 
 EXAMPLES = settings(max_examples=80, deadline=None)
 # Finite values well inside BF16's range (max ≈ 3.4e38), so no partial sum overflows; subnormals included.

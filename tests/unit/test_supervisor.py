@@ -1,6 +1,6 @@
 """The supervisor restarts a child on the ports it first announced."""
 
-from kvtransit.emulator.supervisor import pinned_argv
+from kvtransit.harness.up.supervisor import pinned_argv
 
 
 def test_a_restart_pins_every_listening_flag_to_the_announced_port_and_keeps_the_host():

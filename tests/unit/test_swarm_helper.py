@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from kvtransit.cli import main
-from kvtransit.emulator.swarm.docker_cli import DockerFailed, docker, last_line
-from kvtransit.emulator.swarm.errors import SwarmUnavailable
-from kvtransit.emulator.swarm.preflight import check_swarm
-from kvtransit.emulator.swarm.stack import (
+from kvtransit.harness.deploy.swarm.docker_cli import DockerFailed, docker, last_line
+from kvtransit.harness.deploy.swarm.errors import SwarmUnavailable
+from kvtransit.harness.deploy.swarm.preflight import check_swarm
+from kvtransit.harness.deploy.swarm.stack import (
     CAP_ADD_API,
     PLACEMENT,
     Node,
@@ -146,8 +146,8 @@ class _FakeDocker:
 
 
 def test_a_network_left_in_use_by_a_stopping_task_is_removed_once_the_tasks_are_gone(monkeypatch):
-    from kvtransit.emulator.swarm import stack_run
-    from kvtransit.emulator.swarm.stack import network_names
+    from kvtransit.harness.deploy.swarm import stack_run
+    from kvtransit.harness.deploy.swarm.stack import network_names
 
     stack = "kvtransitabc123"
     fake = _FakeDocker(stack, network_names(stack)[0])
@@ -160,7 +160,7 @@ def test_a_network_left_in_use_by_a_stopping_task_is_removed_once_the_tasks_are_
 
 
 def test_any_other_removal_failure_is_raised(monkeypatch):
-    from kvtransit.emulator.swarm import stack_run
+    from kvtransit.harness.deploy.swarm import stack_run
 
     def failing(args, *, env=None, timeout_s=0.0) -> str:
         raise DockerFailed("`docker stack rm s` exited 1: permission denied")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.emulator.sweep_report import PLOT_FILES, markdown_tables, write_plots
-from kvtransit.emulator.sweep_runner import (
+from kvtransit.harness.studies.sweep.plan import Grid, bisect_goodput, parse_axis, preset, preset_emulation
+from kvtransit.harness.studies.sweep.report import PLOT_FILES, markdown_tables, write_plots
+from kvtransit.harness.studies.sweep.runner import (
     METRIC_COLUMNS,
     ResultsStore,
     row_from_report,
@@ -20,7 +21,6 @@ from kvtransit.emulator.sweep_runner import (
 )
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.sweep_plan import Grid, bisect_goodput, parse_axis, preset, preset_emulation
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -85,14 +85,14 @@ def test_tier_deck_preset_is_the_tier_at_the_decks_size_from_a_warmed_pool():
     for _, s in points:
         assert (s.model, s.context_cap, s.kv_pool, s.pool_warm, s.trace_start) == \
             ("llama3-70b", 32768, "pool", "trace", 5000)
-        assert s.trace.endswith("mooncake_conversation_trace.jsonl") and s.effective_dilation == 3.0
+        assert s.trace == "mooncake-conversation" and s.effective_dilation == 3.0
         # Half the channels the other presets give the link, at least one (the sweep_plan comment says why).
         half = max(1, round(preset_emulation(s.link, "llama3-70b")["scale"] * 1024) // 2)
         assert s.effective_scale == half / 1024
 
 
 def test_a_trace_points_load_is_its_windows_replayed_rate_not_the_unused_rate_field(tmp_path):
-    from kvtransit.emulator.sweep_runner import offered_rate
+    from kvtransit.harness.studies.sweep.runner import offered_rate
 
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps({"timestamp": 1000 * k, "input_length": 600, "output_length": 4,
@@ -148,7 +148,7 @@ def test_bisection_rejects_a_bad_bracket():
 
 
 def _row(key: str, scenario: Scenario, **metrics) -> dict:
-    from kvtransit.emulator.sweep_runner import _parameters
+    from kvtransit.harness.studies.sweep.runner import _parameters
 
     values = dict(link_busy=0.3, handoff_p99_ms=90.0, ttft_p99_ms=200.0, tpot_p99_ms=10.0, slo_attainment=1.0,
                   goodput_rps=scenario.rate, j_per_token=0.2, wire_bytes=1e9, faithful=True)
@@ -285,7 +285,7 @@ def test_the_sweep_command_places_points_as_up_does_by_default():
     import argparse
 
     from kvtransit.cli import sweep, up
-    from kvtransit.emulator.sweep_runner import PointRunner
+    from kvtransit.harness.studies.sweep.runner import PointRunner
 
     parser = argparse.ArgumentParser()
     subparsers = parser.add_subparsers()

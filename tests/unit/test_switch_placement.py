@@ -14,17 +14,17 @@ import pytest
 
 from kvtransit.agents.middlebox.app import Middlebox
 from kvtransit.agents.middlebox.control import register_control_routes
-from kvtransit.agents.switch.kernel_check import check_switch_kernel, placement_refusal
-from kvtransit.agents.switch.process import SwitchConfig
 from kvtransit.cli import main
-from kvtransit.emulator.collective_run import plan_collective, switch_argv
+from kvtransit.flows.tp.run import plan_collective, switch_argv
+from kvtransit.flows.tp.switch.kernel_check import check_switch_kernel, placement_refusal
+from kvtransit.flows.tp.switch.process import SwitchConfig
 from kvtransit.kernels.stream_sum import declaration as sum_declaration
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.devices import DEVICES
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.kernel_file import load_kernel_declaration
-from kvtransit.model.link_catalog import LINKS
-from kvtransit.model.module import Module, Verdict
+from kvtransit.model.module.budget import Module, Verdict
+from kvtransit.model.module.kernel_file import load_kernel_declaration
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.http import HttpServer
 

@@ -1,4 +1,4 @@
-"""The switch's bookkeeping, sans-IO (agents/switch/reducer.py): exact sums, one collective at a time, unknown
+"""The switch's bookkeeping, sans-IO (flows/tp/switch/reducer.py): exact sums, one collective at a time, unknown
 groups and steps rejected with a reason, the kernel judged against the module and its energy charged."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvtransit.agents.collective.payloads import Payloads
-from kvtransit.agents.switch.reducer import GroupReducer, Rejected
-from kvtransit.model.module import Module, Verdict
+from kvtransit.flows.tp.rank.payloads import Payloads
+from kvtransit.flows.tp.switch.reducer import GroupReducer, Rejected
+from kvtransit.model.module.budget import Module, Verdict
 
 
 def _feed(reducer: GroupReducer, payloads: Payloads, step: int, collective: int, due_ns: int = 0):
@@ -81,7 +81,7 @@ def test_payloads_sum_exactly_in_bf16_for_every_group_size():
 
 
 def test_the_blocked_sum_is_the_kernels_sum_bit_for_bit():
-    from kvtransit.agents.switch.reducer import SUM_BLOCK_VALUES, blocked_sum
+    from kvtransit.flows.tp.switch.reducer import SUM_BLOCK_VALUES, blocked_sum
     from kvtransit.kernels.stream_sum import BF16, sum_streams
 
     rng = np.random.default_rng(7)

@@ -1,4 +1,4 @@
-"""What `kvtransit up` starts for a TP group (emulator/tp_groups.py): its followers' and switch's command lines, the
+"""What `kvtransit up` starts for a TP group (flows/tp/processes.py): its followers' and switch's command lines, the
 leader's `--tp-group`, distinct group ids per role and instance, and the one-line refusal of groups this host cannot
 start."""
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from kvtransit.agents.tp_group.leader import LeaderConfig
-from kvtransit.agents.tp_group.orders import FollowerConfig
-from kvtransit.emulator import tp_groups
+from kvtransit.flows.tp import processes as tp_groups
+from kvtransit.flows.tp.group.leader import LeaderConfig
+from kvtransit.flows.tp.group.orders import FollowerConfig
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
 
@@ -23,7 +23,7 @@ def test_each_role_and_instance_has_its_own_group():
 def test_a_followers_config_is_the_scaled_scaleup_link_and_names_its_leader():
     s = Scenario(prefill_tp=4, dilation=2.0, scale=1 / 64)
     argv = tp_groups.follower_argv(s, "prefill", 1, 3)
-    assert argv[1:4] == ["-m", "kvtransit.agents.tp_group", "--config"]
+    assert argv[1:4] == ["-m", "kvtransit.flows.tp.group", "--config"]
     config = FollowerConfig(**json.loads(argv[4]))
     assert (config.group, config.rank, config.size, config.mode, config.leader) == (1002, 3, 4, "ring", "prefill-1")
     assert config.rate_Bps == pytest.approx(s.scaled_scaleup_link.bandwidth_Bps)

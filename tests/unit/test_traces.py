@@ -1,4 +1,4 @@
-"""Trace parsing and replay (model/traces.py), the trace and SLO scenario fields, and `--goodput`."""
+"""Trace parsing and replay (model/serving/traces.py), the trace and SLO scenario fields, and `--goodput`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from kvtransit.agents.loadgen.workload_source import load_trace, requests_for, workload_description
 from kvtransit.cli.scenario_flags import add_scenario_args, parse_goodput, scenario_from_args
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import RequestRecord
-from kvtransit.model.traces import TraceError, TraceRecord, detect_format, parse_azure, parse_mooncake, replay
+from kvtransit.model.serving.traces import TraceError, TraceRecord, detect_format, parse_azure, parse_mooncake, replay
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 

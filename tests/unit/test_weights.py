@@ -1,15 +1,11 @@
-"""Weights and LoRA adapters as a flow (model/weights.py, REFERENCE §1, §7), and the lossless rule on them
-(model/module.py: flow_check). Every expected figure is computed by hand in the test's comment."""
+"""Weights and LoRA adapters as a flow (flows/weights/model.py, REFERENCE §1, §7), and the lossless rule on them
+(model/module/budget.py: flow_check). Every expected figure is computed by hand in the test's comment."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvtransit.model.catalog import model_by_name
-from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import link_by_name
-from kvtransit.model.module import KernelDeclaration, flow_check
-from kvtransit.model.weights import (
+from kvtransit.flows.weights.model import (
     AdapterAccess,
     AdapterLru,
     AdapterShape,
@@ -19,6 +15,10 @@ from kvtransit.model.weights import (
     weight_bytes,
     weight_load,
 )
+from kvtransit.model.catalog.links import link_by_name
+from kvtransit.model.catalog.models import model_by_name
+from kvtransit.model.errors import ConfigError
+from kvtransit.model.module.budget import KernelDeclaration, flow_check
 
 
 def test_llama3_8b_weights_are_reference_16_06_gb_and_load_over_pcie5_in_0_25_s():

@@ -1,22 +1,22 @@
 """Weight streaming's live parts before any process starts: the model of an instance serving requests one at a time
-(model/weights.py: serve_adapter_requests, pull_s), what a run holds and sends (emulator/weights_run.py:
-plan_weights), the lossless kernels (agents/weights/content.py); a lossy kernel is refused with the reason."""
+(flows/weights/model.py: serve_adapter_requests, pull_s), what a run holds and sends (flows/weights/run.py:
+plan_weights), the lossless kernels (flows/weights/content.py); a lossy kernel is refused with the reason."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvtransit.agents.weights import content
-from kvtransit.agents.weights.content import BlobError, LosslessKernel
 from kvtransit.cli import main
-from kvtransit.emulator.weights_run import plan_weights
-from kvtransit.model.catalog import MODELS
-from kvtransit.model.cost import prefill_step_s
-from kvtransit.model.devices import DEVICES
+from kvtransit.flows.weights import content
+from kvtransit.flows.weights.content import BlobError, LosslessKernel
+from kvtransit.flows.weights.model import AdapterShape, pull_s, serve_adapter_requests
+from kvtransit.flows.weights.run import plan_weights
+from kvtransit.model.catalog.devices import DEVICES
+from kvtransit.model.catalog.links import LINKS
+from kvtransit.model.catalog.models import MODELS
+from kvtransit.model.cost.roofline import prefill_step_s
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import LINKS
-from kvtransit.model.module import Policy
-from kvtransit.model.weights import AdapterShape, pull_s, serve_adapter_requests
+from kvtransit.model.module.budget import Policy
 
 LLAMA8, H100, ETH25 = MODELS["llama3-8b"], DEVICES["h100"], LINKS["eth-25g"]
 

@@ -1,4 +1,4 @@
-"""The collective frames (wire/collective.py): a round trip field by field, split anywhere, and bad bytes named."""
+"""The collective frames (wire/group.py): a round trip field by field, split anywhere, and bad bytes named."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from kvtransit.wire.collective import (
+from kvtransit.wire.group import (
     HEADER_SIZE,
     MAX_REASON,
     CollectiveFrameError,

@@ -2,5 +2,5 @@
 (and `common/`, what several of them share).
 
 Each is started by its `kvtransit <role>` subcommand and knows only its peers' addresses; what starts, places,
-supervises and judges them is the harness, `kvtransit.emulator`, which no agent imports.
+supervises and judges them is the harness, `kvtransit.harness`, which no agent imports.
 """

@@ -10,17 +10,17 @@ import argparse
 import importlib
 import sys
 
-from ._common import user_errors
+from kvtransit.cli._common import user_errors
 
 # Subcommand modules under kvtransit.cli, in the order `--help` lists them.
 SUBCOMMANDS: tuple[str, ...] = (
     "calc",
     "kernels",
     "cost",
-    "collective",
-    "ring",
-    "select",
-    "weights",
+    "kvtransit.flows.tp.cli",
+    "kvtransit.flows.ring.cli",
+    "kvtransit.flows.selection.cli",
+    "kvtransit.flows.weights.cli",
     "accuracy",
     "links",
     "up",
@@ -36,8 +36,8 @@ SUBCOMMANDS: tuple[str, ...] = (
     "decode",
     "loadgen",
     "frontend",
-    "kvpool",
-    "prefix_hits",
+    "kvtransit.flows.tier.cli",
+    "kvtransit.flows.tier.cli_prefix_hits",
 )
 
 
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     sub.required = True
     for name in SUBCOMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+        importlib.import_module(name if "." in name else f"{__name__}.{name}").register(sub)
     return parser
 
 

@@ -1,5 +1,5 @@
 import sys
 
-from . import main
+from kvtransit.cli import main
 
 sys.exit(main())

@@ -42,7 +42,7 @@ def setup_logging(level: str) -> None:
 
 def run_agent(args: argparse.Namespace, make_main) -> int:
     """Run `make_main()` → coroutine function(stop) until it returns or SIGINT/SIGTERM stops it."""
-    from kvtransit.agents.common.process import run_until_stopped
+    from kvtransit.agents.process import run_until_stopped
     from kvtransit.runtime.loop import run
 
     setup_logging(args.log_level)

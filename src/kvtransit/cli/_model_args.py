@@ -6,7 +6,7 @@ import argparse
 
 
 def add_model_flags(parser: argparse.ArgumentParser, default: str | None = "llama3-8b") -> None:
-    from kvtransit.model.catalog import MODELS
+    from kvtransit.model.catalog.models import MODELS
 
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--model", choices=sorted(MODELS), default=None,
@@ -18,7 +18,7 @@ def add_model_flags(parser: argparse.ArgumentParser, default: str | None = "llam
 
 
 def model_from_args(args: argparse.Namespace):
-    from kvtransit.model.catalog import ModelSpec, model_by_name
+    from kvtransit.model.catalog.models import ModelSpec, model_by_name
 
     if args.model_shape is not None:
         return ModelSpec.from_shape(args.model_shape)

@@ -32,7 +32,7 @@ Query-aware selection and ring attention (issue 18; numpy only, no extra):
     kvtransit accuracy --ring --markdown docs/results/ring.md
 
 `--results FILE` writes what was measured as JSON: `kvtransit verdict --accuracy-results FILE` judges a run's
-precision test by it (model/task_accuracy.py). `--markdown FILE` writes the tables as a results page.
+precision test by it (model/judge/task_accuracy.py). `--markdown FILE` writes the tables as a results page.
 
     kvtransit accuracy --end-to-end --needle --results docs/results/accuracy.json --markdown docs/results/accuracy.md
     kvtransit accuracy --end-to-end --windows gpl-3:0 --codecs none,fp8,freq-keep-k/dct/keep=0.5/sinks=4
@@ -45,7 +45,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from ._common import CliError, add_json_flag, print_json, print_table
+from kvtransit.paths import REPO
+
+from kvtransit.cli._common import CliError, add_json_flag, print_json, print_table
 
 SAMPLE_NAME = "smollm2_kv_sample.npz"
 # The codecs measured on the ring's links by default: the requantisers, and band-keep (FreqKV's keep 0.5, 4 sinks,
@@ -57,7 +59,7 @@ def default_sample_path() -> Path:
     here = Path("tests/data") / SAMPLE_NAME
     if here.exists():
         return here
-    return Path(__file__).resolve().parents[3] / "tests" / "data" / SAMPLE_NAME
+    return REPO / "tests" / "data" / SAMPLE_NAME
 
 
 def register(subparsers) -> None:
@@ -134,7 +136,7 @@ def run(args) -> int:
     if args.select or args.ring:
         if args.end_to_end or args.needle:
             raise CliError("--select/--ring run on the KV sample; run --end-to-end/--needle (the real model) apart")
-        from .accuracy_flows import run_flows
+        from kvtransit.cli.accuracy_flows import run_flows
 
         return run_flows(args)
     if args.end_to_end or args.needle:
@@ -234,7 +236,7 @@ def run_real_model(args) -> int:
 
 
 def _run_real_model(args, say) -> int:
-    from kvtransit.model.task_accuracy import KEYS_POST_ROPE
+    from kvtransit.model.judge.task_accuracy import KEYS_POST_ROPE
     from kvtransit.realmodel import kv_codecs, needle, report, texts
 
     context = texts.DEFAULT_CONTEXT if args.context is None else args.context

@@ -8,8 +8,8 @@ from __future__ import annotations
 import shlex
 import sys
 
-from ._common import CliError, print_json, print_table
-from .accuracy import RING_CODECS, fmt, load_kv, numbers, write_text
+from kvtransit.cli._common import CliError, print_json, print_table
+from kvtransit.cli.accuracy import RING_CODECS, fmt, load_kv, numbers, write_text
 
 NEEDLE_CONTEXTS: tuple[int, ...] = (1024, 4096, 16384, 65536)
 NEEDLE_TRIALS = 8

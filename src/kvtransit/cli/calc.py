@@ -10,17 +10,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import add_json_flag, print_json, print_table
-from ._model_args import add_model_flags, model_from_args
+from kvtransit.cli._common import add_json_flag, print_json, print_table
+from kvtransit.cli._model_args import add_model_flags, model_from_args
 
 MB = 1e6
 MS = 1e3
 
 
 def register(subparsers) -> None:
-    from kvtransit.model.codecs import CODEC_NAMES, DEFAULT_FP4_BLOCK, DEFAULT_KEEP
-    from kvtransit.model.link_catalog import LINKS
-    from kvtransit.model.module import MODULE_BUDGETS, Policy
+    from kvtransit.model.catalog.codecs import CODEC_NAMES, DEFAULT_FP4_BLOCK, DEFAULT_KEEP
+    from kvtransit.model.catalog.links import LINKS
+    from kvtransit.model.module.budget import MODULE_BUDGETS, Policy
 
     p = subparsers.add_parser("calc", help="hand-off size, transfer time and energy per link",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_reference_table(args: argparse.Namespace) -> int:
-    from kvtransit.model.catalog import model_by_name
-    from kvtransit.model.handoff import HANDOFF_TABLE_LINKS, HANDOFF_TABLE_MODELS, HANDOFF_TABLE_PROMPTS, handoff
-    from kvtransit.model.link_catalog import link_by_name
+    from kvtransit.model.catalog.links import link_by_name
+    from kvtransit.model.catalog.models import model_by_name
+    from kvtransit.model.cost.handoff import HANDOFF_TABLE_LINKS, HANDOFF_TABLE_MODELS, HANDOFF_TABLE_PROMPTS, handoff
 
     links = [link_by_name(name) for name in HANDOFF_TABLE_LINKS]
     records: list[dict[str, Any]] = []
@@ -84,11 +84,11 @@ def _run_reference_table(args: argparse.Namespace) -> int:
 
 
 def _run_custom(args: argparse.Namespace) -> int:
-    from kvtransit.model.codecs import DEFAULT_FP4_BLOCK, DEFAULT_KEEP, codec_declaration
+    from kvtransit.model.catalog.codecs import DEFAULT_FP4_BLOCK, DEFAULT_KEEP, codec_declaration
+    from kvtransit.model.catalog.links import link_by_name
+    from kvtransit.model.cost.handoff import HANDOFF_TABLE_LINKS, handoff, weight_load_s
     from kvtransit.model.errors import require_positive
-    from kvtransit.model.handoff import HANDOFF_TABLE_LINKS, handoff, weight_load_s
-    from kvtransit.model.link_catalog import link_by_name
-    from kvtransit.model.module import MODULE_BUDGETS, Module, Policy
+    from kvtransit.model.module.budget import MODULE_BUDGETS, Module, Policy
 
     model = model_from_args(args)
     prompt = args.prompt if args.prompt is not None else 2048

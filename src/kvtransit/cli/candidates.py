@@ -5,9 +5,10 @@
 
 Rows: kv-tier-fetch, kv-handoff, query-aware-selection, ring-attention, moe-all-to-all, tp-all-reduce,
 weight-streaming, fhe-inference, pq-key-exchange (`--only` picks some). Each row runs its flow for a few seconds
-(`emulator/candidates.py` says what runs and what is modelled), its five tests (bottleneck, operations, budget,
-precision, placement) are judged from the run, and one rule gives the verdict: candidate (all five pass), promising
-(one measured failure that one change of an unknown below fixes), not a candidate, or not run (an extra missing).
+(`harness/studies/candidates/run.py` says what runs and what is modelled), its five tests (bottleneck, operations,
+budget, precision, placement) are judged from the run, and one rule gives the verdict: candidate (all five pass),
+promising (one measured failure that one change of an unknown below fixes), not a candidate, or not run (an extra
+missing).
 
 The unknowns change the table the way REFERENCE §5's unknowns would: --module-budget (low 0.40, sim 1.6, high
 3.96, or a number of ops per line byte), --transform-charged (the transform counts against the budget),
@@ -23,7 +24,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ._common import CliError, add_json_flag, print_json, print_table
+from kvtransit.cli._common import CliError, add_json_flag, print_json, print_table
 
 
 def register(subparsers) -> None:
@@ -48,9 +49,9 @@ def register(subparsers) -> None:
 
 
 def unknowns_from_args(args: argparse.Namespace):
-    from kvtransit.model.candidates import Unknowns
+    from kvtransit.harness.studies.candidates.table import Unknowns
     from kvtransit.model.field_checks import module_budget
-    from kvtransit.model.module import MODULE_BUDGETS
+    from kvtransit.model.module.budget import MODULE_BUDGETS
 
     budget = module_budget(args.module_budget)
     value = MODULE_BUDGETS[budget] if isinstance(budget, str) else float(budget)
@@ -79,10 +80,10 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvtransit.emulator.candidates import default_sample_path, run_rows
-    from kvtransit.emulator.candidates_report import row_cells, table_json, unknowns_text, write_table
-    from kvtransit.model.candidate_verdicts import judge_table
-    from kvtransit.model.candidates import candidate_names
+    from kvtransit.harness.studies.candidates.report import row_cells, table_json, unknowns_text, write_table
+    from kvtransit.harness.studies.candidates.run import default_sample_path, run_rows
+    from kvtransit.harness.studies.candidates.table import candidate_names
+    from kvtransit.harness.studies.candidates.verdicts import judge_table
 
     names = candidate_names(args.only)  # every input checked before anything runs
     unknowns = unknowns_from_args(args)

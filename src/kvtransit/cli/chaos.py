@@ -20,8 +20,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from ._common import CliError, add_json_flag, print_json, print_table
-from .k8s import add_placement_flags, cluster_options
+from kvtransit.cli._common import CliError, add_json_flag, print_json, print_table
+from kvtransit.cli.k8s import add_placement_flags, cluster_options
 
 JSON_KEYS = ("scenario", "requests", "ok", "slo_miss", "failed", "lost", "duplicated", "cross_delivered", "recovery_s")
 
@@ -51,8 +51,8 @@ def run(args) -> int:
     import asyncio
     import sys
 
-    from kvtransit.emulator import chaos
-    from kvtransit.emulator.launcher import RunFailed
+    from kvtransit.harness.studies import chaos
+    from kvtransit.harness.up.launcher import RunFailed
 
     if args.list:
         print_table("chaos scenarios", ("scenario", "fault"),
@@ -108,9 +108,9 @@ def _seconds(value) -> str:
 
 
 def render(args) -> int:
-    from kvtransit.emulator import chaos
-    from kvtransit.emulator.k8s.chaos_mesh import CLUSTER_REQUESTS
-    from kvtransit.emulator.k8s.render import write_chaos
+    from kvtransit.harness.deploy.k8s.chaos_mesh import CLUSTER_REQUESTS
+    from kvtransit.harness.deploy.k8s.render import write_chaos
+    from kvtransit.harness.studies import chaos
 
     if args.out is None:
         raise CliError("--render k8s needs --out DIR")
@@ -128,8 +128,8 @@ def render(args) -> int:
 
 def check_ledger(path: Path, *, as_json: bool) -> int:
     """The ledger checks of a chaos scenario (model.ledger_check) on one run's ledger file."""
-    from kvtransit.emulator.chaos import peer_counts
-    from kvtransit.model import ledger_check
+    from kvtransit.harness.studies.chaos import peer_counts
+    from kvtransit.model.judge import ledger_check
 
     try:
         with open(path, encoding="utf-8") as handle:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import CliError, add_json_flag, print_json, print_table
-from ._model_args import add_model_flags, model_from_args
+from kvtransit.cli._common import CliError, add_json_flag, print_json, print_table
+from kvtransit.cli._model_args import add_model_flags, model_from_args
 
 MS = 1e3
 
@@ -32,7 +32,7 @@ def _prompt_list(text: str) -> list[int]:
 
 
 def register(subparsers) -> None:
-    from kvtransit.model.devices import DEVICES
+    from kvtransit.model.catalog.devices import DEVICES
 
     p = subparsers.add_parser("cost", help="GPU prefill and decode step times (roofline)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,8 +68,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvtransit.model.cost import decode_work, kv_capacity_tokens, prefill_work, step_energy_j, step_time
-    from kvtransit.model.devices import device_by_name
+    from kvtransit.model.catalog.devices import device_by_name
+    from kvtransit.model.cost.roofline import decode_work, kv_capacity_tokens, prefill_work, step_energy_j, step_time
 
     if args.prefill is None and args.decode_batch is None:
         raise CliError("give --prefill N[,N...] and/or --decode-batch B with --context C")
@@ -129,17 +129,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _parallel_split(args: argparse.Namespace, model, device) -> list[dict[str, Any]]:
-    """Each step split into compute and collectives on the TP/EP group (model/collectives.py)."""
-    from kvtransit.model.collectives import check_ep, check_tp, tp_decode_step, tp_prefill_step
-    from kvtransit.model.link_catalog import link_by_name
+    """Each step split into compute and collectives on the TP/EP group (flows/tp/model.py)."""
+    from kvtransit.flows.tp.model import check_ep, check_tp, tp_decode_step, tp_prefill_step
+    from kvtransit.model.catalog.links import link_by_name
 
     link = link_by_name(args.link)
     if args.ep is not None:
         check_ep(model, args.ep)
     else:
         check_tp(model, args.tp)
-    from kvtransit.model.module import MODULE_BUDGETS, Module
-    from kvtransit.model.moe_dispatch import place_dispatch
+    from kvtransit.flows.tp.moe_dispatch import place_dispatch
+    from kvtransit.model.module.budget import MODULE_BUDGETS, Module
 
     common = {"tp": args.tp or 1, "ep": args.ep or 0, "allreduce": args.allreduce,
               "expert_imbalance": args.expert_imbalance,

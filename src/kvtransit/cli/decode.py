@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ._agent import add_common_agent_flags, run_agent
-from ._tp_group import add_tp_group_flag, tp_group_config
-from .scenario_flags import add_scenario_args, scenario_from_args
+from kvtransit.cli._agent import add_common_agent_flags, run_agent
+from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
+from kvtransit.flows.tp.cli_group_flags import add_tp_group_flag, tp_group_config
 
 
 def register(subparsers) -> None:
@@ -25,10 +25,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.agents.common.process import parse_address
     from kvtransit.agents.decode.agent import DecodeAgent
-
-    from ._common import CliError
+    from kvtransit.agents.process import parse_address
+    from kvtransit.cli._common import CliError
 
     if args.accuracy_sample < 0:
         raise CliError(f"--accuracy-sample must be >= 0, got {args.accuracy_sample}")

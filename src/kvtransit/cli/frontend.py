@@ -10,8 +10,8 @@ with neither limit it serves until stopped.
 
 from __future__ import annotations
 
-from ._agent import add_client_flags, add_common_agent_flags, run_agent
-from .scenario_flags import add_scenario_args, scenario_from_args
+from kvtransit.cli._agent import add_client_flags, add_common_agent_flags, run_agent
+from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 
 DEFAULT_OPENAI_LISTEN = "127.0.0.1:8000"  # vLLM's and `vllm bench serve`'s default port
 
@@ -55,9 +55,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.agents.common.process import parse_address, parse_addresses
     from kvtransit.agents.frontend.bridge import FrontendGenerator
     from kvtransit.agents.frontend.prompt_tokens import load_counter
+    from kvtransit.agents.process import parse_address, parse_addresses
 
     scenario = scenario_from_args(args)
     check_frontend_flags(args)

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import CliError
-from .scenario_flags import add_scenario_args, scenario_from_args
+from kvtransit.cli._common import CliError
+from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 
 
 def add_placement_flags(parser: argparse.ArgumentParser, *, what: str = "the testbed") -> None:
     """The flags every k8s render shares (k8s render, chaos --render k8s, sweep --render k8s)."""
-    from kvtransit.emulator.k8s.naming import DEFAULT_IMAGE, DEFAULT_NAME, DEFAULT_NAMESPACE
+    from kvtransit.harness.deploy.k8s.naming import DEFAULT_IMAGE, DEFAULT_NAME, DEFAULT_NAMESPACE
 
     g = parser.add_argument_group("Kubernetes (with --render k8s)" if what != "the testbed" else "Kubernetes")
     g.add_argument("--image", default=DEFAULT_IMAGE, metavar="IMAGE",
@@ -54,7 +54,7 @@ def node_selector(items: list[str]) -> dict[str, str]:
 
 
 def cluster_options(args, *, link_shaper: str | None = None):
-    from kvtransit.emulator.k8s.testbed import TestbedOptions
+    from kvtransit.harness.deploy.k8s.testbed import TestbedOptions
 
     return TestbedOptions(name=args.k8s_name, namespace=args.namespace, image=args.image, nodes=args.nodes,
                           preferred_affinity=args.preferred_affinity, node_selector=node_selector(args.node_selector),
@@ -63,9 +63,9 @@ def cluster_options(args, *, link_shaper: str | None = None):
 
 
 def register(subparsers) -> None:
-    from kvtransit.emulator.k8s.monitoring import DASHBOARDS_DIR, DEFAULT_PROMETHEUS_URL
-    from kvtransit.emulator.k8s.testbed import LINK_SHAPERS
-    from kvtransit.emulator.k8s.validate import KUBERNETES_VERSION
+    from kvtransit.harness.deploy.k8s.monitoring import DASHBOARDS_DIR, DEFAULT_PROMETHEUS_URL
+    from kvtransit.harness.deploy.k8s.testbed import LINK_SHAPERS
+    from kvtransit.harness.deploy.k8s.validate import KUBERNETES_VERSION
 
     p = subparsers.add_parser("k8s", help="the testbed on Kubernetes: render manifests, validate them",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -97,8 +97,8 @@ def register(subparsers) -> None:
 
 
 def run_render(args) -> int:
-    from kvtransit.emulator.k8s.render import write_testbed
-    from kvtransit.emulator.k8s.testbed import roles
+    from kvtransit.harness.deploy.k8s.render import write_testbed
+    from kvtransit.harness.deploy.k8s.testbed import roles
 
     scenario = scenario_from_args(args)
     written = write_testbed(args.out, scenario, cluster_options(args), force=args.force,
@@ -113,7 +113,7 @@ def run_render(args) -> int:
 
 
 def run_validate(args) -> int:
-    from kvtransit.emulator.k8s.validate import load_directory, problems
+    from kvtransit.harness.deploy.k8s.validate import load_directory, problems
 
     try:
         documents = load_directory(args.directory)

@@ -14,12 +14,12 @@ import argparse
 import math
 from typing import Any
 
-from ._common import add_json_flag, print_json, print_table
+from kvtransit.cli._common import add_json_flag, print_json, print_table
 
 
 def _budget(text: str) -> str:
     """A budget name (low, sim, high) or a number of ops per byte > 0."""
-    from kvtransit.model.module import MODULE_BUDGETS
+    from kvtransit.model.module.budget import MODULE_BUDGETS
 
     if text in MODULE_BUDGETS:
         return text
@@ -34,7 +34,7 @@ def _budget(text: str) -> str:
 
 
 def register(subparsers) -> None:
-    from kvtransit.model.module import Policy
+    from kvtransit.model.module.budget import Policy
 
     p = subparsers.add_parser("kernels", help="what kernels cost on the module, and whether they fit",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,8 +58,8 @@ def _yes_no(flag: bool) -> str:
 
 def _declare(text: str) -> tuple[Any, str | None]:
     """(declaration, file it came from or None) for one --declare value."""
-    from kvtransit.model.codecs import parse_kernel_declaration
-    from kvtransit.model.kernel_file import is_kernel_file_name, load_kernel_declaration
+    from kvtransit.model.catalog.codecs import parse_kernel_declaration
+    from kvtransit.model.module.kernel_file import is_kernel_file_name, load_kernel_declaration
 
     if is_kernel_file_name(text):
         return load_kernel_declaration(text), text
@@ -68,7 +68,7 @@ def _declare(text: str) -> tuple[Any, str | None]:
 
 def _checks(decl: Any, module: Any, policy: Any) -> dict[str, Any]:
     """Each check on one declaration, with the numbers its arithmetic uses (what --json gives)."""
-    from kvtransit.model.module import (
+    from kvtransit.model.module.budget import (
         BF16_BYTES,
         FFT_OPS_PER_VALUE_PER_LOG2N,
         PUBLISHED_OPS,
@@ -120,7 +120,7 @@ def _checks(decl: Any, module: Any, policy: Any) -> dict[str, Any]:
 
 def _check_lines(name: str, file: str | None, checks: dict[str, Any], budget_name: str) -> list[str]:
     """The checks of one declared kernel as text, each with its arithmetic."""
-    from kvtransit.model.module import MODULE_BUDGETS
+    from kvtransit.model.module.budget import MODULE_BUDGETS
 
     budget = checks["budget_ops_per_byte"]
     budget_label = f"{budget_name} {budget:.2f} ops/B" if budget_name in MODULE_BUDGETS else f"{budget:.2f} ops/B"
@@ -169,8 +169,8 @@ def _check_lines(name: str, file: str | None, checks: dict[str, Any], budget_nam
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvtransit.model.codecs import KERNEL_TABLE_ROWS, kernel_table_row
-    from kvtransit.model.module import MODULE_BUDGETS, Module, Policy, budget_check
+    from kvtransit.model.catalog.codecs import KERNEL_TABLE_ROWS, kernel_table_row
+    from kvtransit.model.module.budget import MODULE_BUDGETS, Module, Policy, budget_check
 
     declared = [_declare(text) for text in args.declare]
     ops_per_byte = MODULE_BUDGETS.get(args.budget) or float(args.budget)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import CliError, add_json_flag, print_json, print_table
+from kvtransit.cli._common import CliError, add_json_flag, print_json, print_table
 
 
 def register(subparsers) -> None:
@@ -46,7 +46,7 @@ def register(subparsers) -> None:
 
 def preset_spec(name: str, scale: float):
     """A REFERENCE §2 link as a LinkSpec: rate = bandwidth x scale, latency as listed (never scaled)."""
-    from kvtransit.model.link_catalog import link_by_name
+    from kvtransit.model.catalog.links import link_by_name
     from kvtransit.shaping.spec import LinkSpec
 
     link = link_by_name(name)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ._agent import add_client_flags, add_common_agent_flags, run_agent
-from .scenario_flags import add_scenario_args, scenario_from_args
+from kvtransit.cli._agent import add_client_flags, add_common_agent_flags, run_agent
+from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 
 
 def register(subparsers) -> None:
@@ -15,8 +15,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.agents.common.process import parse_address, parse_addresses
     from kvtransit.agents.loadgen.agent import LoadGenerator
+    from kvtransit.agents.process import parse_address, parse_addresses
 
     scenario = scenario_from_args(args)
     generator = LoadGenerator(

@@ -5,8 +5,8 @@
 
 A pluggable sees one stream per link: it runs the KV hand-off's codecs, and refuses, at start (`--kernel FILE`,
 `--ranks`) and on a live `PUT /kernel`, a kernel that combines streams, with placement_check's reason. A switch
-sees many: with `--ranks N` it serves a TP group as the switch that sums their N streams (agents/switch/, the one
-implementation; its declared kernel checked by agents/switch/kernel_check.py), counts the streams it merged
+sees many: with `--ranks N` it serves a TP group as the switch that sums their N streams (flows/tp/switch/, the one
+implementation; its declared kernel checked by flows/tp/switch/kernel_check.py), counts the streams it merged
 (/stats, `switch_merged_streams_total`) and ends with one result line when the group is done. A switch without
 `--ranks` carries the KV hand-off as a pluggable does (each hand-off one stream, which a switch sees too).
 """
@@ -18,12 +18,11 @@ import json
 import os
 from dataclasses import replace
 
+from kvtransit.cli._agent import add_common_agent_flags, run_agent
+from kvtransit.cli.scenario_flags import GIVEN, add_scenario_args, scenario_from_args
 from kvtransit.model.errors import ConfigError
 
-from ._agent import add_common_agent_flags, run_agent
-from .scenario_flags import GIVEN, add_scenario_args, scenario_from_args
-
-SWITCH_GROUP = 1  # the group id a switch serves unless told (emulator/collective_run.py's GROUP_ID)
+SWITCH_GROUP = 1  # the group id a switch serves unless told (flows/tp/run.py's GROUP_ID)
 
 
 def register(subparsers) -> None:
@@ -70,7 +69,7 @@ def register(subparsers) -> None:
 
 def _declared_kernel(args: argparse.Namespace):
     """The `--kernel FILE` declaration, or None."""
-    from kvtransit.model.kernel_file import load_kernel_declaration
+    from kvtransit.model.module.kernel_file import load_kernel_declaration
 
     path = getattr(args, "kernel_declaration_file", None)
     return load_kernel_declaration(path) if path else None  # its errors already name the file
@@ -93,8 +92,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_handoff(args: argparse.Namespace) -> int:
-    from kvtransit.agents.common.process import parse_address, parse_addresses
     from kvtransit.agents.middlebox.process import MiddleboxProcess
+    from kvtransit.agents.process import parse_address, parse_addresses
 
     if not args.decode:
         raise ConfigError("--decode: the KV hand-off needs the decode instances' addresses (HOST:PORT[,...]); "
@@ -127,9 +126,9 @@ def _switch_config_text(text: str | None) -> dict:
 
 
 def _run_switch(args: argparse.Namespace, declared, placement: str) -> int:
-    from kvtransit.agents.common.process import parse_address
-    from kvtransit.agents.switch.kernel_check import check_switch_kernel, placement_refusal
-    from kvtransit.agents.switch.process import SwitchConfig, SwitchProcess
+    from kvtransit.agents.process import parse_address
+    from kvtransit.flows.tp.switch.kernel_check import check_switch_kernel, placement_refusal
+    from kvtransit.flows.tp.switch.process import SwitchConfig, SwitchProcess
     from kvtransit.kernels.stream_sum import declaration as sum_declaration
 
     where = f"--kernel {args.kernel_declaration_file}: " if declared is not None else ""
@@ -144,7 +143,7 @@ def _run_switch(args: argparse.Namespace, declared, placement: str) -> int:
         raise ConfigError("--decode: a switch serving a TP group (--ranks, or a kernel that combines streams) has no "
                           "decode peers; drop --decode, or --ranks for the KV hand-off")
     # The scenario gives the defaults (its link at its scale and dilation, its module); the kernel file is checked
-    # here, not mapped onto the hand-off's codec fields (a sum is no KV codec: model/kernel_runs.py refuses it).
+    # here, not mapped onto the hand-off's codec fields (a sum is no KV codec: model/module/kernel_runs.py refuses it).
     scenario = scenario_from_args(argparse.Namespace(**{**vars(args), "kernel_declaration_file": None}))
     port = scenario.scaled_link
     defaults = {"group": args.group, "size": size, "rate_Bps": port.bandwidth_Bps, "latency_s": port.latency_s,

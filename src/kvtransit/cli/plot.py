@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import CliError
+from kvtransit.cli._common import CliError
 
 
 def register(subparsers) -> None:
@@ -22,8 +22,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.emulator.sweep_report import write_plots, write_tables
-    from kvtransit.emulator.sweep_runner import RESULTS_JSON, ResultsStore
+    from kvtransit.harness.studies.sweep.report import write_plots, write_tables
+    from kvtransit.harness.studies.sweep.runner import RESULTS_JSON, ResultsStore
 
     if not args.results.exists():
         raise CliError(f"{args.results}: no such file or directory")

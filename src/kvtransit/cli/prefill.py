@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from ._agent import add_common_agent_flags, run_agent
-from ._tp_group import add_ring_group_flag, add_tp_group_flag, ring_group_config, tp_group_config
-from .scenario_flags import add_scenario_args, scenario_from_args
+from kvtransit.cli._agent import add_common_agent_flags, run_agent
+from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
+from kvtransit.flows.tp.cli_group_flags import (
+    add_ring_group_flag,
+    add_tp_group_flag,
+    ring_group_config,
+    tp_group_config,
+)
 
 
 def register(subparsers) -> None:
@@ -22,8 +27,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.agents.common.process import parse_address
     from kvtransit.agents.prefill.agent import PrefillAgent
+    from kvtransit.agents.process import parse_address
 
     scenario = scenario_from_args(args)
     agent = PrefillAgent(scenario, name=args.name, listen=parse_address(args.listen, "--listen"),

@@ -5,8 +5,8 @@ another, and `Scenario.to_argv()` is always accepted by every one of them. Value
 itself (one-line `ConfigError` naming the field and the valid choices), not by argparse, so the rules live
 in one place.
 
-`--kernel FILE` runs a declared kernel (issue 15): the file's declaration (`model/kernel_file.py`) is mapped onto
-the fields of the one implementation that runs it (`model/kernel_runs.py`), and those fields are set as if given
+`--kernel FILE` runs a declared kernel (issue 15): the file's declaration (`model/module/kernel_file.py`) is mapped onto
+the fields of the one implementation that runs it (`model/module/kernel_runs.py`), and those fields are set as if given
 as flags; a flag given on the command line that says otherwise is an error naming both. The scenario then
 records the file (`kernel_file`) and is canonical: the processes get `Scenario.to_argv()`, never the file.
 """
@@ -179,8 +179,8 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
 def kernel_file_fields(path: str, given: dict[str, Any]) -> dict[str, Any]:
     """The scenario fields `--kernel path` sets (the mapped implementation's, plus `kernel_file`), checked against
     the flags `given` on the command line: one that says otherwise is a ConfigError naming both."""
-    from kvtransit.model.kernel_file import load_kernel_declaration
-    from kvtransit.model.kernel_runs import scenario_fields_for
+    from kvtransit.model.module.kernel_file import load_kernel_declaration
+    from kvtransit.model.module.kernel_runs import scenario_fields_for
 
     declaration = load_kernel_declaration(path)  # its errors already start with the path
     try:

@@ -20,13 +20,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._common import add_json_flag, print_json
-from .scenario_flags import add_scenario_args, scenario_from_args
+from kvtransit.cli._common import add_json_flag, print_json
+from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 
 
 def register(subparsers) -> None:
-    from kvtransit.emulator.swarm.stack import DEFAULT_STACK_FILE, DEFAULT_STACK_NAME, SUMMARY_NAME
-    from kvtransit.emulator.swarm.stack_run import READY_TIMEOUT_S, RESOLVE_IMAGE, RUN_TIMEOUT_S
+    from kvtransit.harness.deploy.swarm.stack import DEFAULT_STACK_FILE, DEFAULT_STACK_NAME, SUMMARY_NAME
+    from kvtransit.harness.deploy.swarm.stack_run import READY_TIMEOUT_S, RESOLVE_IMAGE, RUN_TIMEOUT_S
 
     p = subparsers.add_parser("swarm", help="the testbed as a Docker Swarm stack: deploy, run, gather, remove",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,12 +57,11 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import json
 
-    from kvtransit.agents.loadgen.report_text import headline
-    from kvtransit.emulator.swarm.errors import StackRunFailed
-    from kvtransit.emulator.swarm.stack import DEFAULT_STACK_FILE
-    from kvtransit.emulator.swarm.stack_run import StackRun, run_stack
-
-    from .up import default_report_path
+    from kvtransit.cli.up import default_report_path
+    from kvtransit.harness.deploy.swarm.errors import StackRunFailed
+    from kvtransit.harness.deploy.swarm.stack import DEFAULT_STACK_FILE
+    from kvtransit.harness.deploy.swarm.stack_run import StackRun, run_stack
+    from kvtransit.report.text import headline
 
     def log(line: str) -> None:  # progress to stderr under --json, which owns stdout
         print(f"kvtransit swarm: {line}", flush=True, file=sys.stderr if args.json else sys.stdout)

@@ -33,13 +33,13 @@ import argparse
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from ._common import SIGNALLED_EXIT, CliError, LiveProgress, add_json_flag, print_json, print_table
-from .k8s import add_placement_flags, node_selector
-from .scenario_flags import add_scenario_args, kernel_file_fields, scenario_from_args
+from kvtransit.cli._common import SIGNALLED_EXIT, CliError, LiveProgress, add_json_flag, print_json, print_table
+from kvtransit.cli.k8s import add_placement_flags, node_selector
+from kvtransit.cli.scenario_flags import add_scenario_args, kernel_file_fields, scenario_from_args
 
 
 def register(subparsers) -> None:
-    from kvtransit.model.sweep_plan import DEFAULT_GOODPUT_TARGET, PRESETS
+    from kvtransit.harness.studies.sweep.plan import DEFAULT_GOODPUT_TARGET, PRESETS
 
     p = subparsers.add_parser("sweep", help="run a grid of live runs (links x codecs x rates ...) and tabulate",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,7 +89,7 @@ def _explicit_overrides(args) -> dict:
 
 
 def _grids(args):
-    from kvtransit.model.sweep_plan import Grid, parse_axis, preset
+    from kvtransit.harness.studies.sweep.plan import Grid, parse_axis, preset
 
     axes = dict(parse_axis(spec) for spec in args.grid)
     kernel_path = getattr(args, "kernel_declaration_file", None)
@@ -109,8 +109,8 @@ def _grids(args):
 def run(args) -> int:
     import sys
 
-    from kvtransit.emulator.sweep_report import write_plots, write_tables
-    from kvtransit.emulator.sweep_runner import (
+    from kvtransit.harness.studies.sweep.report import write_plots, write_tables
+    from kvtransit.harness.studies.sweep.runner import (
         PointRunner,
         ResultsStore,
         SweepInterrupted,
@@ -193,7 +193,7 @@ def run(args) -> int:
 
 def _goodput_bases(grids):
     """One base scenario per distinct link × codec × compress_at of the grids (the rate axis is the search's)."""
-    from kvtransit.emulator.sweep_runner import sweep_points
+    from kvtransit.harness.studies.sweep.runner import sweep_points
 
     bases, seen = [], set()
     for _, scenario in sweep_points(grids):
@@ -252,9 +252,9 @@ class _SweepProgress(LiveProgress):
 
 
 def render(args) -> int:
-    from kvtransit.emulator.k8s.render import write_sweep
-    from kvtransit.emulator.k8s.sweep_job import SweepJobOptions
-    from kvtransit.emulator.sweep_runner import sweep_points
+    from kvtransit.harness.deploy.k8s.render import write_sweep
+    from kvtransit.harness.deploy.k8s.sweep_job import SweepJobOptions
+    from kvtransit.harness.studies.sweep.runner import sweep_points
 
     if args.goodput_search:
         raise CliError("--render k8s: a goodput search picks each rate from the last run's answer, so its points "
@@ -274,10 +274,10 @@ def render(args) -> int:
 def run_point(args) -> int:
     import sys
 
-    from kvtransit.emulator.k8s.sweep_job import points_from_document, sweep_id
-    from kvtransit.emulator.k8s.sweep_logs import completion_index
-    from kvtransit.emulator.k8s.sweep_logs import run_point as run_one
-    from kvtransit.emulator.sweep_runner import PointRunner, SweepInterrupted
+    from kvtransit.harness.deploy.k8s.sweep_job import points_from_document, sweep_id
+    from kvtransit.harness.deploy.k8s.sweep_logs import completion_index
+    from kvtransit.harness.deploy.k8s.sweep_logs import run_point as run_one
+    from kvtransit.harness.studies.sweep.runner import PointRunner, SweepInterrupted
 
     try:
         text = args.run_point.read_text(encoding="utf-8")
@@ -295,8 +295,8 @@ def run_point(args) -> int:
 
 
 def collect(args) -> int:
-    from kvtransit.emulator.k8s.sweep_logs import collect as gather
-    from kvtransit.emulator.sweep_report import write_plots, write_tables
+    from kvtransit.harness.deploy.k8s.sweep_logs import collect as gather
+    from kvtransit.harness.studies.sweep.report import write_plots, write_tables
 
     collected = gather(args.collect, args.out)
     assert collected.store is not None

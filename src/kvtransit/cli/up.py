@@ -9,7 +9,7 @@ middlebox's user-space shaper; `netns` insists (fails loudly), `loopback` never 
 say which back-end shaped each property. `--prometheus` runs a real Prometheus scraping every process.
 
 Before anything starts it says what `--scale` cuts and keeps, how to run at real size, and, when the workload
-offers more than the modelled system serves (model/offered_load.py), that its queues will grow all run.
+offers more than the modelled system serves (model/serving/offered_load.py), that its queues will grow all run.
 
 `--frontend` puts the OpenAI-compatible front end (`kvtransit frontend`) in the load generator's place: the run's
 requests come from outside clients (the openai client, `vllm bench serve`, ...) at the URL it prints, instead of
@@ -27,9 +27,9 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._common import SIGNALLED_EXIT, CliError, LiveProgress, add_json_flag, print_json, print_table
-from .frontend import add_frontend_flags, check_frontend_flags
-from .scenario_flags import add_scenario_args, scenario_from_args
+from kvtransit.cli._common import SIGNALLED_EXIT, CliError, LiveProgress, add_json_flag, print_json, print_table
+from kvtransit.cli.frontend import add_frontend_flags, check_frontend_flags
+from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 
 if TYPE_CHECKING:  # the handler imports the model when it runs
     from datetime import datetime
@@ -75,10 +75,10 @@ def run(args) -> int:
     import json
     import sys
 
-    from kvtransit.agents.loadgen.report_text import headline, table_rows
-    from kvtransit.emulator.agent_commands import FrontendOptions
-    from kvtransit.emulator.launcher import Launcher, RunFailed
+    from kvtransit.harness.up.agent_commands import FrontendOptions
+    from kvtransit.harness.up.launcher import Launcher, RunFailed
     from kvtransit.model.scenario import REAL_MODEL_KV
+    from kvtransit.report.text import headline, table_rows
     from kvtransit.runtime.signals import run_until_signalled
 
     scenario = scenario_from_args(args)
@@ -188,9 +188,9 @@ def run_preamble(scenario: Scenario, *, frontend: bool = False) -> list[str]:
     how to run at real size, and a warning when the workload offers more than the modelled system serves
     (parsing a trace here also refuses a bad one before any process or namespace exists). With the front end
     the workload is whoever calls it: no drawn workload to judge."""
-    from kvtransit.agents.loadgen.report_text import scale_note
     from kvtransit.agents.loadgen.workload_source import requests_for
-    from kvtransit.model.offered_load import offered_vs_capacity
+    from kvtransit.model.serving.offered_load import offered_vs_capacity
+    from kvtransit.report.text import scale_note
 
     config = scenario.describe()
     lines = [line for line in (scale_note(config),) if line]
@@ -206,7 +206,7 @@ def run_preamble(scenario: Scenario, *, frontend: bool = False) -> list[str]:
 
 
 def _restart_roles(text: str) -> tuple[str, ...]:
-    from kvtransit.emulator.supervisor import RESTARTABLE_ROLES
+    from kvtransit.harness.up.supervisor import RESTARTABLE_ROLES
 
     roles = tuple(r.strip() for r in text.split(",") if r.strip() and r.strip() != "none")
     for role in roles:

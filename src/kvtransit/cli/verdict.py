@@ -1,7 +1,7 @@
 """`kvtransit verdict REPORT.json [REPORT.json ...]`: the five tests of each run report (REFERENCE §8).
 
 Each report's KV hand-off is judged by bottleneck, operations, budget, precision and placement
-(`model/five_tests.py`), from what that run measured, and printed as a table (test, passed, measured, target,
+(`model/judge/five_tests.py`), from what that run measured, and printed as a table (test, passed, measured, target,
 reason) with the scale and dilation the run was measured at; `--json` prints the same blocks. A report written
 before reports carried a `verdict` block has it computed from its own fields; one that lacks a field the
 verdict needs is a one-line error naming the file and the field.
@@ -9,19 +9,19 @@ verdict needs is a one-line error naming the file and the field.
     kvtransit up --requests 20 --rate 2 --no-progress --report /tmp/vt/r.json
     kvtransit verdict /tmp/vt/r.json
 
-`--baselines` (issue 15, baselines at equal power; `model/baselines.py`): three reports, the kernel in transit,
-the same codec at the GPU and codec none on the next faster link (`kvtransit sweep --preset baselines` runs
-them; its reports are in OUT/points/), recognised by their config (codec, compress_at, link) in any order, side
-by side: J/request (link + module + GPU [+ pool] joules over the requests that finished), E2E mean/p99, TTFT
-p99, hand-off p99, SLO attainment, faithful, and the scale/dilation each was measured at; then the answer (does
-the kernel beat both?), which is "not settled" when it rests on a run that was not faithful.
+`--baselines` (issue 15, baselines at equal power; `harness/studies/sweep/baselines.py`): three reports, the kernel in
+transit, the same codec at the GPU and codec none on the next faster link (`kvtransit sweep --preset baselines` runs
+them; its reports are in OUT/points/), recognised by their config (codec, compress_at, link) in any order, side by side:
+J/request (link + module + GPU [+ pool] joules over the requests that finished), E2E mean/p99, TTFT p99, hand-off p99,
+SLO attainment, faithful, and the scale/dilation each was measured at; then the answer (does the kernel beat both?),
+which is "not settled" when it rests on a run that was not faithful.
 
     kvtransit verdict --baselines OUT/points/*.json
 
 `--accuracy-results FILE` (issue 16): the precision test judges the run's kernel by its measured task-level loss,
 the perplexity increase a real model showed over that codec's cache, read from the row of FILE (written by
 `kvtransit accuracy --end-to-end --results FILE`) whose setting is the run's (codec, keep, block, sinks, variant,
-precision_bits; model/task_accuracy.py: `codec_key`); within tolerance is at most +1 %. A run whose setting has no
+precision_bits; model/judge/task_accuracy.py: `codec_key`); within tolerance is at most +1 %. A run whose setting has no
 row is judged as without the file (tensor error against the equal-bytes baseline), and the reason says so.
 
     kvtransit verdict --accuracy-results docs/results/accuracy.json /tmp/vt/r.json
@@ -33,7 +33,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ._common import CliError, add_json_flag, print_json, print_table
+from kvtransit.cli._common import CliError, add_json_flag, print_json, print_table
 
 
 def register(subparsers) -> None:
@@ -82,10 +82,10 @@ def with_task_loss(verdict: dict[str, Any], report: dict, results: Any, where: s
     `results` (a parsed results file named `where`); unchanged when no kernel ran on the link."""
     from dataclasses import fields
 
-    from kvtransit.agents.loadgen.report import MissingReportField, scenario_from_config
     from kvtransit.model.errors import ConfigError
-    from kvtransit.model.five_tests import FiveTests, Judgement, PrecisionMeasured, precision_test
-    from kvtransit.model.task_accuracy import codec_key, task_loss_from_results
+    from kvtransit.model.judge.five_tests import FiveTests, Judgement, PrecisionMeasured, precision_test
+    from kvtransit.model.judge.task_accuracy import codec_key, task_loss_from_results
+    from kvtransit.report.build import MissingReportField, scenario_from_config
 
     if verdict.get("kernel") is None:
         return verdict
@@ -110,8 +110,8 @@ def with_task_loss(verdict: dict[str, Any], report: dict, results: Any, where: s
 def report_verdict(path: Path, accuracy_results: Path | None = None) -> dict[str, Any]:
     """{report, scale, dilation, **the verdict block} for the report at `path` (its block, or computed from its
     fields when it has none); with `accuracy_results`, precision judged by the measured task-level loss."""
-    from kvtransit.agents.loadgen.report import MissingReportField, handoff_verdict
     from kvtransit.model.errors import ConfigError
+    from kvtransit.report.build import MissingReportField, handoff_verdict
 
     report = _read_report(path)
     verdict = report.get("verdict")
@@ -139,8 +139,9 @@ def _scale_text(entry: dict[str, Any]) -> str:
 
 
 def baselines_comparison(paths: list[Path]) -> dict[str, Any]:
-    """The three reports at `paths` compared at equal power (model/baselines.py), each row naming its file."""
-    from kvtransit.model.baselines import compare_at_equal_power, identify_baselines
+    """The three reports at `paths` compared at equal power (harness/studies/sweep/baselines.py), each row naming its
+    file."""
+    from kvtransit.harness.studies.sweep.baselines import compare_at_equal_power, identify_baselines
     from kvtransit.model.errors import ConfigError
 
     reports = {str(path): _read_report(path) for path in paths}  # every file checked before anything is printed
@@ -188,7 +189,7 @@ def run_baselines(args) -> int:
 
 
 def run(args) -> int:
-    from kvtransit.agents.loadgen.report_text import passed_text
+    from kvtransit.report.text import passed_text
 
     if args.baselines:
         return run_baselines(args)

@@ -5,7 +5,7 @@ The middlebox's entry point is `get_codec(name, ...)`; see `registry.py` for the
 `header.py` for the self-describing header.
 """
 
-from .errors import KernelInputError
-from .registry import CODEC_NAMES, Codec, Encoded, decode, get_codec
+from kvtransit.kernels.errors import KernelInputError
+from kvtransit.kernels.registry import CODEC_NAMES, Codec, Encoded, decode, get_codec
 
 __all__ = ["CODEC_NAMES", "Codec", "Encoded", "KernelInputError", "decode", "get_codec"]

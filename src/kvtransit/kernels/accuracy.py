@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import KernelInputError
-from .header import WIRE_DTYPES
-from .quant import int_quantise_roundtrip
-from .registry import get_codec
+from kvtransit.kernels.errors import KernelInputError
+from kvtransit.kernels.header import WIRE_DTYPES
+from kvtransit.kernels.quant import int_quantise_roundtrip
+from kvtransit.kernels.registry import get_codec
 
 SAMPLE_TEXTS = ("prose", "code")
 

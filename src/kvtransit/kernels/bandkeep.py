@@ -47,8 +47,8 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from .errors import KernelInputError
-from .fft_backends import FFTBackend
+from kvtransit.kernels.errors import KernelInputError
+from kvtransit.kernels.fft_backends import FFTBackend
 
 VARIANTS: tuple[str, ...] = ("dct", "fft")
 # FreqKV keeps 4 attention-sink tokens exact (arXiv:2505.00570, via REFERENCE §6).

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from ml_dtypes import bfloat16
 
-from .header import CODEC_IDS
-from .registry import decode as codec_decode
+from kvtransit.kernels.header import CODEC_IDS
+from kvtransit.kernels.registry import decode as codec_decode
 
 # (layer, codec id, codec header, payload, shape) of one chunk, as decode keeps it (agents/decode/incoming.py).
 Chunk = tuple[int, int, bytes, bytes, tuple[int, ...]]

@@ -17,9 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from kvtransit.kernels.errors import KernelInputError
 from kvtransit.model.errors import unknown_name
-
-from .errors import KernelInputError
 
 # Measured preference order (benchmarks/RESULTS.md "## Kernels"; see the module docstring).
 AUTO_PREFERENCE: tuple[str, ...] = ("scipy", "pyfftw", "numpy")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from .errors import KernelInputError
+from kvtransit.kernels.errors import KernelInputError
 
 MAGIC = b"KVTC"
 VERSION = 1

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import KernelInputError
-from .ntt import ENCODED_POLY_BYTES, N, Q
+from kvtransit.kernels.errors import KernelInputError
+from kvtransit.kernels.ntt import ENCODED_POLY_BYTES, N, Q
 
 
 def byte_decode_12(data: bytes) -> np.ndarray:

@@ -32,9 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtransit.model.module import KernelDeclaration
-
-from .errors import KernelInputError
+from kvtransit.kernels.errors import KernelInputError
+from kvtransit.model.module.budget import KernelDeclaration
 
 Q = 3329  # FIPS 203 §2.4 ("q := 3329") and §4.3: the modulus, a prime with q − 1 = 2^8 · 13
 N = 256  # FIPS 203 §2.4 ("n := 256"): polynomials of degree < 256 in Z_q[X] / (X^256 + 1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import KernelInputError
+from kvtransit.kernels.errors import KernelInputError
 
 
 def page_representatives(keys: np.ndarray, page_size: int) -> np.ndarray:

@@ -20,14 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from kvtransit.model.codecs import codec_declaration
+from kvtransit.kernels import bandkeep, kivi, quant
+from kvtransit.kernels.errors import KernelInputError
+from kvtransit.kernels.fft_backends import BACKEND_NAMES, get_backend
+from kvtransit.kernels.header import Header, wire_dtype_name
+from kvtransit.model.catalog.codecs import codec_declaration
 from kvtransit.model.errors import ConfigError, unknown_name
-from kvtransit.model.module import KernelDeclaration
-
-from . import bandkeep, kivi, quant
-from .errors import KernelInputError
-from .fft_backends import BACKEND_NAMES, get_backend
-from .header import Header, wire_dtype_name
+from kvtransit.model.module.budget import KernelDeclaration
 
 CODEC_NAMES: tuple[str, ...] = ("none", "fp8", "fp4-block", "freq-keep-k", "kivi-2", "kivi-3")
 

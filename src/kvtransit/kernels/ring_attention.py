@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import KernelInputError
-from .header import WIRE_DTYPES
-from .registry import get_codec
+from kvtransit.kernels.errors import KernelInputError
+from kvtransit.kernels.header import WIRE_DTYPES
+from kvtransit.kernels.registry import get_codec
 
 # A codec applied to one block in flight: (kv [layers, 2, kv_heads, tokens, D] float32, hop number 1..n−1) → kv.
 BlockCodec = Callable[[np.ndarray, int], np.ndarray]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import KernelInputError
+from kvtransit.kernels.errors import KernelInputError
 
 SUMMARY_KINDS: tuple[str, ...] = ("mean", "minmax")
 DEFAULT_PAGE_SIZE = 16  # Quest's page (REFERENCE §7)

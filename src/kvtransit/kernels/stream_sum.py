@@ -39,9 +39,8 @@ from collections.abc import Sequence
 import ml_dtypes
 import numpy as np
 
-from kvtransit.model.module import BF16_BYTES, KernelDeclaration
-
-from .errors import KernelInputError
+from kvtransit.kernels.errors import KernelInputError
+from kvtransit.model.module.budget import BF16_BYTES, KernelDeclaration
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 # REFERENCE §5: "summing two streams (all-reduce) = 0.50 op/byte (needs a switch)" (see the module docstring).

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from ml_dtypes import bfloat16
 
-from .errors import KernelInputError
+from kvtransit.kernels.errors import KernelInputError
 
 # Tokens per template: long enough that a typical prompt (REFERENCE §4: mean 2,048) is one plain slice;
 # longer prompts wrap around (still smooth at the seam: the template is periodic along tokens).

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .errors import ConfigError
-from .module import MODULE_BUDGETS
+from kvtransit.model.errors import ConfigError
+from kvtransit.model.module.budget import MODULE_BUDGETS
 
 
 def choice(field_name: str, value: str, choices: Sequence[str]) -> str:

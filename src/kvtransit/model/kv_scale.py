@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .catalog import ModelSpec
-from .errors import ConfigError
-from .link_catalog import Link
+from kvtransit.model.catalog.links import Link
+from kvtransit.model.catalog.models import ModelSpec
+from kvtransit.model.errors import ConfigError
 
 # What one host can push through the testbed's KV link, bytes per second of scaled link rate, and stay
 # faithful with the band-keep kernel running (measured, benchmarks/fidelity.py, RESULTS.md "Fidelity", on

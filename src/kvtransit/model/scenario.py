@@ -18,15 +18,30 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from . import gpu_codec
-from .catalog import MODELS, ModelSpec, model_by_name
-from .codecs import CODEC_NAMES, codec_declaration
-from .collectives import ALLREDUCE_KINDS, ALLREDUCE_RING, check_ep, check_tp
-from .cost import StepWork, kv_capacity_tokens
-from .devices import DEVICES, Device, device_by_name
-from .errors import ConfigError, unknown_name
-from .field_checks import choice, module_budget, number
-from .kv_scale import (
+from kvtransit.flows.ring.ring_class import RING_RANKS, RingPrefill, in_ring_class, ring_prefill
+from kvtransit.flows.selection.model import (
+    DEFAULT_PAGE_SIZE,
+    SUMMARY_KINDS,
+    SelectionStep,
+    check_budget,
+    check_page_size,
+    scoring_budget,
+)
+from kvtransit.flows.selection.remote_class import KV_PLACEMENTS, SELECT_MODES, SELECT_TOP_K, in_remote_class
+from kvtransit.flows.tier.prefix import BLOCK_TOKENS
+from kvtransit.flows.tier.prefix_warm import POOL_WARM_MODES
+from kvtransit.flows.tier.workloads import PREFIX_WORKLOADS
+from kvtransit.flows.tp.model import ALLREDUCE_KINDS, ALLREDUCE_RING, check_ep, check_tp
+from kvtransit.model.catalog.codecs import CODEC_NAMES, codec_declaration
+from kvtransit.model.catalog.devices import DEVICES, Device, device_by_name
+from kvtransit.model.catalog.links import LINKS, Link, link_by_name
+from kvtransit.model.catalog.models import MODELS, ModelSpec, model_by_name
+from kvtransit.model.cost import gpu_codec
+from kvtransit.model.cost.roofline import StepWork, kv_capacity_tokens
+from kvtransit.model.errors import ConfigError, unknown_name
+from kvtransit.model.field_checks import choice, module_budget, number
+from kvtransit.model.judge.slo import TPOT_SLO_S, TTFT_SLO_S
+from kvtransit.model.kv_scale import (
     DILATION_QUANTUM,
     HOST_BUDGET_BPS,
     KvLayout,
@@ -35,9 +50,7 @@ from .kv_scale import (
     require_one_channel,
     scaled_layout,
 )
-from .layerwise import HANDOFF_MODES, HANDOFF_WHOLE
-from .link_catalog import LINKS, Link, link_by_name
-from .module import (
+from kvtransit.model.module.budget import (
     MODULE_BUDGETS,
     PLACEMENTS,
     PRECISION_BITS_RANGE,
@@ -51,19 +64,13 @@ from .module import (
     budget_check,
     transit_time,
 )
-from .prefix import BLOCK_TOKENS
-from .prefix_warm import POOL_WARM_MODES
-from .prefix_workloads import PREFIX_WORKLOADS
-from .remote_kv import KV_PLACEMENTS, SELECT_MODES, SELECT_TOP_K, in_remote_class
-from .ring_class import RING_RANKS, RingPrefill, in_ring_class, ring_prefill
-from .selection import DEFAULT_PAGE_SIZE, SUMMARY_KINDS, SelectionStep, check_budget, check_page_size, scoring_budget
-from .serving import PREFILL_BATCH_TOKEN_LIMIT
-from .slo import TPOT_SLO_S, TTFT_SLO_S
-from .traces import TRACE_FORMATS, TRACE_SAMPLING
-from .workload import ARRIVALS, DEFAULT_MAX_TOKENS, LengthDist, WorkloadSpec
+from kvtransit.model.serving.layerwise import HANDOFF_MODES, HANDOFF_WHOLE
+from kvtransit.model.serving.policies import PREFILL_BATCH_TOKEN_LIMIT
+from kvtransit.model.serving.traces import TRACE_FORMATS, TRACE_SAMPLING
+from kvtransit.model.serving.workload import ARRIVALS, DEFAULT_MAX_TOKENS, LengthDist, WorkloadSpec
 
 COMPRESS_AT = ("transit", "gpu")
-# A prefill chunk holds at least one KV block (model/prefix.py: 512 tokens, the unit the prefix cache stores) and
+# A prefill chunk holds at least one KV block (flows/tier/prefix.py: 512 tokens, the unit the prefix cache stores) and
 # at most one step's token budget (REFERENCE §4: 8,192).
 PREFILL_CHUNK_RANGE = (BLOCK_TOKENS, PREFILL_BATCH_TOKEN_LIMIT)
 KV_POOL_MODES = ("off", "local", "pool")
@@ -88,7 +95,7 @@ class Scenario:
     gpus: int = 1
     prefill: int = 1  # prefill instances
     decode: int = 1  # decode instances
-    # The decode instance as a tensor-parallel group (issue 17 part 4, model/collectives.py): 1 is one process whose
+    # The decode instance as a tensor-parallel group (issue 17 part 4, flows/tp/model.py): 1 is one process whose
     # `gpus` GPUs share nothing over a link (REFERENCE §3); n > 1 is n GPUs, the decode process (rank 0) and n − 1
     # rank processes, every step holding its shard's roofline compute and then all-reducing real bytes over the
     # scale-up link (`scaleup_link`), in a ring between the ranks or through a switch that sums (`allreduce`).
@@ -104,8 +111,8 @@ class Scenario:
     # The hand-off link and what runs on it.
     link: str = "eth-25g"
     channels: int = 1  # parallel link channels (REFERENCE §4: one shared FIFO link by default)
-    # How the KV is released to the link (issue 20, model/layerwise.py): "whole" at the end of its prefill step (the
-    # reference model, REFERENCE §4), or "layerwise": each layer as its compute ends, step start + (l+1)/L × step.
+    # How the KV is released to the link (issue 20, model/serving/layerwise.py): "whole" at the end of its prefill step
+    # (the reference model, REFERENCE §4), or "layerwise": each layer as its compute ends, step start + (l+1)/L × step.
     handoff: str = HANDOFF_WHOLE
     # Chunked prefill: prompts computed at most this many tokens a step, each chunk's KV released by its own step's
     # schedule (0: off, a prompt in one step as REFERENCE §4 has it). From one KV block to a step's token budget.
@@ -129,7 +136,7 @@ class Scenario:
     precision_bits: int | None = None  # what the analogue path delivers (None: exact); 1..32
     placement: str = "pluggable"  # "pluggable" (sees one stream) or "switch" (sees many, can sum them)
     # The kernel file whose declaration set the codec fields above ("" = none): a record for the report, never
-    # read by the processes (`--kernel FILE` maps it, model/kernel_runs.py; the children get the mapped fields).
+    # read by the processes (`--kernel FILE` maps it, model/module/kernel_runs.py; the children get the mapped fields).
     kernel_file: str = ""
     # The workload (REFERENCE §4 definitions; a shorter, lighter default than the simulator's 800 requests so
     # that `kvtransit up` ends in about a minute).
@@ -151,7 +158,7 @@ class Scenario:
     kv_sample: str = SYNTHETIC_KV
     accuracy: str = "reconstruction"
     real_kv_requests: int = 4
-    # A request trace to replay instead of the drawn workload ("" = none; model/traces.py): `requests` of its
+    # A request trace to replay instead of the drawn workload ("" = none; model/serving/traces.py): `requests` of its
     # requests (the first N, or N at random), arrivals × time_scale, prompts capped at context_cap tokens.
     trace: str = ""
     trace_format: str = "auto"
@@ -162,15 +169,15 @@ class Scenario:
     # The SLO the report judges by (REFERENCE §4: TTFT 1 s, TPOT 25 ms); `--goodput ttft:MS tpot:MS` sets them.
     ttft_slo_ms: float = TTFT_SLO_S * 1e3
     tpot_slo_ms: float = TPOT_SLO_S * 1e3
-    # Prefix reuse (model/prefix.py): "off" (the default: every prompt computed whole), "local" (a cache at the
+    # Prefix reuse (flows/tier/prefix.py): "off" (the default: every prompt computed whole), "local" (a cache at the
     # prefill, no fetch cost) or "pool" (the shared KV pool behind the middlebox: fetches pay link and module).
     # kv_pool_capacity: model bytes the pool (or local cache) holds.
     kv_pool: str = "off"
     kv_pool_capacity: float = 64e9
     # "trace": the pool starts the run holding what the trace's requests before trace_start left in it (an LRU of
-    # kv_pool_capacity; model/prefix_warm.py), made by the pool itself before it says it is ready.
+    # kv_pool_capacity; flows/tier/prefix_warm.py), made by the pool itself before it says it is ready.
     pool_warm: str = "off"
-    # Workloads that share prefixes (model/prefix_workloads.py): N system prompts of L tokens, or multi-turn
+    # Workloads that share prefixes (flows/tier/workloads.py): N system prompts of L tokens, or multi-turn
     # sessions of session_turns turns with think_time seconds between turns; the user's part of each prompt is
     # drawn from prompt_mean/prompt_cv. A Mooncake trace (--trace) brings its own hash_ids.
     prefix_workload: str = "none"
@@ -178,9 +185,9 @@ class Scenario:
     system_prompt_tokens: int = 2048
     session_turns: int = 4
     think_time: float = 10.0
-    # Remote KV with query-aware selection (issue 18 part 4, model/remote_kv.py): a share of the requests also attends
-    # to a long context whose KV lives in the KV pool; each decode step fetches it through the middlebox over the
-    # decode link, every token (select "all") or the top pages the module's scores pick ("top-k", the default).
+    # Remote KV with query-aware selection (issue 18 part 4, flows/selection/remote_class.py): a share of the requests
+    # also attends to a long context whose KV lives in the KV pool; each decode step fetches it through the middlebox
+    # over the decode link, every token (select "all") or the top pages the module's scores pick ("top-k", the default).
     kv_placement: str = "local"
     select: str = ""  # top-k | all with remote KV ("": top-k); an error without it
     select_budget: float = 0.0625  # fraction of the pages fetched (REFERENCE §7: PRISM's 16x less traffic)
@@ -188,7 +195,7 @@ class Scenario:
     page_size: int = DEFAULT_PAGE_SIZE  # tokens a page (Quest's 16, REFERENCE §7)
     remote_context: int = 32768  # tokens of each remote context (the deck's 32k)
     remote_share: float = 0.5  # share of the requests in the long-context class
-    # Ring attention (issue 18 part 4, model/ring_class.py): a share of the requests has a prompt of ring_prompt
+    # Ring attention (issue 18 part 4, flows/ring/ring_class.py): a share of the requests has a prompt of ring_prompt
     # tokens, prefilled by a ring of ring_ranks GPUs over ring_link (the instance's GPU and n − 1 ring processes).
     ring_share: float = 0.0  # share of the requests in the ring class (0: none)
     ring_ranks: int = 4  # GPUs in the ring (REFERENCE §7: 2, 4, 8)
@@ -451,7 +458,7 @@ class Scenario:
 
     @property
     def remote_kv(self) -> bool:
-        """A share of the requests attends to a long context held in the KV pool (model/remote_kv.py)."""
+        """A share of the requests attends to a long context held in the KV pool (flows/selection/remote_class.py)."""
         return self.kv_placement == "remote"
 
     @property
@@ -461,7 +468,7 @@ class Scenario:
 
     @property
     def selection_step(self) -> SelectionStep:
-        """One remote request's fetch a decode step, at the model's size (model/selection.py)."""
+        """One remote request's fetch a decode step, at the model's size (flows/selection/model.py)."""
         return SelectionStep(self.model_spec, self.remote_context,
                              self.select_budget if self.select_mode == SELECT_TOP_K else None,
                              self.select_summary, self.page_size)
@@ -488,7 +495,7 @@ class Scenario:
 
     @property
     def ring(self) -> bool:
-        """A share of the requests is prefilled by a ring (model/ring_class.py)."""
+        """A share of the requests is prefilled by a ring (flows/ring/ring_class.py)."""
         return self.ring_share > 0
 
     def is_ring_request(self, request_id: int) -> bool:
@@ -553,7 +560,7 @@ class Scenario:
         """The decode TP group's link between its GPUs (unscaled)."""
         return link_by_name(self.scaleup_link)
 
-    # --- the codec on a GPU (compress_at="gpu"): its work and roofline time, model/gpu_codec.py ------------
+    # --- the codec on a GPU (compress_at="gpu"): its work and roofline time, model/cost/gpu_codec.py ------------
     def gpu_codec_work(self, prompt_tokens: int) -> StepWork:
         """The prefill GPU's codec on one request's full-size KV (the all-GPU baseline)."""
         return gpu_codec.forward_work(self.codec_declaration, self.model_spec, prompt_tokens)
@@ -628,7 +635,7 @@ class Scenario:
     @property
     def scaled_scaleup_link(self) -> Link:
         """The decode TP group's scale-up link as the emulation shapes it: its activations are cut by the same
-        effective scale as the KV (model/group_step.py), so the rate is too; ÷ dilation."""
+        effective scale as the KV (flows/tp/group_step.py), so the rate is too; ÷ dilation."""
         link = self.scaleup_link_spec
         return Link(name=f"{link.name}@scale",
                     bandwidth_Bps=link.bandwidth_Bps * self.effective_scale / self.effective_dilation,

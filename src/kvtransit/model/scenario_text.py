@@ -11,9 +11,9 @@ from dataclasses import fields
 from fractions import Fraction
 from typing import Any
 
-from .errors import ConfigError
-from .module import PRECISION_BITS_RANGE
-from .scenario import AUTO, NONE_TEXT, SCENARIO_FIELDS, Scenario
+from kvtransit.model.errors import ConfigError
+from kvtransit.model.module.budget import PRECISION_BITS_RANGE
+from kvtransit.model.scenario import AUTO, NONE_TEXT, SCENARIO_FIELDS, Scenario
 
 # Text forms of a yes/no field on a command line or in a sweep grid (to_argv writes True/False).
 _TRUE_TEXT = frozenset({"yes", "true", "on", "1"})

@@ -12,7 +12,7 @@ cache is the reference ("exact"): each codec's perplexity is set beside exact's,
     ppl   = exp(mean negative log-likelihood of the text's own next tokens)
 
 pooled over all windows of a text (per text) and over every window (all); `ppl_increase_worst_text` is the
-largest per-text ppl / exact ppl − 1 (what the precision test reads, model/task_accuracy.py). The exact
+largest per-text ppl / exact ppl − 1 (what the precision test reads, model/judge/task_accuracy.py). The exact
 reference is the model's own float32 cache, so codec `none` shows what the bfloat16 wire alone costs.
 
 As in disaggregated serving, the continuation's own KV is computed by the decoder over the received cache, in
@@ -32,18 +32,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvtransit.model.task_accuracy import (
+from kvtransit.model.judge.task_accuracy import (
     KEYS_POST_ROPE,
     KEYS_PRE_ROPE,
     PPL_INCREASE_TOLERANCE,
     RESULTS_KIND,
     RESULTS_VERSION,
 )
-
-from . import kv_codecs
-from .kv_codecs import CodecSpec
-from .session import LayerKV, Session
-from .texts import Window, describe_text, read_text, window_tokens
+from kvtransit.realmodel import kv_codecs
+from kvtransit.realmodel.kv_codecs import CodecSpec
+from kvtransit.realmodel.session import LayerKV, Session
+from kvtransit.realmodel.texts import Window, describe_text, read_text, window_tokens
 
 Progress = Callable[[str], None]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from .errors import RealModelError
+from kvtransit.realmodel.errors import RealModelError
 
 INSTALL_HINT = "pip install -e '.[realkv]'"
 # import name -> distribution name, in the order the message lists them

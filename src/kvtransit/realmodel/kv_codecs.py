@@ -38,9 +38,8 @@ from kvtransit.kernels.bandkeep import DEFAULT_BLOCK, layout_for
 from kvtransit.kernels.header import WIRE_DTYPES
 from kvtransit.kernels.quant import DEFAULT_FP8_BLOCK
 from kvtransit.kernels.registry import Codec, get_codec
-from kvtransit.model.task_accuracy import BAND_KEEP, KEYS_POST_ROPE, KEYS_PRE_ROPE, SUBSAMPLE, codec_key
-
-from .errors import RealModelError
+from kvtransit.model.judge.task_accuracy import BAND_KEEP, KEYS_POST_ROPE, KEYS_PRE_ROPE, SUBSAMPLE, codec_key
+from kvtransit.realmodel.errors import RealModelError
 
 REQUANTISERS: tuple[str, ...] = ("none", "fp8", "fp4-block", "kivi-2", "kivi-3")
 # The grid the issue asks for (issue 16, part 1), with REFERENCE §6's FreqKV setting (dct, keep 0.5, 4 sinks).
@@ -86,7 +85,7 @@ class CodecSpec:
 
     @property
     def key(self) -> str:
-        """The results file's key (model/task_accuracy.py), the one a run's scenario gives too."""
+        """The results file's key (model/judge/task_accuracy.py), the one a run's scenario gives too."""
         return codec_key(self.codec, keep=self.keep, block=self.block, sinks=self.sinks, variant=self.variant,
                          precision_bits=self.precision_bits, keys=self.keys)
 

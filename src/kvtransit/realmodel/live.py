@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .texts import DEFAULT_OFFSETS, Window
+from kvtransit.realmodel.texts import DEFAULT_OFFSETS, Window
 
 # Real tokens prefilled per window at the prefill's start. 512 covers the byte-matched T of prompts up to 5,760
 # tokens at scale 1/64 (llama3-8b, 2,048 B a token there; SmolLM2 23,040 B), past the default prompts' p99 (mean

@@ -29,13 +29,12 @@ import numpy as np
 import torch
 
 from kvtransit.kernels.chunk_rows import IDENTITY_CODEC_ID, Chunk, decoded_layers
-
-from .end_to_end import score as score_logits
-from .end_to_end import wire_rows
-from .errors import RealModelError
-from .session import LayerKV, Session
-from .texts import Window, read_text, window_tokens
-from .worker_wire import LENGTH_BYTES, frame, unpack
+from kvtransit.realmodel.end_to_end import score as score_logits
+from kvtransit.realmodel.end_to_end import wire_rows
+from kvtransit.realmodel.errors import RealModelError
+from kvtransit.realmodel.session import LayerKV, Session
+from kvtransit.realmodel.texts import Window, read_text, window_tokens
+from kvtransit.realmodel.worker_wire import LENGTH_BYTES, frame, unpack
 
 WIRE_DTYPE = "bfloat16"  # what the prefill sends (REFERENCE §1)
 REQUESTS = ("describe", "exact_rows", "prepare", "score")  # what a worker answers

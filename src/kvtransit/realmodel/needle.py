@@ -36,16 +36,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvtransit.kernels.page_scoring import page_representatives, score_pages
-from kvtransit.model.task_accuracy import KEYS_POST_ROPE
-
-from . import kv_codecs
-from .errors import RealModelError
-from .kv_codecs import CodecSpec
+from kvtransit.model.judge.task_accuracy import KEYS_POST_ROPE
+from kvtransit.realmodel import kv_codecs
+from kvtransit.realmodel.errors import RealModelError
+from kvtransit.realmodel.kv_codecs import CodecSpec
 
 if TYPE_CHECKING:  # torch only where a trial runs: the prompt, keys and page selection need none
     import torch
 
-    from .session import LayerKV, Session
+    from kvtransit.realmodel.session import LayerKV, Session
 
 Progress = Callable[[str], None]
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtransit.model.task_accuracy import PPL_INCREASE_TOLERANCE
+from kvtransit.model.judge.task_accuracy import PPL_INCREASE_TOLERANCE
 
 
 @dataclass(frozen=True)

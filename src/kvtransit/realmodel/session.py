@@ -34,8 +34,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
-from .errors import RealModelError
-from .extra import GGUF_NAME, default_model_file, require
+from kvtransit.realmodel.errors import RealModelError
+from kvtransit.realmodel.extra import GGUF_NAME, default_model_file, require
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # K, V [kv_heads, tokens, head_dim], float32
 

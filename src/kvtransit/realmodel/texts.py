@@ -20,7 +20,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import RealModelError
+from kvtransit.realmodel.errors import RealModelError
 
 GPL3_PATH = Path("/usr/share/common-licenses/GPL-3")
 

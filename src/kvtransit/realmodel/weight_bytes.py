@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from .session import Session
+from kvtransit.realmodel.session import Session
 
 # How the GGUF file stores each kind of tensor (read from the file's tensor table with gguf's reader: 210 Q4_1,
 # 61 F32, 1 Q8_0), by the name transformers gives it.

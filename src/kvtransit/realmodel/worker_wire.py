@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from ml_dtypes import bfloat16
 
-from .errors import RealModelError
+from kvtransit.realmodel.errors import RealModelError
 
 LENGTH_BYTES = 8
 ALLOWED_DTYPES: dict[str, Any] = {"bfloat16": bfloat16, "float32": np.float32, "float64": np.float64,

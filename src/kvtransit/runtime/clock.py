@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from . import precise_timer
-from .wakeup_priority import WakeupPriority
+from kvtransit.runtime import precise_timer
+from kvtransit.runtime.wakeup_priority import WakeupPriority
 
 # How long before a deadline MonotonicClock stops sleeping and yields in a loop instead (the yield-spin).
 # With a timerfd (runtime/precise_timer.py, Linux) the loop sleeps to within microseconds of the deadline and the

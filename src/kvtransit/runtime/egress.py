@@ -25,10 +25,9 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvtransit.runtime.clock import Clock, MonotonicClock
+from kvtransit.runtime.transport import Endpoint, Part, is_borrowed
 from kvtransit.shaping.userspace import DelayLine, TokenBucket
-
-from .clock import Clock, MonotonicClock
-from .transport import Endpoint, Part, is_borrowed
 
 # 256 KiB slices: at 50 MB/s one slice is 5 ms of link time, at 3.125 GB/s (eth-25g) 84 µs, so pacing
 # is smooth at the timer resolution we can hold (≈ 1 µs with the clock's spin, see clock.py).
@@ -176,7 +175,7 @@ class EgressShaper:
 
     def stamp(self, nbytes: int, ready_ns: int) -> int:
         """When `nbytes` sent at `ready_ns` outside any transfer (a frame of another flow on this link: remote KV's
-        legs, agents/middlebox/remote_kv.py) are due at the far end: they take their time on channel 0's bucket,
+        legs, flows/selection/middlebox_relay.py) are due at the far end: they take their time on channel 0's bucket,
         after or between the hand-offs' slices already reserved there, then its delay line."""
         channel = self._channels[0]
         serialised_s = channel.bucket.reserve(nbytes, ready_ns / 1e9)

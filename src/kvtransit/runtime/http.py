@@ -47,7 +47,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from .http_incoming import ClientGone, HeadTooLong, IncomingBytes, unless_client_leaves
+from kvtransit.runtime.http_incoming import ClientGone, HeadTooLong, IncomingBytes, unless_client_leaves
 
 log = logging.getLogger(__name__)
 

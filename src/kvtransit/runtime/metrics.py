@@ -66,7 +66,7 @@ def shared_metrics(registry: CollectorRegistry) -> SharedMetrics:
         timer_lateness_step_share=_gauge(
             registry, "timer_lateness_step_share",
             "Mean wake-up lateness over the shortest step held (wall clock): the fidelity guard's timer gap "
-            "(model/fidelity.py, judged against TIMER_TOLERANCE), by agent role.", ("role",)),
+            "(model/judge/fidelity.py, judged against TIMER_TOLERANCE), by agent role.", ("role",)),
     )
 
 
@@ -267,7 +267,7 @@ def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
             registry, "decode_queue_wait_seconds",
             "KV ready at decode -> admitted into the continuous batch (model seconds), per request.",
             QUEUE_WAIT_BUCKETS_S),
-        # Issue 20 (model/layerwise.py): the hand-off split at its first token, per request taken.
+        # Issue 20 (model/serving/layerwise.py): the hand-off split at its first token, per request taken.
         handoff_exposed_seconds=_histogram(
             registry, "decode_handoff_exposed_seconds",
             "Exposed hand-off: KV ready at decode - first token, >= 0 (model seconds), per request taken.",
@@ -442,7 +442,7 @@ def frontend_metrics(registry: CollectorRegistry) -> FrontendMetrics:
 
 @dataclass(frozen=True)
 class SwitchMetrics:
-    """The switch middlebox (`kvtransit middlebox --placement switch`, agents/switch/): the streams it merged."""
+    """The switch middlebox (`kvtransit middlebox --placement switch`, flows/tp/switch/): the streams it merged."""
 
     merged_streams: Counter
 
@@ -460,7 +460,7 @@ def switch_metrics(registry: CollectorRegistry) -> SwitchMetrics:
 @dataclass(frozen=True)
 class TpGroupMetrics:
     """A prefill or decode instance that is a TP group (`--prefill-tp`, `--decode-tp`; issue 17 part 4): its
-    collectives measured beside the model's, by the role of the process that leads it (agents/common/tp_steps.py)."""
+    collectives measured beside the model's, by the role of the process that leads it (flows/tp/group/steps.py)."""
 
     collective_seconds: Counter
     step_seconds: Counter
@@ -508,22 +508,22 @@ def remote_kv_metrics(registry: CollectorRegistry) -> RemoteKvMetrics:
         legs_seconds=_counter(
             registry, "remote_kv_legs_seconds",
             "--kv-placement remote: the steps' remote legs (query -> pages held), model seconds, source=measured (at "
-            "decode, as they ran, behind any hand-off on the link) or model (model/remote_kv.py at the bytes moved, "
-            "an idle link).", ("source",)),
+            "decode, as they ran, behind any hand-off on the link) or model (flows/selection/remote_class.py at the "
+            "bytes moved, an idle link).", ("source",)),
         scored_bytes=_counter(
             registry, "remote_kv_scored_bytes",
             "--kv-placement remote --select top-k: page summaries the module scored (its input), model bytes."),
     )
 
 
-# A ring request's attention on n GPUs: the hops' ~0.1-20 ms × L layers (model/ring_class.py: 0.13 s on nvlink4
+# A ring request's attention on n GPUs: the hops' ~0.1-20 ms × L layers (flows/ring/ring_class.py: 0.13 s on nvlink4
 # to 1.2 s on eth-25g for the deck's 32k prompt, n = 2..8), up to seconds for longer prompts or slow links.
 RING_PROMPT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, TTFT_SLO_S, 2.0, 5.0, 10.0, 30.0)
 
 
 @dataclass(frozen=True)
 class RingMetrics:
-    """A prefill that leads a ring (`--ring-share`, model/ring_class.py; agents/ring/group.py): its ring
+    """A prefill that leads a ring (`--ring-share`, flows/ring/ring_class.py; flows/ring/group.py): its ring
     requests' attention measured beside the model's, and what crossed the ring link from rank 0."""
 
     prompt_seconds: Histogram
@@ -540,7 +540,7 @@ def ring_metrics(registry: CollectorRegistry) -> RingMetrics:
             "while blockwise attention is held), as measured at rank 0, model seconds.", RING_PROMPT_BUCKETS_S),
         prompt_model_seconds=_counter(
             registry, "ring_prompt_model_seconds",
-            "--ring-share: the model's attention time of the same ring requests (model/ring_class.py), model "
+            "--ring-share: the model's attention time of the same ring requests (flows/ring/ring_class.py), model "
             "seconds: measured over model is ring_prompt_seconds_sum over this."),
         prompts=_counter(
             registry, "ring_prompts",

@@ -2,7 +2,7 @@
 SIGUSR1 writes every asyncio task's stack to stderr (what a process that seems stuck is waiting on).
 
 `run_until_signalled(main)` is the one way a process runs until stopped (the agents, through
-`agents/common/process.py: run_until_stopped`, and `kvtransit up`): `main(stop)` runs with an Event that a
+`agents/process.py: run_until_stopped`, and `kvtransit up`): `main(stop)` runs with an Event that a
 signal (or a watcher, such as the agents' supervisor watch) sets, and every helper task is awaited on the way out.
 """
 

@@ -14,10 +14,10 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import commands
-from .errors import CommandFailed, ShapingError
-from .runner import Runner, run_command
-from .spec import LinkSpec
+from kvtransit.shaping import commands
+from kvtransit.shaping.errors import CommandFailed, ShapingError
+from kvtransit.shaping.runner import Runner, run_command
+from kvtransit.shaping.spec import LinkSpec
 
 # The qdiscs the shaper can use, each with the smallest valid options to try it with.
 PROBED_QDISCS: dict[str, list[str]] = {

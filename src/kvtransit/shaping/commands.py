@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from .spec import LinkSpec
-from .units import format_rate_bits, format_time_us
+from kvtransit.shaping.spec import LinkSpec
+from kvtransit.shaping.units import format_rate_bits, format_time_us
 
 # What tc's rate counts per MTU-sized TCP segment on a veth, beyond the payload:
 ETHERNET_HEADER_BYTES = 14  # dst + src MAC + EtherType (IEEE 802.3); veth has no preamble, FCS or gap

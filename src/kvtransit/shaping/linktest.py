@@ -18,11 +18,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from .backend import Capabilities, plan, probe
-from .errors import ShapingError
-from .runner import Runner, run_command
-from .spec import LinkSpec
-from .topology import LinkPlan, build_testbed
+from kvtransit.shaping.backend import Capabilities, plan, probe
+from kvtransit.shaping.errors import ShapingError
+from kvtransit.shaping.runner import Runner, run_command
+from kvtransit.shaping.spec import LinkSpec
+from kvtransit.shaping.topology import LinkPlan, build_testbed
 
 # Inside our own fresh namespaces: nothing else listens.
 SINK_PORT, ECHO_PORT, RELAY_PORT, ZERO_RELAY_PORT = 5201, 5202, 5203, 5204

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import commands
-from .errors import CommandFailed, ShapingError
-from .runner import Runner, run_command
+from kvtransit.shaping import commands
+from kvtransit.shaping.errors import CommandFailed, ShapingError
+from kvtransit.shaping.runner import Runner, run_command
 
 MANIFEST_VERSION = 1
 KINDS = ("netns", "veth", "qdisc")

@@ -17,7 +17,7 @@ import json
 import sys
 import time
 
-from .userspace import DelayLine
+from kvtransit.shaping.userspace import DelayLine
 
 READ_BYTES = 64 * 1024
 # In-flight chunks per direction before the reader stops reading: TCP back-pressure instead of unbounded memory.

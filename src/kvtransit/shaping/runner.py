@@ -6,7 +6,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from .errors import CommandFailed
+from kvtransit.shaping.errors import CommandFailed
 
 COMMAND_TIMEOUT_S = 30.0  # one tc/ip call; far beyond the milliseconds they take, short of a hung run
 

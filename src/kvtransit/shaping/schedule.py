@@ -18,8 +18,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import ShapingError
-from .units import parse_rate, parse_time
+from kvtransit.shaping.errors import ShapingError
+from kvtransit.shaping.units import parse_rate, parse_time
 
 MAHIMAHI_PACKET_BYTES = 1500  # mm-link: each line is one delivery opportunity for an MTU-sized packet
 

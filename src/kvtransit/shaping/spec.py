@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import ShapingError
-from .units import parse_rate, parse_size, parse_time
+from kvtransit.shaping.errors import ShapingError
+from kvtransit.shaping.units import parse_rate, parse_size, parse_time
 
 DISTRIBUTIONS = ("normal", "uniform", "pareto", "paretonormal")  # netem(8) delay distributions (+ uniform: none)
 DIRECTIONS = ("to", "from", "both")  # Chaos Mesh NetworkChaos.direction: to = egress of the link's source side
@@ -20,7 +20,7 @@ DIRECTIONS = ("to", "from", "both")  # Chaos Mesh NetworkChaos.direction: to = e
 # veth default MTU and the smallest IPv4 MTU (RFC 791: 68 octets).
 DEFAULT_MTU = 1500
 MIN_MTU, MAX_MTU = 68, 65535
-# The testbed's MTUs (emulator/placement.py builds the veths). The unshaped veths to the root namespace are
+# The testbed's MTUs (harness/up/placement.py builds the veths). The unshaped veths to the root namespace are
 # wiring, standing in for loopback (MTU 65536 there): with a 1500-byte MTU, TCP's initial window (10 segments)
 # is 15 KB, and each hand-off on the prefill → middlebox hop restarted slow start after the idle gap between
 # requests (the root namespace's sysctl is not ours to change). Measured here (10 light requests): hand-off

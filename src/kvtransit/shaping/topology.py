@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import commands
-from .backend import RUN_ID_PREFIX, Capabilities, Plan, new_run_id, plan, probe
-from .errors import CommandFailed, ShapingError
-from .manifest import Manifest, cleanup, existing_namespaces, rollback
-from .runner import Runner, run_command
-from .spec import LinkSpec
+from kvtransit.shaping import commands
+from kvtransit.shaping.backend import RUN_ID_PREFIX, Capabilities, Plan, new_run_id, plan, probe
+from kvtransit.shaping.errors import CommandFailed, ShapingError
+from kvtransit.shaping.manifest import Manifest, cleanup, existing_namespaces, rollback
+from kvtransit.shaping.runner import Runner, run_command
+from kvtransit.shaping.spec import LinkSpec
 
 # Private test addresses (RFC 1918 10/8). A link between two namespaces is 10.SUBNET_OCTET.i.0/24 (i = its
 # index; only ever configured inside this run's own namespaces), the first agent .1 and the second .2.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import ShapingError
+from kvtransit.shaping.errors import ShapingError
 
 _NUMBER = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 

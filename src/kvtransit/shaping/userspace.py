@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 
-from .errors import ShapingError
+from kvtransit.shaping.errors import ShapingError
 
 DELAY_DISTRIBUTIONS = ("normal", "uniform", "pareto", "paretonormal")
 # Pareto shape for jitter: netem's pareto table is a heavy right tail; alpha = 3 is the smallest integer shape

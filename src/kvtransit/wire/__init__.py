@@ -9,14 +9,14 @@
 The frame layout, transition table, limits and error codes are documented in docs/WIRE.md.
 """
 
-from . import events, limits
-from ._connection import Connection
-from ._crc import crc32c, crc32c_combine
-from ._frames import HEADER_SIZE, FrameType, pack_header
-from ._state import ROLE_FRAMES, STATE_TRANSITIONS, State
-from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
-from .events import NEED_DATA, AckStatus, ConnectionClosed, DType, Role
-from .limits import MAX_CODEC_HEADER, MAX_META, MAX_PAYLOAD, WIRE_VERSION, clip_message, clip_reason
+from kvtransit.wire import events, limits
+from kvtransit.wire._connection import Connection
+from kvtransit.wire._crc import crc32c, crc32c_combine
+from kvtransit.wire._frames import HEADER_SIZE, FrameType, pack_header
+from kvtransit.wire._state import ROLE_FRAMES, STATE_TRANSITIONS, State
+from kvtransit.wire.errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
+from kvtransit.wire.events import NEED_DATA, AckStatus, ConnectionClosed, DType, Role
+from kvtransit.wire.limits import MAX_CODEC_HEADER, MAX_META, MAX_PAYLOAD, WIRE_VERSION, clip_message, clip_reason
 
 __all__ = ["Connection", "Role", "DType", "AckStatus", "State", "FrameType", "ErrorCode", "NEED_DATA",
            "ConnectionClosed", "ProtocolError", "RemoteProtocolError", "LocalProtocolError", "events", "limits",

@@ -17,11 +17,11 @@ max_frame_length + read_size bytes (see max_buffer).
 
 from __future__ import annotations
 
-from . import events as ev
-from ._frames import EVENT_TYPES, HEADER_SIZE, FrameType, Header, decode_body, encode, parse_header
-from ._state import ROLE_FRAMES, KvStreams, State, check_transition
-from .errors import ErrorCode, LocalProtocolError, RemoteProtocolError
-from .limits import DEFAULT_READ_SIZE, MAX_CODEC_HEADER, MAX_META, MAX_PAYLOAD, WIRE_VERSION
+from kvtransit.wire import events as ev
+from kvtransit.wire._frames import EVENT_TYPES, HEADER_SIZE, FrameType, Header, decode_body, encode, parse_header
+from kvtransit.wire._state import ROLE_FRAMES, KvStreams, State, check_transition
+from kvtransit.wire.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from kvtransit.wire.limits import DEFAULT_READ_SIZE, MAX_CODEC_HEADER, MAX_META, MAX_PAYLOAD, WIRE_VERSION
 
 _KV_EVENTS = (ev.KvBegin, ev.KvChunk, ev.KvEnd)
 

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from operator import index
 from typing import Any, TypeVar
 
-from . import events as ev
-from ._crc import crc32c
-from .errors import ErrorCode, ProtocolError
-from .limits import (
+from kvtransit.wire import events as ev
+from kvtransit.wire._crc import crc32c
+from kvtransit.wire.errors import ErrorCode, ProtocolError
+from kvtransit.wire.limits import (
     MAGIC,
     MAX_CODEC_HEADER,
     MAX_CODEC_NAME,

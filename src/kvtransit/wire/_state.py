@@ -7,10 +7,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ._crc import crc32c_combine
-from ._frames import EVENT_NAMES, FrameType
-from .events import KvBegin, KvChunk, KvEnd, KvEvent, Role
-from .limits import MAX_OPEN_KV_STREAMS
+from kvtransit.wire._crc import crc32c_combine
+from kvtransit.wire._frames import EVENT_NAMES, FrameType
+from kvtransit.wire.events import KvBegin, KvChunk, KvEnd, KvEvent, Role
+from kvtransit.wire.limits import MAX_OPEN_KV_STREAMS
 
 F = FrameType
 _KV = {F.KV_BEGIN, F.KV_CHUNK, F.KV_END}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .errors import ErrorCode
+from kvtransit.wire.errors import ErrorCode
 
 
 class Role(enum.IntEnum):
@@ -63,7 +63,7 @@ class Hello:
 class Request:
     """loadgen → prefill: one inference request. sent_ns: shared CLOCK_MONOTONIC ns at send.
 
-    hash_ids: the ids of the prompt's KV blocks, a hash chain (model/prefix.py), for prefix reuse; () when the
+    hash_ids: the ids of the prompt's KV blocks, a hash chain (flows/tier/prefix.py), for prefix reuse; () when the
     workload names none. At most MAX_HASH_IDS."""
 
     request_id: int

@@ -1,6 +1,6 @@
 """Decode's per-request queue waits (KV ready → admitted into the continuous batch), and beside them each
-request's hand-off split (exposed / hidden, model/layerwise.py), as the load generator reads them at the end of a
-run to complete its records (`RequestRecord.decode_wait_s`) and the report's per-request hidden time.
+request's hand-off split (exposed / hidden, model/serving/layerwise.py), as the load generator reads them at the end of
+a run to complete its records (`RequestRecord.decode_wait_s`) and the report's per-request hidden time.
 
 They have a route of their own, not a key of `/stats`: `/stats` is polled twice a second during a run (the
 launcher's progress bar) and must stay small, while this map holds one figure per request taken, read once.

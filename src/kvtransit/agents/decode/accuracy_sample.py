@@ -15,13 +15,12 @@ import logging
 import numpy as np
 
 from kvtransit.agents.common import kv_frames
+from kvtransit.agents.decode.incoming import Incoming
 from kvtransit.kernels.accuracy import codec_roundtrip
 from kvtransit.kernels.chunk_rows import decoded_layers
 from kvtransit.kernels.synthetic_kv import SyntheticKv
-from kvtransit.model.five_tests import equal_bytes_baseline
+from kvtransit.model.judge.five_tests import equal_bytes_baseline
 from kvtransit.model.scenario import Scenario
-
-from .incoming import Incoming
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ class AccuracySample:
             reference = kv_frames.as_rows(self._kv.layer(item.begin.request_id, layer, tokens))
             if raw and decoded.tobytes() != np.ascontiguousarray(reference).tobytes():
                 # Raw KV must arrive bit for bit: a difference is corruption the wire's CRCs missed, and it was
-                # used. The ledger reports this count (model/ledger_check.py: corrupted), once per request.
+                # used. The ledger reports this count (model/judge/ledger_check.py: corrupted), once per request.
                 raw = False
                 self.kv_content_mismatches += 1
                 log.error("request %d layer %d: raw KV differs from what the prefill made", item.begin.request_id,

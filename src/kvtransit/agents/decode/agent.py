@@ -4,7 +4,7 @@ It reassembles each request's KV from the link (the wire checks every chunk's CR
 checksum; a request whose stream breaks is a failed request with the reason, never used), acks it back to
 the sender, tells the load generator when the KV was ready, admits requests into the continuous batch
 (`DecodeBatcher`, KV reserved up front from `kv_capacity_tokens`), holds each step for the roofline decode
-time (with the codec on the prefill GPU, plus the inverse of the KV it admitted: model/decode_plan.py) ×
+time (with the codec on the prefill GPU, plus the inverse of the KV it admitted: model/serving/decode_plan.py) ×
 dilation on absolute deadlines, and streams the step's tokens to every connected load generator.
 
 "KV ready" reaches the load generator as a Tokens entry with token_index 0 stamped at the KvEnd's arrival:
@@ -23,8 +23,8 @@ Beside this loop, one module per job: `incoming.py` (a hand-off being reassemble
 bytes and busy time at the receiving end), `handoff_splits.py` (each hand-off split at its first token, streamed ones
 held against the model), `accuracy_sample.py` (the codec's measured error on the first `accuracy_sample` requests,
 with the equal-bytes baseline's on the same tensors). With `--decode-tp N` this process is rank 0 of a TP group
-(`agents/tp_group/leader.py`); `agents/common/tp_steps.py` runs and measures each step (hold the shard's compute,
-the real collectives with the followers, hold the rest of the step's collective time: model/group_step.py says which
+(`flows/tp/group/leader.py`); `flows/tp/group/steps.py` runs and measures each step (hold the shard's compute,
+the real collectives with the followers, hold the rest of the step's collective time: flows/tp/group_step.py says which
 part is real); a group that fails fails every request in the batch with its reason.
 """
 
@@ -35,7 +35,14 @@ import logging
 from collections import OrderedDict, deque
 from dataclasses import asdict
 
-from kvtransit.agents.common.process import (
+from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, QueueWaits, handoff_splits_body, queue_waits_body
+from kvtransit.agents.common.request_ids import wire_id
+from kvtransit.agents.decode.accuracy_sample import AccuracySample
+from kvtransit.agents.decode.handoff_splits import HandoffSplits
+from kvtransit.agents.decode.incoming import Arrived, Incoming
+from kvtransit.agents.decode.link_meter import LinkMeter, streamed_idle_ns
+from kvtransit.agents.decode.model_accuracy import ModelAccuracy
+from kvtransit.agents.process import (
     Address,
     announce_ready,
     listen,
@@ -44,15 +51,14 @@ from kvtransit.agents.common.process import (
     step_clock,
     timer_priority,
 )
-from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, QueueWaits, handoff_splits_body, queue_waits_body
-from kvtransit.agents.common.request_ids import wire_id
-from kvtransit.agents.common.tp_steps import TpSteps
-from kvtransit.agents.tp_group.leader import GroupFailed, GroupLeader, LeaderConfig
-from kvtransit.model.decode_plan import DecodeStepPlan, plan_decode_step
-from kvtransit.model.fidelity import lateness_mean, lateness_p99
-from kvtransit.model.kv_arrival import KNOWN_REQUESTS, NO_CLIENT_MESSAGE, KvArrivals, KvEndDecision, Verdict
+from kvtransit.flows.selection.decode_legs import RemoteKvFailed, RemoteKvLegs
+from kvtransit.flows.tp.group.leader import GroupFailed, GroupLeader, LeaderConfig
+from kvtransit.flows.tp.group.steps import TpSteps
+from kvtransit.model.judge.fidelity import lateness_mean, lateness_p99
 from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
-from kvtransit.model.serving import DecodeBatcher, ServingRequest
+from kvtransit.model.serving.decode_plan import DecodeStepPlan, plan_decode_step
+from kvtransit.model.serving.kv_arrival import KNOWN_REQUESTS, NO_CLIENT_MESSAGE, KvArrivals, KvEndDecision, Verdict
+from kvtransit.model.serving.policies import DecodeBatcher, ServingRequest
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock, DeadlineSchedule, wake_stamp_ns
 from kvtransit.runtime.tasks import TaskSet
@@ -60,13 +66,6 @@ from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire.errors import ErrorCode, RemoteProtocolError
 from kvtransit.wire.events import Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, Role, TokenEntry, Tokens
 from kvtransit.wire.limits import MAX_META, WIRE_VERSION, clip_reason
-
-from .accuracy_sample import AccuracySample
-from .handoff_splits import HandoffSplits
-from .incoming import Arrived, Incoming
-from .link_meter import LinkMeter, streamed_idle_ns
-from .model_accuracy import ModelAccuracy
-from .remote_kv import RemoteKvFailed, RemoteKvLegs
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +251,7 @@ class DecodeAgent:
                 or any(s < end_ns and start_ns < e for s, e in self._handoffs_done))
 
     async def _kv_end(self, endpoint: Endpoint, item: Incoming) -> None:
-        """The whole KV is here: act on what `KvArrivals.end` decides (model/kv_arrival.py says why each)."""
+        """The whole KV is here: act on what `KvArrivals.end` decides (model/serving/kv_arrival.py says why each)."""
         begin = item.begin
         if (withdrawn := self._withdrawn.get(begin.request_id)) is not None:
             # Its client went away before it came: never decoded (kept in mind, so a resend is dropped too). The
@@ -335,7 +334,7 @@ class DecodeAgent:
         scenario = self.scenario
         schedule: DeadlineSchedule | None = None  # None: idle, the next step starts now
         # Prompt lengths admitted since the last step ran: the next step also inverts their KV when the codec
-        # ran on the prefill GPU (model/decode_plan.py).
+        # ran on the prefill GPU (model/serving/decode_plan.py).
         admitted_prompts: list[int] = []
         while True:
             admitted = self.batcher.admit()
@@ -391,7 +390,7 @@ class DecodeAgent:
                                 for rid, index in result.tokens])
 
     async def _group_step(self, schedule: DeadlineSchedule, plan: DecodeStepPlan) -> int:
-        """A TP group's step (agents/common/tp_steps.py: TpSteps.run); the lateness of its end."""
+        """A TP group's step (flows/tp/group/steps.py: TpSteps.run); the lateness of its end."""
         assert self.group is not None and self.tp_steps is not None
         fresh_start_ns = schedule.start_ns if schedule.steps == 0 else None
         compute_end_ns = schedule.add(self.scenario.wall_s(plan.compute_s))
@@ -400,7 +399,7 @@ class DecodeAgent:
                                        compute_end_ns=compute_end_ns, end_ns=end_ns)
 
     def _remote_ids(self) -> list[int]:
-        """The running requests of the long-context class (model/remote_kv.py: in_remote_class)."""
+        """The running requests of the long-context class (flows/selection/remote_class.py: in_remote_class)."""
         if self.remote is None:
             return []
         return [wire_id(r) for r in self.batcher.running_ids if self.scenario.is_remote_request(wire_id(r))]
@@ -501,7 +500,7 @@ class DecodeAgent:
             if step in done and (failure := step.exception()) is not None:
                 raise failure
         finally:
-            self._stopping = True  # from here no KV is acked (see model/kv_arrival.py: stopping)
+            self._stopping = True  # from here no KV is acked (see model/serving/kv_arrival.py: stopping)
             await loops.close()
             await kv_server.shutdown(1.0)
             for client in list(self._clients):

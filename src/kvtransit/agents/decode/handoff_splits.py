@@ -1,4 +1,4 @@
-"""Every taken hand-off split at its first token (issue 20, model/layerwise.py: `HandoffSplit`), and the
+"""Every taken hand-off split at its first token (issue 20, model/serving/layerwise.py: `HandoffSplit`), and the
 streamed ones held against the model's exposed time.
 
 The exposed part is KV ready − first token; the hidden part runs from the first KV bytes here to the first token,
@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from kvtransit.model.fidelity import handoff_distribution, handoff_gap, prescribed_exposed_s
-from kvtransit.model.layerwise import HandoffSplit, link_was_free
+from kvtransit.agents.decode.incoming import Incoming
+from kvtransit.model.judge.fidelity import handoff_distribution, handoff_gap, prescribed_exposed_s
 from kvtransit.model.scenario import Scenario
-
-from .incoming import Incoming
+from kvtransit.model.serving.layerwise import HandoffSplit, link_was_free
 
 # How many of the latest streamed hand-offs are kept to tell whether the next found the link free: more than the
 # link's lanes can hold at once (REFERENCE §4: 1 by default), however many there are.
@@ -78,7 +77,7 @@ class HandoffSplits:
         self.streamed_pairs.append((exposed_s, prescribed_exposed_s(scenario, chunks, item.begin.n_layers)))
 
     def streamed_model_stats(self) -> dict | None:
-        """The streamed hand-offs that found the link free, exposed time against the model (model/fidelity.py's
+        """The streamed hand-offs that found the link free, exposed time against the model (model/judge/fidelity.py's
         hand-off rule on them); None when none was streamed."""
         if not self.streamed_handoffs:
             return None

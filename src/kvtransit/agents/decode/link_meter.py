@@ -5,7 +5,7 @@ crossed it, so this meter is where the link's achieved rate comes from (decode e
 
 from __future__ import annotations
 
-from .incoming import Arrived
+from kvtransit.agents.decode.incoming import Arrived
 
 
 class LinkMeter:

@@ -19,13 +19,12 @@ import logging
 from typing import Any
 
 from kvtransit.agents.common.model_worker import ModelWorker
+from kvtransit.agents.decode.incoming import Incoming
 from kvtransit.model.scenario import Scenario
 from kvtransit.realmodel import live
 from kvtransit.realmodel.errors import RealModelError
 from kvtransit.runtime.metrics import DecodeMetrics
 from kvtransit.runtime.tasks import TaskSet
-
-from .incoming import Incoming
 
 log = logging.getLogger(__name__)
 

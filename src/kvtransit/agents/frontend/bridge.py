@@ -26,19 +26,18 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from kvtransit.agents.common.process import Address, announce_ready, port_in_use_error, start_http
+from kvtransit.agents.frontend.openai_protocol import Limits, TokenCounter
+from kvtransit.agents.frontend.serving import Admission, OpenAIServer, RunOver
 from kvtransit.agents.loadgen.agent import LoadGenerator
 from kvtransit.agents.loadgen.ledger_writer import LedgerWriter
+from kvtransit.agents.process import Address, announce_ready, port_in_use_error, start_http
+from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import RequestRecord
-from kvtransit.model.workload import RequestSpec
+from kvtransit.model.serving.workload import RequestSpec
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire.events import Role
-
-from .openai_protocol import Limits, TokenCounter
-from .serving import Admission, OpenAIServer, RunOver
 
 CLIENT_GONE = "client gone"  # the ledger's and the report's failure reason for an abandoned request
 

@@ -22,12 +22,11 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvtransit.model.slo import RequestRecord
+from kvtransit.agents.frontend import openai_protocol as api
+from kvtransit.agents.frontend.openai_protocol import Job, Limits, OpenAIError, TokenCounter
+from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.http import HttpRequest, HttpResponse, HttpServer, HttpStream
-
-from . import openai_protocol as api
-from .openai_protocol import Job, Limits, OpenAIError, TokenCounter
 
 # A 32,768-token prompt is ~128 KiB of text or ~230 KiB as a JSON list of token ids; 8 MiB bounds a bad client
 # with room for long chat histories.

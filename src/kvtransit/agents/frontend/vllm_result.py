@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from kvtransit.model.slo import percentile
+from kvtransit.model.judge.slo import percentile
 
 # vLLM's `--metric-percentiles` default is "99"; the report carries p50, p90 and p99 of each figure.
 PERCENTILES = (50, 90, 99)
@@ -66,7 +66,7 @@ def _max_concurrent(done: Sequence[dict[str, Any]]) -> int:
 
 
 def vllm_result(report: dict[str, Any], *, date: str, label: str | None = None) -> dict[str, Any]:
-    """`report` (agents/loadgen/report.py's, as written) under vLLM's result keys. `date`: vLLM's "%Y%m%d-%H%M%S"."""
+    """`report` (report/build.py's, as written) under vLLM's result keys. `date`: vLLM's "%Y%m%d-%H%M%S"."""
     config = report.get("config") or {}
     requests = report.get("per_request") or []
     done = [r for r in requests if r.get("outcome") in COMPLETED and r.get("ttft_s") is not None

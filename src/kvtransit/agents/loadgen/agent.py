@@ -26,14 +26,18 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kvtransit.agents.common.process import Address, announce_ready, new_registry, start_http
 from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, parse_handoff_splits, parse_queue_waits
-from kvtransit.model.ledger_check import LEDGER_FILE
-from kvtransit.model.ledger_check import read as ledger_check
+from kvtransit.agents.loadgen.ledger_writer import LedgerWriter
+from kvtransit.agents.loadgen.model_accuracy_report import wait_for_models, wait_for_readings
+from kvtransit.agents.loadgen.workload_source import new_record, requests_for
+from kvtransit.agents.process import Address, announce_ready, new_registry, start_http
+from kvtransit.model.judge.ledger_check import LEDGER_FILE
+from kvtransit.model.judge.ledger_check import read as ledger_check
+from kvtransit.model.judge.slo import RequestRecord, percentile
 from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
-from kvtransit.model.serving import PrefillRouter, ServingRequest
-from kvtransit.model.slo import RequestRecord, percentile
-from kvtransit.model.workload import RequestSpec
+from kvtransit.model.serving.policies import PrefillRouter, ServingRequest
+from kvtransit.model.serving.workload import RequestSpec
+from kvtransit.report import build as run_report
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock, MonotonicClock, sleep_for
 from kvtransit.runtime.http_client import get_json
@@ -43,11 +47,6 @@ from kvtransit.runtime.transport import Endpoint, open_greeted
 from kvtransit.wire.errors import ErrorCode, ProtocolError
 from kvtransit.wire.events import Bye, Error, FirstToken, Request, Role, Tokens
 from kvtransit.wire.limits import clip_message
-
-from . import report as run_report
-from .ledger_writer import LedgerWriter
-from .model_accuracy_report import wait_for_models, wait_for_readings
-from .workload_source import new_record, requests_for
 
 log = logging.getLogger(__name__)
 
@@ -456,13 +455,14 @@ class LoadGenerator:
                                          tokens_overtaking=self.tokens_overtaking,
                                          missing_stats=missing_stats, workload=self.workload,
                                          handoff_splits=self.handoff_splits)
-        if self.ledger is not None:  # the ledger's own verdict on the run (model/ledger_check.py), beside the figures
+        # The ledger's own verdict on the run (model/judge/ledger_check.py), beside the figures.
+        if self.ledger is not None:
             assert self.ledger_path is not None  # the ledger was opened at it
             result["ledger"] = {"path": str(self.ledger_path), **ledger_check(self.ledger_path).summary()}
         self._amend_report(result)
         if self.report_path is not None:
             # No figures here: matplotlib is ~50 MB in a serving process (the whole-run test saw the load
             # generator's RSS grow by that at the end); `kvtransit up` draws them in the harness
-            # (emulator/launcher.py), so a standalone `kvtransit loadgen` report has none.
+            # (harness/up/launcher.py), so a standalone `kvtransit loadgen` report has none.
             run_report.write_report(result, self.report_path, figures=False)
         return result

@@ -1,6 +1,6 @@
 """The load generator's side of the request ledger: append-only JSONL, one record per line, flushed as written.
 
-Record kinds and the checker are in `kvtransit.model.ledger_check` (pure). `t` on kv_ready and outcome records is
+Record kinds and the checker are in `kvtransit.model.judge.ledger_check` (pure). `t` on kv_ready and outcome records is
 the injected clock in seconds: CLOCK_MONOTONIC by default (MonotonicClock), the host's shared clock, so a chaos run
 can line them up with when a fault began. Lines are written whole and flushed at once, so a load generator killed
 mid-run leaves at most a torn last line, which the checker tolerates.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from kvtransit.model.ledger_check import OUTCOMES
+from kvtransit.model.judge.ledger_check import OUTCOMES
 from kvtransit.runtime.clock import Clock, MonotonicClock
 
 

@@ -19,13 +19,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvtransit.agents.common.process import Address
+from kvtransit.agents.process import Address
 from kvtransit.model.scenario import Scenario
 from kvtransit.realmodel import live
+from kvtransit.report.peer_stats import stat_sum
 from kvtransit.runtime.clock import Clock, sleep_for
 from kvtransit.runtime.http_client import get_json
-
-from .peer_stats import stat_sum
 
 log = logging.getLogger(__name__)
 

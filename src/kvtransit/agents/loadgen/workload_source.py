@@ -1,4 +1,4 @@
-"""Where a run's requests come from: the scenario's drawn workload, or a trace file replayed (model/traces.py).
+"""Where a run's requests come from: the scenario's drawn workload, or a trace file replayed (model/serving/traces.py).
 
 A trace is opened by agents/common/trace_file.py (the pool warms from the same one: --pool-warm trace).
 `requests_for` is what the load generator replays; `workload_description` is what the report says about it (for a
@@ -8,16 +8,16 @@ trace: which file, how many of its requests from which one, the time scale, how 
 from __future__ import annotations
 
 from kvtransit.agents.common.trace_file import load_trace as load_trace
-from kvtransit.model.prefix_workloads import prefix_requests
-from kvtransit.model.ring_class import with_ring_prompts
+from kvtransit.flows.ring.ring_class import with_ring_prompts
+from kvtransit.flows.tier.workloads import prefix_requests
+from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.slo import RequestRecord
-from kvtransit.model.workload import RequestSpec, generate
+from kvtransit.model.serving.workload import RequestSpec, generate
 
 
 def requests_for(scenario: Scenario) -> list[RequestSpec]:
     """The requests the load generator sends, in arrival order (the ring class's with their long prompt:
-    model/ring_class.py; a ring class takes neither a trace nor a prefix workload, Scenario says)."""
+    flows/ring/ring_class.py; a ring class takes neither a trace nor a prefix workload, Scenario says)."""
     if scenario.trace:
         return load_trace(scenario).requests
     if scenario.prefix_workload != "none":

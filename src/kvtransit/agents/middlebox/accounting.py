@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
+from kvtransit.agents.middlebox.stages import LinkStage
+from kvtransit.agents.middlebox.stages.kernel import RUNS_ON_HOST, RUNS_ON_MODULE
 from kvtransit.runtime.egress import TransferRecord
 from kvtransit.runtime.metrics import MiddleboxMetrics, PoolRelayMetrics
-
-from .chunk_in_flight import ChunkInFlight
-from .stages import LinkStage
-from .stages.kernel import RUNS_ON_HOST, RUNS_ON_MODULE
 
 OUTCOME_OK = "ok"
 OUTCOME_FAILED = "failed"

@@ -33,8 +33,15 @@ import logging
 
 from prometheus_client import CollectorRegistry
 
-from kvtransit.model.layerwise import HANDOFF_LAYERWISE
+from kvtransit.agents.middlebox.accounting import HandoffAccounting
+from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
+from kvtransit.agents.middlebox.decode_peers import DEFAULT_CONNECT_TIMEOUT_S, DecodePeer, DecodePeers
+from kvtransit.agents.middlebox.faults import FaultChain
+from kvtransit.agents.middlebox.handoff import Handoff
+from kvtransit.agents.middlebox.pipeline import Abandoned, ByteBudget, Delivered, KvStream, Refused
+from kvtransit.agents.middlebox.stages import DEFAULT_CHAIN, ActiveKernel, ChainSettings, StageChain
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving.layerwise import HANDOFF_LAYERWISE
 from kvtransit.runtime.clock import Clock, MonotonicClock
 from kvtransit.runtime.egress import TransferRecord
 from kvtransit.runtime.metrics import middlebox_metrics
@@ -43,14 +50,6 @@ from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire import WIRE_VERSION, ErrorCode, clip_message, clip_reason
 from kvtransit.wire.errors import ProtocolError
 from kvtransit.wire.events import Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, KvEnd, Role
-
-from .accounting import HandoffAccounting
-from .chunk_in_flight import ChunkInFlight
-from .decode_peers import DEFAULT_CONNECT_TIMEOUT_S, DecodePeer, DecodePeers
-from .faults import FaultChain
-from .handoff import Handoff
-from .pipeline import Abandoned, ByteBudget, Delivered, KvStream, Refused
-from .stages import DEFAULT_CHAIN, ActiveKernel, ChainSettings, StageChain
 
 log = logging.getLogger(__name__)
 

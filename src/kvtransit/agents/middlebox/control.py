@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import math
 
-from kvtransit.model.module import KernelDeclaration, placement_check
+from kvtransit.agents.middlebox.app import Middlebox
+from kvtransit.agents.middlebox.faults import make_fault
+from kvtransit.agents.middlebox.stages.link import LINK_FIELDS
+from kvtransit.model.module.budget import KernelDeclaration, placement_check
 from kvtransit.runtime.http import HttpError, HttpRequest, HttpServer
-
-from .app import Middlebox
-from .faults import make_fault
-from .stages.link import LINK_FIELDS
 
 FAULTS_PREFIX = "/faults/"
 

@@ -21,6 +21,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from kvtransit.agents.middlebox.faults import FaultChain, FaultedEndpoint
+from kvtransit.agents.middlebox.handoff import Handoff
 from kvtransit.model.errors import ConfigError
 from kvtransit.runtime.redial import dial_within
 from kvtransit.runtime.tasks import TaskSet
@@ -28,9 +30,6 @@ from kvtransit.runtime.transport import Endpoint, open_greeted
 from kvtransit.runtime.transport.tcp_options import LINK_CONGESTION_CONTROL, congestion_control
 from kvtransit.wire.errors import ProtocolError
 from kvtransit.wire.events import Ack, Bye, Error, Role
-
-from .faults import FaultChain, FaultedEndpoint
-from .handoff import Handoff
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvtransit.agents.middlebox.pipeline import KvStream
 from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire.events import KvBegin
-
-from .pipeline import KvStream
 
 
 @dataclass

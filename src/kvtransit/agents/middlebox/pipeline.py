@@ -35,16 +35,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
+from kvtransit.agents.middlebox.stages import StageChain
+from kvtransit.agents.middlebox.stages.kernel import RUNS_ON_NONE, ActiveKernel
 from kvtransit.kernels import KernelInputError
 from kvtransit.model.errors import ConfigError
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.egress import Transfer
 from kvtransit.wire import ErrorCode, clip_message
 from kvtransit.wire.events import Error, KvBegin, KvChunk, KvEnd
-
-from .chunk_in_flight import ChunkInFlight
-from .stages import StageChain
-from .stages.kernel import RUNS_ON_NONE, ActiveKernel
 
 # Where an already-encoded chunk was encoded: the prefill compressed at the GPU (--compress-at gpu).
 RUNS_ON_GPU = "gpu"

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 
-from kvtransit.agents.common.process import Address, announce_ready, listen, new_registry, port_in_use_error, start_http
+from kvtransit.agents.middlebox.app import Middlebox
+from kvtransit.agents.middlebox.control import register_control_routes
+from kvtransit.agents.middlebox.toxiproxy_api import register_toxiproxy_routes
+from kvtransit.agents.process import Address, announce_ready, listen, new_registry, port_in_use_error, start_http
+from kvtransit.flows.selection.middlebox_relay import RemoteKvRelay
+from kvtransit.flows.tier.middlebox_pool import PoolRelay
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.http import HttpServer
 from kvtransit.runtime.metrics import remote_kv_metrics
 from kvtransit.wire.events import Role
-
-from .app import Middlebox
-from .control import register_control_routes
-from .pool import PoolRelay
-from .remote_kv import RemoteKvRelay
-from .toxiproxy_api import register_toxiproxy_routes
 
 
 class MiddleboxProcess:

@@ -19,15 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtransit.agents.middlebox.faults.bandwidth import Bandwidth
+from kvtransit.agents.middlebox.faults.base import Fault
+from kvtransit.agents.middlebox.faults.limit_data import LimitData
+from kvtransit.agents.middlebox.faults.reset_peer import ResetPeer
+from kvtransit.agents.middlebox.faults.slicer import Slicer
+from kvtransit.agents.middlebox.faults.timeout import Timeout
 from kvtransit.model.errors import ConfigError
 from kvtransit.runtime.clock import Clock
-
-from .faults.bandwidth import Bandwidth
-from .faults.base import Fault
-from .faults.limit_data import LimitData
-from .faults.reset_peer import ResetPeer
-from .faults.slicer import Slicer
-from .faults.timeout import Timeout
 
 KV_STREAM = "upstream"  # prefill (toxiproxy's client) -> decode (its upstream): the KV bytes
 STREAMS = ("upstream", "downstream")

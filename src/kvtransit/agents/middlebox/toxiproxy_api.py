@@ -23,13 +23,12 @@ from __future__ import annotations
 from typing import Any
 
 from kvtransit import __version__
+from kvtransit.agents.middlebox.app import Middlebox
+from kvtransit.agents.middlebox.faults.reset_peer import ResetPeer
+from kvtransit.agents.middlebox.faults.toxicity import PerConnection
+from kvtransit.agents.middlebox.toxics import Toxic, new_toxic, updated_toxic
 from kvtransit.model.errors import ConfigError
 from kvtransit.runtime.http import HttpError, HttpRequest, HttpResponse, HttpServer
-
-from .app import Middlebox
-from .faults.reset_peer import ResetPeer
-from .faults.toxicity import PerConnection
-from .toxics import Toxic, new_toxic, updated_toxic
 
 KV_PROXY = "kv"
 TOXIPROXY_API_VERSION = "2.12.0"  # the API these routes follow (Shopify/toxiproxy api.go, CHANGELOG 2.12.0)

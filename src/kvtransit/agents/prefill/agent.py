@@ -11,14 +11,14 @@ The KV of a batch is generated (and, with `compress_at="gpu"`, encoded) layer by
 sends it, while the step's timer runs on an idle link, so the host's real work overlaps the modelled GPU time;
 if it overruns, the step wakes late and the fidelity guard sees it.
 
-Layer-wise streaming and chunked prefill (issue 20, model/layerwise.py): with `--handoff layerwise` each layer of
-a request's KV is released as its compute ends within the step, and with `--prefill-chunk` a prompt is computed a
+Layer-wise streaming and chunked prefill (issue 20, model/serving/layerwise.py): with `--handoff layerwise` each layer
+of a request's KV is released as its compute ends within the step, and with `--prefill-chunk` a prompt is computed a
 chunk a step (`model.prefill_plan.ChunkedPrefillQueue`), each chunk's KV released by its own step. The hand-off is
-staged with the request's first chunk and each later chunk's step is added to its `ReleaseSchedule` as it is
-planned; the first token still comes at the end of the request's last chunk.
+staged with the request's first chunk and each later chunk's step is added to its `ReleaseSchedule` as it is planned;
+the first token still comes at the end of the request's last chunk.
 
-A ring request (`--ring-share`, model/ring_class.py) runs in a step of its own: the rest of its prompt is held,
-then its attention runs round the ring this prefill leads as rank 0 (`--ring-group`, agents/ring/group.py), every
+A ring request (`--ring-share`, flows/ring/ring_class.py) runs in a step of its own: the rest of its prompt is held,
+then its attention runs round the ring this prefill leads as rank 0 (`--ring-group`, flows/ring/group.py), every
 hop real bytes over the shaped ring link; its first token comes when the ring is done, measured, and its hand-off
 is staged as any other's. A ring that fails fails its request, and every later ring request, with the reason; the
 other requests go on.
@@ -39,7 +39,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtransit.agents.common import kv_frames
-from kvtransit.agents.common.process import (
+from kvtransit.agents.common.request_ids import wire_id
+from kvtransit.agents.prefill.handoff_frames import HandoffFrames, KvSource
+from kvtransit.agents.prefill.handoffs import HANDOFF_DEADLINE_S, HandoffLink, HeldHandoff, ReleaseSchedule
+from kvtransit.agents.prefill.real_kv import RealKv
+from kvtransit.agents.process import (
     Address,
     announce_ready,
     listen,
@@ -48,15 +52,17 @@ from kvtransit.agents.common.process import (
     step_clock,
     timer_priority,
 )
-from kvtransit.agents.common.request_ids import wire_id
-from kvtransit.agents.common.tp_steps import TpSteps
-from kvtransit.agents.ring.group import RingGroupConfig, RingGroupFailed, RingGroupLeader
-from kvtransit.agents.tp_group.leader import GroupFailed, GroupLeader, LeaderConfig
+from kvtransit.flows.ring.group import RingGroupConfig, RingGroupFailed, RingGroupLeader
+from kvtransit.flows.tier.prefix_cache import Lookup, PrefixReuse
+from kvtransit.flows.tp.group.leader import GroupFailed, GroupLeader, LeaderConfig
+from kvtransit.flows.tp.group.steps import TpSteps
 from kvtransit.kernels.synthetic_kv import SyntheticKv
-from kvtransit.model.fidelity import lateness_mean, lateness_p99
+from kvtransit.model.judge.fidelity import lateness_mean, lateness_p99
 from kvtransit.model.kv_scale import KvLayout
-from kvtransit.model.layerwise import HANDOFF_LAYERWISE, StepWindow, chunk_stops, kv_segments
-from kvtransit.model.prefill_plan import (
+from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
+from kvtransit.model.serving.layerwise import HANDOFF_LAYERWISE, StepWindow, chunk_stops, kv_segments
+from kvtransit.model.serving.policies import PrefillQueue, ServingRequest
+from kvtransit.model.serving.prefill_plan import (
     BatchEntry,
     ChunkedPrefillQueue,
     PrefillChunk,
@@ -64,8 +70,6 @@ from kvtransit.model.prefill_plan import (
     codec_on_gpu,
     plan_prefill_step,
 )
-from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
-from kvtransit.model.serving import PrefillQueue, ServingRequest
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock, DeadlineSchedule, wake_stamp_ns
 from kvtransit.runtime.tasks import TaskSet
@@ -73,11 +77,6 @@ from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire.errors import ErrorCode
 from kvtransit.wire.events import Bye, Error, FirstToken, Hello, KvBegin, Request, Role
 from kvtransit.wire.limits import WIRE_VERSION, clip_message
-
-from .handoff_frames import HandoffFrames, KvSource
-from .handoffs import HANDOFF_DEADLINE_S, HandoffLink, HeldHandoff, ReleaseSchedule
-from .prefix_cache import Lookup, PrefixReuse
-from .real_kv import RealKv
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +95,8 @@ class PrefillAgent:
                  ring_group: RingGroupConfig | None = None):
         """`pool_via`: the middlebox's pool port, for `--kv-pool pool` (prefix_cache.py). `clock`: what steps are
         held on (default: the monotonic clock, its wake-up lateness fed to the fidelity guard). `tp_group`: with
-        `prefill_tp` > 1, the follower ranks to lead (the launcher starts them first; agents/tp_group/).
-        `ring_group`: with `ring_share` > 0, the ring's follower ranks to lead (agents/ring/group.py)."""
+        `prefill_tp` > 1, the follower ranks to lead (the launcher starts them first; flows/tp/group/).
+        `ring_group`: with `ring_share` > 0, the ring's follower ranks to lead (flows/ring/group.py)."""
         self.scenario = scenario
         self.name = name
         self.listen_address, self.kv_to, self.metrics_listen = listen, kv_to, metrics_listen
@@ -247,7 +246,7 @@ class PrefillAgent:
                 self._step_handoff(step[entry.request_id], entry, window)
             # The step ends when its timer wakes: that instant, not a later read of the clock, stamps its first
             # tokens (wake_stamp_ns says why). A TP group's step holds its compute, all-reduces real bytes with its
-            # followers, then holds to the same end (agents/common/tp_steps.py).
+            # followers, then holds to the same end (flows/tp/group/steps.py).
             if plan.ring is not None:
                 try:
                     late_ns = await self._ring_step(plan, start_ns, deadline_ns)
@@ -349,8 +348,8 @@ class PrefillAgent:
         win back). The bytes are made as they are sent (handoff_frames.py).
 
         Streamed (layer-wise, chunked prefill), each frame carries its own release time instead (its layer's
-        compute ends then, model/layerwise.py), and the middlebox holds each until that; with chunked prefill the
-        first token is not planned yet at the first chunk (KvBegin.first_token_ns 0: decode takes it from the last
+        compute ends then, model/serving/layerwise.py), and the middlebox holds each until that; with chunked prefill
+        the first token is not planned yet at the first chunk (KvBegin.first_token_ns 0: decode takes it from the last
         frame's release time, the last chunk's end)."""
         request = admitted.request
         first_token_ns = window.end_ns if entry.last_chunk else 0

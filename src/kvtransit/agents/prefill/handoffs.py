@@ -36,8 +36,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kvtransit.agents.common.process import Address
-from kvtransit.model.layerwise import StepWindow, release_ns
+from kvtransit.agents.process import Address
+from kvtransit.model.serving.layerwise import StepWindow, release_ns
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.redial import dial_within, redial
@@ -82,7 +82,7 @@ class FrameSource(Protocol):
 
 class ReleaseSchedule:
     """When each token segment of a streamed hand-off's KV is computed: the step loop `plan`s each segment's step
-    as it schedules it; `release_ns` is then when a layer of it exists (model/layerwise.py)."""
+    as it schedules it; `release_ns` is then when a layer of it exists (model/serving/layerwise.py)."""
 
     def __init__(self, mode: str, layers: int, stops: tuple[int, ...]):
         """`stops`: where each segment ends along the prompt's tokens (HandoffFrames.stops)."""
@@ -93,7 +93,7 @@ class ReleaseSchedule:
 
     def plan(self, stop: int, window: StepWindow) -> None:
         """The prefill chunk ending at token `stop` runs in `window`; a chunk merged into the segment after it
-        (model/layerwise.py: kv_segments) releases nothing of its own."""
+        (model/serving/layerwise.py: kv_segments) releases nothing of its own."""
         if stop in self.stops:
             self.windows[self.stops.index(stop)] = window
             self._planned.set()

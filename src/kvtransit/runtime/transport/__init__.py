@@ -16,11 +16,11 @@ The same Endpoint runs over TCP and over memory, so one conformance suite covers
 (tests/integration/test_transport_conformance.py). Signal handling is `kvtransit.runtime.signals`.
 """
 
-from .endpoint import Endpoint
-from .memory import memory_pair
-from .protocol import FlowLimits, Part, is_borrowed
-from .server import Server, serve, serve_memory
-from .tcp import open_endpoint, open_greeted
+from kvtransit.runtime.transport.endpoint import Endpoint
+from kvtransit.runtime.transport.memory import memory_pair
+from kvtransit.runtime.transport.protocol import FlowLimits, Part, is_borrowed
+from kvtransit.runtime.transport.server import Server, serve, serve_memory
+from kvtransit.runtime.transport.tcp import open_endpoint, open_greeted
 
 __all__ = ["Endpoint", "FlowLimits", "Part", "Server", "is_borrowed", "memory_pair",
            "open_endpoint", "open_greeted", "serve", "serve_memory"]

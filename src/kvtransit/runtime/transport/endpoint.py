@@ -24,12 +24,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtransit.runtime.tasks import GOODBYE_TIMEOUT_S
+from kvtransit.runtime.transport.protocol import FramedProtocol, Part, SansIOConnection, is_borrowed
 from kvtransit.wire import State
 from kvtransit.wire.errors import ErrorCode, ProtocolError
 from kvtransit.wire.events import NEED_DATA, Bye, ConnectionClosed, Error
 from kvtransit.wire.limits import clip_message, clip_reason
-
-from .protocol import FramedProtocol, Part, SansIOConnection, is_borrowed
 
 log = logging.getLogger(__name__)
 

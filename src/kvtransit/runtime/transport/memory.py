@@ -11,10 +11,16 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from kvtransit.runtime.transport.endpoint import Endpoint
+from kvtransit.runtime.transport.protocol import (
+    DEFAULT_LIMITS,
+    ConnectionFactory,
+    FlowLimits,
+    FramedProtocol,
+    Part,
+    wire_connection,
+)
 from kvtransit.wire.events import Role
-
-from .endpoint import Endpoint
-from .protocol import DEFAULT_LIMITS, ConnectionFactory, FlowLimits, FramedProtocol, Part, wire_connection
 
 
 class MemoryTransport(asyncio.Transport):

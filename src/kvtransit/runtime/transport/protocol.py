@@ -21,11 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from kvtransit.runtime.transport.tcp_options import LINK_CONGESTION_CONTROL, keep_alive, use_congestion_control
 from kvtransit.wire import Connection
 from kvtransit.wire.events import KvEnd, Role
 from kvtransit.wire.limits import DEFAULT_READ_SIZE
-
-from .tcp_options import LINK_CONGESTION_CONTROL, keep_alive, use_congestion_control
 
 Part = bytes | bytearray | memoryview
 """One piece of an encoded frame, as `Connection.send_parts` returns it and `Endpoint.write_parts` takes it."""

@@ -14,13 +14,18 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from kvtransit.runtime.tasks import TaskSet
+from kvtransit.runtime.transport.endpoint import Endpoint
+from kvtransit.runtime.transport.memory import memory_pipe
+from kvtransit.runtime.transport.protocol import (
+    DEFAULT_LIMITS,
+    ConnectionFactory,
+    FlowLimits,
+    FramedProtocol,
+    wire_connection,
+)
+from kvtransit.runtime.transport.tcp import listen, open_endpoint
 from kvtransit.wire.errors import RemoteProtocolError
 from kvtransit.wire.events import Role
-
-from .endpoint import Endpoint
-from .memory import memory_pipe
-from .protocol import DEFAULT_LIMITS, ConnectionFactory, FlowLimits, FramedProtocol, wire_connection
-from .tcp import listen, open_endpoint
 
 log = logging.getLogger(__name__)
 

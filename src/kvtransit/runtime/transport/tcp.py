@@ -8,11 +8,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from kvtransit.runtime.transport.endpoint import Endpoint
+from kvtransit.runtime.transport.protocol import (
+    DEFAULT_LIMITS,
+    ConnectionFactory,
+    FlowLimits,
+    FramedProtocol,
+    wire_connection,
+)
 from kvtransit.wire.events import Hello, Role
 from kvtransit.wire.limits import WIRE_VERSION
-
-from .endpoint import Endpoint
-from .protocol import DEFAULT_LIMITS, ConnectionFactory, FlowLimits, FramedProtocol, wire_connection
 
 
 async def open_endpoint(host: str, port: int, our_role: Role, their_role: Role, *,

@@ -17,19 +17,18 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from kvtransit.agents.middlebox.faults.bandwidth import Bandwidth
+from kvtransit.agents.middlebox.faults.base import Fault, NextWrite
+from kvtransit.agents.middlebox.faults.corrupt import Corrupt
+from kvtransit.agents.middlebox.faults.latency import Latency
+from kvtransit.agents.middlebox.faults.limit_data import LimitData
+from kvtransit.agents.middlebox.faults.reset_peer import ResetPeer
+from kvtransit.agents.middlebox.faults.slicer import Slicer
+from kvtransit.agents.middlebox.faults.timeout import Timeout
 from kvtransit.model.errors import ConfigError
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.transport import Endpoint, Part
 from kvtransit.runtime.transport.protocol import SansIOConnection
-
-from .bandwidth import Bandwidth
-from .base import Fault, NextWrite
-from .corrupt import Corrupt
-from .latency import Latency
-from .limit_data import LimitData
-from .reset_peer import ResetPeer
-from .slicer import Slicer
-from .timeout import Timeout
 
 FAULT_TYPES: dict[str, type[Fault]] = {cls.kind: cls for cls in
                                         (Latency, Bandwidth, Slicer, Corrupt, ResetPeer, Timeout, LimitData)}

@@ -8,11 +8,10 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
+from kvtransit.agents.middlebox.faults.base import Fault, ParamRanges
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.transport import Part
 from kvtransit.wire.events import KvChunk
-
-from .base import Fault, ParamRanges
 
 
 class Corrupt(Fault):

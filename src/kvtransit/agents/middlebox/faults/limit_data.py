@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+from kvtransit.agents.middlebox.faults.base import Fault, NextWrite, ParamRanges, nbytes
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.transport import Endpoint, Part
-
-from .base import Fault, NextWrite, ParamRanges, nbytes
 
 MAX_BYTES = float(1 << 40)
 

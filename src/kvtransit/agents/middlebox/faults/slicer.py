@@ -7,10 +7,9 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
+from kvtransit.agents.middlebox.faults.base import Fault, NextWrite, ParamRanges
 from kvtransit.runtime.clock import Clock, sleep_for
 from kvtransit.runtime.transport import Endpoint, Part
-
-from .base import Fault, NextWrite, ParamRanges
 
 MAX_BYTES = float(1 << 24)
 

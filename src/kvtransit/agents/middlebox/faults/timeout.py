@@ -8,10 +8,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import ClassVar
 
+from kvtransit.agents.middlebox.faults.base import Fault, NextWrite, ParamRanges
 from kvtransit.runtime.clock import Clock, sleep_for
 from kvtransit.runtime.transport import Endpoint, Part
-
-from .base import Fault, NextWrite, ParamRanges
 
 MAX_S = 3600.0
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from kvtransit.agents.middlebox.faults.base import Fault, NextWrite
 from kvtransit.runtime.transport import Endpoint, Part
-
-from .base import Fault, NextWrite
 
 
 class PerConnection(Fault):

@@ -14,7 +14,7 @@ from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
 from kvtransit.model.errors import ConfigError
 
 if TYPE_CHECKING:
-    from .chain import ChainSettings
+    from kvtransit.agents.middlebox.stages.chain import ChainSettings
 
 
 class Stage:

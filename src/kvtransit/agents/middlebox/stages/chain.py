@@ -15,17 +15,16 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
+from kvtransit.agents.middlebox.stages.base import Stage
+from kvtransit.agents.middlebox.stages.kernel import ActiveKernel, KernelConfig, KernelStage
+from kvtransit.agents.middlebox.stages.link import LINK_BACKENDS, LinkStage
+from kvtransit.agents.middlebox.stages.module import ModuleStage
+from kvtransit.model.catalog.links import Link
 from kvtransit.model.errors import ConfigError, unknown_name
-from kvtransit.model.link_catalog import Link
-from kvtransit.model.module import Module, Policy
+from kvtransit.model.module.budget import Module, Policy
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.egress import TransferRecord
-
-from .base import Stage
-from .kernel import ActiveKernel, KernelConfig, KernelStage
-from .link import LINK_BACKENDS, LinkStage
-from .module import ModuleStage
 
 STAGE_KINDS: dict[str, type[Stage]] = {cls.name: cls for cls in (KernelStage, ModuleStage, LinkStage)}
 DEFAULT_CHAIN = ("kernel", "module", "link")

@@ -17,18 +17,17 @@ import ml_dtypes
 import numpy as np
 
 from kvtransit.agents.common.kv_frames import IDENTITY_CODEC_ID, byte_view, codec_id
-from kvtransit.agents.common.pool_blocks import transit_codec
 from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
+from kvtransit.agents.middlebox.stages.base import Stage
+from kvtransit.flows.tier.pool_blocks import transit_codec
 from kvtransit.kernels.registry import Codec
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.module import Action, BudgetResult, KernelDeclaration, Module, Policy, budget_check
+from kvtransit.model.module.budget import Action, BudgetResult, KernelDeclaration, Module, Policy, budget_check
 from kvtransit.wire import crc32c
 from kvtransit.wire.events import DType
 
-from .base import Stage
-
 if TYPE_CHECKING:
-    from .chain import ChainSettings
+    from kvtransit.agents.middlebox.stages.chain import ChainSettings
 
 # Wire element types the codecs accept (the prefill sends BF16, REFERENCE §1; tests also send f16/f32).
 NUMPY_DTYPES = {DType.BF16: np.dtype(ml_dtypes.bfloat16), DType.F16: np.dtype(np.float16),
@@ -85,7 +84,7 @@ def activate(config: KernelConfig, module: Module, policy: Policy) -> ActiveKern
     codec = transit_codec(config.codec, keep=config.keep, block=config.block, sinks=config.sinks,
                           variant=config.variant, precision_bits=config.precision_bits)
     # The run's (or the live API's) unknowns override the preset's: the same declaration Scenario.codec_declaration
-    # builds, so the middlebox and the model (model/fidelity.py) judge the kernel alike.
+    # builds, so the middlebox and the model (model/judge/fidelity.py) judge the kernel alike.
     declaration = replace(codec.declaration, transform_charged=config.transform_charged,
                           precision_bits=config.precision_bits, placement=config.placement)
     verdict = budget_check(declaration, module, policy)

@@ -14,17 +14,16 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from kvtransit.agents.middlebox.stages.base import Stage
+from kvtransit.model.catalog.links import Link
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.link_catalog import Link
 from kvtransit.runtime.egress import DEFAULT_SLICE_BYTES, EgressShaper
 from kvtransit.shaping.commands import burst_bytes as tc_burst_bytes
 from kvtransit.shaping.commands import wire_rate_Bps as tc_wire_rate_Bps
 from kvtransit.shaping.spec import SHAPED_MTU  # the shaped veth's MTU: its header overhead enters the hold
 
-from .base import Stage
-
 if TYPE_CHECKING:
-    from .chain import ChainSettings
+    from kvtransit.agents.middlebox.stages.chain import ChainSettings
 
 LINK_BACKENDS = ("userspace", "tc")
 # With the link's rate shaped by the kernel (tc on the egress veth), the user-space token bucket stays in

@@ -12,14 +12,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
-from kvtransit.model.energy import handoff_module_energy_j
-from kvtransit.model.module import Module
-
-from .base import Stage
-from .kernel import RUNS_ON_MODULE, ActiveKernel
+from kvtransit.agents.middlebox.stages.base import Stage
+from kvtransit.agents.middlebox.stages.kernel import RUNS_ON_MODULE, ActiveKernel
+from kvtransit.model.cost.energy import handoff_module_energy_j
+from kvtransit.model.module.budget import Module
 
 if TYPE_CHECKING:
-    from .chain import ChainSettings
+    from kvtransit.agents.middlebox.stages.chain import ChainSettings
 
 
 class ModuleStage(Stage):

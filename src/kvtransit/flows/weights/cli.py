@@ -1,0 +1,106 @@
+"""`kvtransit weights`: weight streaming live, a cold start and LoRA adapters paged in on demand.
+
+    kvtransit weights --model llama3-8b --link eth-25g --adapters 100 --rank 16 --capacity 8 --requests 40
+    kvtransit weights --kernel zstd --policy host
+
+Two processes over a shaped link (agents/weights): a store, and an instance that is unavailable until its BF16
+weights have streamed in (the cold start, measured), then serves --requests (Poisson at --rate, each naming one of
+--adapters adapters by a Zipf popularity) one at a time: an adapter not among its --capacity resident ones (an LRU)
+is paged in over the link before the prefill, so the request's TTFT includes the wait. A weight flow needs a
+lossless kernel: a lossy one is refused before anything runs; `zstd` (the lossless compressor a user would try)
+branches on the data, which the module does not publish, so it runs at the store and the instance with --policy
+host. Every byte that arrives is checked against what was sent. Printed: the cold start and the TTFTs (paged-in and
+resident) measured beside the model's for the same requests, the scale and the dilation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from kvtransit.cli._common import add_json_flag, number_or_auto, print_json, print_table
+
+MS = 1e3
+
+
+def register(subparsers) -> None:
+    from kvtransit.cli._model_args import add_model_flags
+    from kvtransit.model.catalog.devices import DEVICES
+
+    p = subparsers.add_parser("weights", help="weight streaming: a cold start and adapters paged in, live",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_flags(p, default="llama3-8b")
+    p.add_argument("--gpu", choices=sorted(DEVICES), default="h100", help="GPU (default h100)")
+    p.add_argument("--link", default="eth-25g", help="the link from the store (default eth-25g)")
+    p.add_argument("--kernel", default="none", help="the kernel on the flow: none (default), zstd, or a KV codec "
+                                                    "(refused: not lossless)")
+    p.add_argument("--policy", choices=("reject", "host"), default="reject",
+                   help="a kernel the module cannot run (zstd branches on the data): refuse it, or run it at the hosts")
+    p.add_argument("--adapters", type=int, default=100, help="LoRA adapters in the store (default 100)")
+    p.add_argument("--rank", type=int, default=16, help="their rank (default 16)")
+    p.add_argument("--capacity", type=int, default=8, help="adapters resident on the instance (default 8)")
+    p.add_argument("--requests", type=int, default=40, help="requests (default 40)")
+    p.add_argument("--rate", type=float, default=2.0, help="their Poisson rate, req/s (default 2)")
+    p.add_argument("--prompt", type=int, default=2048, help="prompt tokens a request (default 2048)")
+    p.add_argument("--zipf", type=float, default=1.0, help="the adapters' Zipf exponent (default 1; 0: uniform)")
+    p.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0)")
+    p.add_argument("--scale", type=number_or_auto, default="auto",
+                   help="every byte and the link's rate at this scale (default auto: what this host carries)")
+    p.add_argument("--dilation", type=number_or_auto, default="auto",
+                   help="stretch every modelled duration (default auto: what this host can carry)")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from kvtransit.cli._model_args import model_from_args
+    from kvtransit.flows.weights.run import plan_weights, run_weights
+    from kvtransit.model.catalog.devices import device_by_name
+    from kvtransit.model.catalog.links import link_by_name
+    from kvtransit.model.module.budget import Policy
+
+    plan = plan_weights(model_from_args(args), device_by_name(args.gpu), link_by_name(args.link),
+                        kernel=args.kernel, policy=Policy(args.policy), adapters=args.adapters, rank=args.rank,
+                        capacity=args.capacity, requests=args.requests, rate=args.rate, prompt_tokens=args.prompt,
+                        zipf=args.zipf, seed=args.seed, scale=args.scale, dilation=args.dilation)
+    report = asyncio.run(run_weights(plan))
+    summary = report.summary()
+    if args.json:
+        print_json(summary)
+        return 0 if report.ok else 1
+    print_report(summary)
+    return 0 if report.ok else 1
+
+
+def _ms(value: float) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value * MS:,.2f}"
+
+
+def _pct(value: float) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:+.2%}"
+
+
+def print_report(s: dict) -> None:
+    where = {"-": "", "hosts": " at the store and the instance", "transit": " in transit"}[s["runs_at"]]
+    if s["ok"]:
+        print_table(
+            f"weight streaming: {s['model']} on {s['device']} over {s['link']}, kernel {s['kernel']}{where}",
+            ["", "model (ms)", "measured (ms)", "measured − model"],
+            [["cold start (the weights, before serving)", _ms(s["model_cold_start_s"]), _ms(s["cold_start_s"]),
+              _pct(s["cold_start_error"])],
+             ["TTFT, median of all requests", _ms(s["model_ttft_median_s"]), _ms(s["ttft_median_s"]), ""],
+             [f"TTFT of a paged-in adapter ({s['misses']} misses)", "", _ms(s["miss_ttft_median_s"]),
+              _pct(s["miss_ttft_error_median"])],
+             [f"TTFT of a resident adapter ({s['hits']} hits)", "", "", _pct(s["hit_ttft_error_median"])]],
+            caption=(f"{s['requests']} requests at {s['rate_rps']:g}/s, {s['adapters']} rank-{s['rank']} adapters "
+                     f"({s['adapter_bytes'] / 1e6:,.1f} MB each) by Zipf, {s['capacity']} resident; prefill "
+                     f"{_ms(s['model_prefill_s'])} ms held; wire ratio {s['wire_ratio']:.3f}; misses "
+                     f"{s['misses']} (model {s['model_misses']}); worst request {_pct(s['ttft_error_max'])}; "
+                     f"scale {s['scale']:.4g} ({s['scale_why']}), dilation {s['dilation']:g} ({s['dilation_why']})"))
+        verdict = "within" if s["within_target"] else "NOT within"
+        print(f"a paged-in adapter's TTFT is {verdict} 2 % of the model (median {_pct(s['miss_ttft_error_median'])})")
+    print(f"faithful: {s['faithful_line']}")
+    for failure in s["failures"]:
+        print(f"FAILED: {failure}")

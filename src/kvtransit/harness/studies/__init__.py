@@ -1,0 +1,1 @@
+"""Studies made of many runs: sweeps, the candidate table, chaos."""

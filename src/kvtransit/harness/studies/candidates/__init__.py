@@ -1,0 +1,1 @@
+"""`kvtransit candidates`: the candidate table, one live scenario per row, judged by one rule."""

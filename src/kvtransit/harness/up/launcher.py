@@ -1,0 +1,504 @@
+"""`kvtransit up`: start a run's processes, supervise them, stop them, and show the report.
+
+Order: decode(s) → (kvpool, with --kv-pool pool) → middlebox → prefill(s) → loadgen, each `sys.executable -m
+kvtransit.cli <role> <scenario flags> …` with every port 0, its ports learnt from its `KVTRANSIT-READY` line (no
+races, no guessing). Each child runs in its own session, so a terminal's Ctrl-C reaches only the launcher, which
+then stops the run in order: the load generator first (it writes the report of what completed), then the rest,
+each by its pid (SIGTERM, then SIGKILL after a grace period).
+
+A child that exits while the run is on is a crash: the launcher names it, shows its last stderr lines,
+stops the run the same way, and still leaves the report of what completed.
+
+Placement (`placement.py`): with `--links auto|netns` on a host that can, the middlebox and the decode pool run in
+network namespaces and tc shapes the middlebox → decode veth; the namespaces, veths and qdiscs are removed by
+exact name when the run ends, fails or is interrupted (the manifest in the run dir lists them for
+`kvtransit links clean --manifest` after a crash of the launcher itself).
+
+The OpenAI front end (`--frontend`, `FrontendOptions`): `kvtransit frontend` runs in the load generator's place
+(same peers, report and ledger), its requests coming from outside clients instead of the drawn workload; its URL
+is announced once it is ready, and the run lasts until its own end condition (a request count, a duration) or
+Ctrl-C (agents/frontend/bridge.py).
+
+Prometheus (`--prometheus`): started once every agent is ready, scraping each one's /metrics; after a run that
+ends normally the agents and Prometheus are kept up PROMETHEUS_LINGER_SCRAPES scrape intervals, so the run's
+last figures are scraped too, then the agents stop, then Prometheus (by its pid, also on error or Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvtransit.agents.process import SUPERVISED_ENV, parse_ready_line
+from kvtransit.flows.ring import processes as ring_groups
+from kvtransit.flows.tp.processes import check_host, follower_argv, group_size, leader_config, switch_argv
+from kvtransit.harness.up.agent_commands import AGENT_MODULE, FrontendOptions, agent_commands
+from kvtransit.harness.up.placement import LOOPBACK, LinkSetup, choose_links
+from kvtransit.harness.up.supervisor import MAX_RESTARTS, pinned_argv
+from kvtransit.model.errors import ConfigError
+from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
+from kvtransit.runtime.http_client import get_json
+
+if TYPE_CHECKING:  # imported where it starts (only with --prometheus)
+    from kvtransit.harness.up.prometheus import PrometheusProcess
+
+READY_TIMEOUT_S = 60.0  # a cold start imports numpy, scipy, prometheus_client: seconds on a busy box
+# `--kv-sample real`: the prefill loads the real model and prefills its windows before it is ready (22 s to load
+# and 1.4 s a 512-token window on this 2-core box, measured; several times that on a busy one).
+REAL_KV_READY_EXTRA_S = 180.0
+# `--pool-warm trace`: the pool makes and compresses the window's warm blocks before it is ready (the deck-scale
+# tier preset's ~1,000 llama3-70b blocks at 1/341 took ~10 s with band-keep here; room for a busy box).
+POOL_WARM_READY_EXTRA_S = 120.0
+STOP_GRACE_S = 5.0
+STDERR_TAIL_LINES = 12
+# After a normal end with --prometheus: keep agents and Prometheus up this many scrape intervals, so the
+# run's last figures are scraped (one interval may just have begun when the run ended; two cover it).
+PROMETHEUS_LINGER_SCRAPES = 2
+PROMETHEUS_SCRAPE_INTERVAL_S = 1.0  # prometheus/prometheus.yml: global.scrape_interval
+
+
+# Roles that run in another role's place (network namespace, addresses): the KV pool beside the middlebox. A TP
+# group's follower ranks and switch run beside their prefill or decode (tp_groups.py; `Launcher._child(place=)`).
+RUNS_WITH = {"kvpool": "middlebox"}
+# A TP group's processes (tp_groups.py) and a ring's (ring_groups.py): one that exits fails its group, not the run.
+GROUP_ROLES = ("tp-rank", "switch", "ring-rank")
+# The client roles: one of them per run, started last and stopped first (it writes the report).
+CLIENT_ROLES = ("loadgen", "frontend")
+
+
+class RunFailed(Exception):
+    """A child process failed; the message names it and quotes its last error lines."""
+
+
+@dataclass
+class Child:
+    name: str
+    role: str
+    argv: list[str]
+    process: asyncio.subprocess.Process | None = None
+    ready: dict | None = None  # its readiness line, once it said it
+    ready_event: asyncio.Event = field(default_factory=asyncio.Event)
+    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
+    readers: list[asyncio.Task[None]] = field(default_factory=list)
+    host: str = "127.0.0.1"  # where the root namespace reaches its ports
+    kv_host: str = "127.0.0.1"  # decode: where its KV port listens (over the shaped link in netns mode)
+
+    @property
+    def started(self) -> asyncio.subprocess.Process:
+        """Its process: asked only of a child `Launcher._start` has started."""
+        assert self.process is not None, f"{self.name} was never started"
+        return self.process
+
+    @property
+    def ready_info(self) -> dict:
+        """Its readiness line: asked only of a child whose `Launcher._start` returned (it said it is ready)."""
+        assert self.ready is not None, f"{self.name} has not said it is ready"
+        return self.ready
+
+    def address(self, port_key: str) -> str:
+        # Decode's KV ingress and its remote-KV port are where the middlebox reaches it (over the shaped link).
+        host = self.kv_host if port_key in ("listen_port", "remote_kv_port") and self.role == "decode" else self.host
+        return f"{host}:{self.ready_info[port_key]}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def describe_exit(self) -> str:
+        code = self.process.returncode if self.process else None
+        tail = "\n".join(f"    {line}" for line in self.stderr_tail) or "    (no stderr output)"
+        how = f"exited with status {code}" if code is not None and code >= 0 else f"was killed by signal {-code}" \
+            if code is not None else "did not start"
+        return f"{self.name} (pid {self.pid}) {how}; its last stderr lines:\n{tail}"
+
+
+class Launcher:
+    def __init__(self, scenario: Scenario, *, report_path: Path, middlebox_command: list[str] | None = None,
+                 accuracy_sample: int = 8, drain_timeout_s: float | None = None,
+                 on_progress: Callable[[dict], None] | None = None, log: Callable[[str], None] = print,
+                 links: str = "loopback", prometheus: bool = False, run_dir: Path | None = None,
+                 restart_roles: tuple[str, ...] = (), frontend: FrontendOptions | None = None):
+        """`links`: "auto" | "netns" | "loopback" (placement.py). `prometheus`: start a real one once every agent is
+        ready. `run_dir` holds the links manifest and Prometheus's config (default: REPORT.run/ beside the
+        report). `restart_roles`: children of these roles ("middlebox", "decode") that exit mid-run are
+        restarted on the same ports (supervisor.py), at most MAX_RESTARTS times each; any other exit is a
+        crash that stops the run. `frontend`: run the OpenAI front end in the load generator's place."""
+        self.scenario = scenario
+        self.report_path = Path(report_path)
+        self.links_mode = links
+        self.want_prometheus = prometheus
+        self.run_dir = Path(run_dir) if run_dir is not None else self.report_path.with_suffix(".run")
+        self.link_setup: LinkSetup | None = None
+        self.prometheus: PrometheusProcess | None = None  # while it runs
+        self.middlebox_command = middlebox_command or [*AGENT_MODULE, "middlebox"]
+        self.accuracy_sample = accuracy_sample
+        self.drain_timeout_s = drain_timeout_s
+        self.on_progress = on_progress
+        self.log = log
+        self.children: list[Child] = []
+        self.crashed: Child | None = None
+        self.restart_roles = tuple(restart_roles)
+        self.restarts: list[dict] = []  # {"name", "exited_at", "ready_at"}: monotonic seconds
+        self.group_losses: list[str] = []  # TP group processes that exited mid-run (their leader fails requests)
+        self.frontend = frontend
+        self.frontend_url: str | None = None  # once the front end said it is ready
+
+    # -- processes -----------------------------------------------------------------------------------------
+
+    async def _start(self, child: Child) -> dict:
+        self.children.append(child)
+        child.process = process = await asyncio.create_subprocess_exec(
+            *child.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            env={**os.environ, SUPERVISED_ENV: str(os.getpid())})
+        assert process.stdout is not None and process.stderr is not None  # both PIPE
+        child.readers = [asyncio.create_task(self._read_stdout(child, process.stdout)),
+                         asyncio.create_task(self._read_stderr(child, process.stderr))]
+        ready = asyncio.create_task(child.ready_event.wait())
+        exited = asyncio.create_task(process.wait())
+        timeout_s = READY_TIMEOUT_S + (REAL_KV_READY_EXTRA_S if child.role == "prefill"
+                                       and self.scenario.kv_sample == REAL_MODEL_KV else 0.0) \
+            + (POOL_WARM_READY_EXTRA_S if child.role == "kvpool" and self.scenario.pool_warm == "trace" else 0.0)
+        done, _ = await asyncio.wait([ready, exited], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        if child.ready is not None:
+            exited.cancel()
+            return child.ready
+        if exited in done:
+            await asyncio.gather(*child.readers, return_exceptions=True)
+            raise RunFailed(f"{child.name} failed to start: {child.describe_exit()}")
+        exited.cancel()
+        raise RunFailed(f"{child.name} (pid {child.pid}) was not ready after {timeout_s:.0f} s")
+
+    async def _read_stdout(self, child: Child, stdout: asyncio.StreamReader) -> None:
+        while line := await stdout.readline():
+            text = line.decode(errors="replace").rstrip()
+            info = parse_ready_line(text)
+            if info is not None and child.ready is None:
+                child.ready = info
+                child.ready_event.set()
+
+    async def _read_stderr(self, child: Child, stderr: asyncio.StreamReader) -> None:
+        while line := await stderr.readline():
+            child.stderr_tail.append(line.decode(errors="replace").rstrip())
+
+    async def _stop(self, child: Child) -> None:
+        """SIGTERM by pid, then SIGKILL after the grace period."""
+        process = child.process
+        if process is None or process.returncode is not None:
+            return
+        try:
+            os.kill(process.pid, signal.SIGTERM)
+            async with asyncio.timeout(STOP_GRACE_S):
+                await process.wait()
+        except ProcessLookupError:
+            pass
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+            await process.wait()
+
+    async def stop_all(self) -> None:
+        """The load generator first (it writes the report), then the rest in reverse start order."""
+        loadgens = [c for c in self.children if c.role in CLIENT_ROLES]
+        for child in loadgens:
+            await self._stop(child)
+        for child in reversed([c for c in self.children if c.role not in CLIENT_ROLES]):
+            await self._stop(child)
+        for child in self.children:
+            await asyncio.gather(*child.readers, return_exceptions=True)
+
+    # -- the run -------------------------------------------------------------------------------------------
+
+    @property
+    def _links(self) -> LinkSetup:
+        assert self.link_setup is not None, "run() chooses the links before it starts anything"
+        return self.link_setup
+
+    def _command(self, role: str, index: int = 0, **known: str) -> list[str]:
+        setup = self._links
+        argv = agent_commands(self.scenario, index=index, report=str(self.report_path),
+                              accuracy_sample=self.accuracy_sample, drain_timeout_s=self.drain_timeout_s,
+                              middlebox_command=self.middlebox_command, link_backend=setup.link_backend,
+                              hosts=setup.host, frontend=self.frontend, **known)[role]
+        return setup.wrap(RUNS_WITH.get(role, role), argv)
+
+    def _child(self, name: str, role: str, argv: list[str], place: str | None = None) -> Child:
+        """`place`: the role it runs beside (RUNS_WITH's, unless given: a TP group's processes run with theirs)."""
+        setup, place = self._links, place or RUNS_WITH.get(role, role)
+        return Child(name, role, argv, host=setup.host(place, "front"), kv_host=setup.host(place, "kv"))
+
+    async def _start_prometheus(self, ready: list[Child]) -> None:
+        from kvtransit.harness.up.prometheus import ScrapeTarget, start_prometheus
+
+        # A TP group's follower ranks serve no metrics (their leader, a prefill or decode, reports the group's).
+        targets = [ScrapeTarget(child.role, child.address("metrics_port")) for child in ready
+                   if "metrics_port" in child.ready_info]
+        testbed = self._links.testbed
+        run_id = testbed.run_id if testbed is not None else None
+        # Blocking (it waits for /-/ready): in a thread, so the children's output keeps being read meanwhile.
+        self.prometheus = prometheus = await asyncio.to_thread(start_prometheus, self.run_dir, targets, run_id=run_id)
+        self.log(prometheus.announcement())
+        self.log(f"kvtransit up: Prometheus at {prometheus.url} scraping {len(targets)} targets "
+                 f"(it stops with the run)")
+
+    def _stop_prometheus(self) -> None:
+        if self.prometheus is not None:
+            self.prometheus.stop()
+
+    def _annotate_report(self) -> None:
+        """Join what only the launcher knows (the links' back-ends, Prometheus's URL) into the report."""
+        if not self.report_path.exists():
+            return
+        import json
+
+        from kvtransit.report.build import annotate_report, write_report
+
+        report = json.loads(self.report_path.read_text())
+        annotate_report(report, links=self.link_setup.describe() if self.link_setup else None,
+                        prometheus_url=self.prometheus.url if self.prometheus is not None else None)
+        # The figures are drawn here, in the harness, not in the load generator (a serving process: its memory
+        # is the run's), from the report it wrote.
+        write_report(report, self.report_path)
+
+    async def _progress(self, loadgen: Child, decodes: list[Child]) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                snapshot = await get_json(loadgen.host, loadgen.ready_info["metrics_port"], "/stats", timeout_s=2.0)
+                link_bytes = 0.0
+                busy = 0.0
+                for decode in decodes:
+                    stats = await get_json(decode.host, decode.ready_info["metrics_port"], "/stats", timeout_s=2.0)
+                    link_bytes += stats["link"]["wire_bytes"]
+                    busy += stats["link"]["busy_s"]
+            except (TimeoutError, OSError, ConnectionError, ValueError, KeyError):
+                continue
+            snapshot["link_Bps"] = (link_bytes / busy / self.scenario.effective_scale * self.scenario.effective_dilation
+                                    if busy else None)
+            if self.on_progress is not None:
+                self.on_progress(snapshot)
+
+    async def run(self, stop: asyncio.Event | None = None) -> Path | None:
+        """Run to the end (or until `stop`); returns the report path if one was written. Raises RunFailed."""
+        stop = stop or asyncio.Event()
+        scenario = self.scenario
+        if self.want_prometheus:
+            from kvtransit.harness.up.prometheus import config_source_dir, find_prometheus
+
+            find_prometheus()  # missing: a one-line error with the install hint, before anything starts
+            config_source_dir()
+        check_host(scenario)  # a TP group larger than this host can start: one line, before anything starts
+        ring_groups.check_host(scenario)  # so is a ring
+        if scenario.ring and self.frontend is not None:
+            raise ConfigError("ring_share: the ring class gives the load generator's requests their long prompt; the "
+                              "OpenAI front end's requests bring their own (give --ring-share 0 with the front end)")
+        if scenario.decode_tp > 1 and "decode" in self.restart_roles:
+            raise ConfigError("--restart decode: a decode that leads a TP group (--decode-tp > 1) cannot be restarted "
+                              "alone (its followers' ring is joined to it); restart: middlebox")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Blocking ip/tc calls (well under a second); nothing else runs yet.
+        self.link_setup = choose_links(scenario, self.links_mode, manifest_path=self.run_dir / "links.json")
+        self.log(self.link_setup.summary())
+        for note in self.link_setup.notes:
+            self.log(f"links: {note}")
+        try:
+            try:
+                decode_children = []
+                for i in range(scenario.decode):
+                    tp_group = await self._start_tp_group("decode", i)
+                    argv = self._command("decode", i)
+                    if tp_group:
+                        argv += ["--tp-group", tp_group]
+                    decode_children.append(self._child(f"decode-{i}", "decode", argv))
+                    await self._start(decode_children[-1])
+                pool_children = []  # --kv-pool pool: the KV pool, before the middlebox that reaches it
+                if scenario.kv_pool == "pool":
+                    pool_children.append(self._child("kvpool-0", "kvpool", self._command("kvpool")))
+                    await self._start(pool_children[0])
+                middlebox_child = self._child("middlebox-0", "middlebox", self._command(
+                    "middlebox", 0, decode_kv=_addresses(decode_children, "listen_port"),
+                    kvpool=f"{LOOPBACK}:{pool_children[0].ready_info['listen_port']}" if pool_children else "",
+                    **_remote_kv_addresses(scenario, decode_children, pool_children)))
+                await self._start(middlebox_child)
+                # A fault tool needs this while the run is on (toxiproxy clients, Chaos Toolkit: toxiproxy_api.py).
+                self.log(f"kvtransit up: middlebox control API at http://{middlebox_child.address('control_port')} "
+                         "(also toxiproxy's API: /proxies, /reset)")
+                pool_via = middlebox_child.address("pool_port") if pool_children else ""
+                prefill_children = []
+                for i in range(scenario.prefill):
+                    tp_group = await self._start_tp_group("prefill", i)
+                    ring_group = await self._start_ring_group(i)
+                    argv = self._command("prefill", i, middlebox_kv=_addresses([middlebox_child], "listen_port"),
+                                         pool_via=pool_via)
+                    prefill_children.append(self._child(f"prefill-{i}", "prefill", argv
+                                                        + (["--tp-group", tp_group] if tp_group else [])
+                                                        + (["--ring-group", ring_group] if ring_group else [])))
+                    await self._start(prefill_children[-1])
+                client = "frontend" if self.frontend is not None else "loadgen"
+                loadgen_child = self._child(f"{client}-0", client, self._command(
+                    client, prefills=_addresses(prefill_children, "listen_port"),
+                    decode_clients=_addresses(decode_children, "client_port"),
+                    stats=_addresses([*decode_children, *pool_children, middlebox_child, *prefill_children],
+                                     "metrics_port")))
+                await self._start(loadgen_child)
+                if self.frontend is not None:
+                    self._announce_frontend(loadgen_child)
+                if self.want_prometheus:
+                    await self._start_prometheus(self.children)
+                progress = asyncio.create_task(self._progress(loadgen_child, decode_children))
+                try:
+                    await self._supervise(loadgen_child, stop)
+                    if self.prometheus is not None and self.crashed is None and not stop.is_set():
+                        await self._linger(stop)
+                finally:
+                    progress.cancel()
+                    await asyncio.gather(progress, return_exceptions=True)
+            finally:
+                await self.stop_all()
+                self._stop_prometheus()
+        except BaseException:
+            self._cleanup_links(failing=True)
+            raise
+        self._cleanup_links(failing=False)
+        self._annotate_report()
+        if self.crashed is not None:
+            raise RunFailed(self.crashed.describe_exit())
+        loadgen_exit = loadgen_child.started.returncode
+        if loadgen_exit not in (0, -signal.SIGTERM) and not self.report_path.exists():
+            raise RunFailed(loadgen_child.describe_exit())
+        return self.report_path if self.report_path.exists() else None
+
+    async def _start_tp_group(self, role: str, index: int) -> str:
+        """`--prefill-tp / --decode-tp N`: the follower ranks (and switch) of `role` instance `index`, started where
+        it will run; its `--tp-group` JSON (tp_groups.py), or "" without a group."""
+        scenario, setup = self.scenario, self._links
+        if group_size(scenario, role) == 1:
+            return ""
+        switch = None
+        if scenario.allreduce == "switch":
+            child = self._child(f"{role}-{index}-switch", "switch", setup.wrap(role, switch_argv(
+                scenario, role, index, setup.host(role, "front"))), place=role)
+            switch = await self._start(child)
+        followers = []
+        for rank in range(1, group_size(scenario, role)):
+            child = self._child(f"{role}-{index}-rank-{rank}", "tp-rank",
+                                setup.wrap(role, follower_argv(scenario, role, index, rank)), place=role)
+            followers.append(await self._start(child))
+        return leader_config(scenario, role, index, followers, switch)
+
+    async def _start_ring_group(self, index: int) -> str:
+        """`--ring-share`: the n − 1 follower ranks of prefill `index`'s ring, started where it will run; its
+        `--ring-group` JSON (ring_groups.py), or "" without a ring class."""
+        scenario, setup = self.scenario, self._links
+        if not scenario.ring:
+            return ""
+        followers = []
+        for rank in range(1, scenario.ring_ranks):
+            child = self._child(f"prefill-{index}-ring-{rank}", "ring-rank",
+                                setup.wrap("prefill", ring_groups.follower_argv(scenario, index, rank)),
+                                place="prefill")
+            followers.append(await self._start(child))
+        return ring_groups.leader_config(index, followers)
+
+    def _announce_frontend(self, child: Child) -> None:
+        assert self.frontend is not None  # called only with a front end
+        self.frontend_url = f"http://{child.host}:{child.ready_info['openai_port']}/v1"
+        ends = [f"after {self.frontend.max_requests} requests" if self.frontend.max_requests else "",
+                f"after {self.frontend.duration_s:g} s" if self.frontend.duration_s else "", "on Ctrl-C"]
+        self.log(f"kvtransit up: OpenAI-compatible front end at {self.frontend_url} (model "
+                 f"{self.frontend.served_model or self.scenario.model}); the run ends "
+                 f"{' or '.join(e for e in ends if e)}")
+
+    async def _linger(self, stop: asyncio.Event) -> None:
+        """Keep the agents (and Prometheus) up a couple of scrape intervals after the load generator is done."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(PROMETHEUS_LINGER_SCRAPES * PROMETHEUS_SCRAPE_INTERVAL_S):
+                await stop.wait()
+
+    def _cleanup_links(self, *, failing: bool) -> None:
+        """Every namespace, veth and qdisc of the run, by exact name. A failure here is loud and says how to
+        finish the job; on the way out of another failure it must not hide that one."""
+        setup = self.link_setup
+        if setup is None:
+            return
+        try:
+            setup.cleanup()
+        except Exception as exc:
+            message = f"kvtransit up: removing the run's network namespaces failed: {exc}; {setup.clean_hint()}"
+            if failing:
+                self.log(message)
+            else:
+                raise RunFailed(message) from exc
+        else:
+            if failing and setup.manifest_path is not None:
+                self.log(f"kvtransit up: the run's namespaces and veths were removed ({setup.clean_hint()})")
+
+    def current(self, role: str) -> Child:
+        """The live (latest) child of a role: a restarted child replaces the one that died."""
+        return [c for c in self.children if c.role == role][-1]
+
+    async def _restart(self, child: Child) -> Child:
+        exited_at = time.monotonic()
+        fresh = Child(child.name, child.role, pinned_argv(child.argv, child.ready_info), host=child.host,
+                      kv_host=child.kv_host)
+        self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: restarting {child.name} on the same ports")
+        await self._start(fresh)
+        self.restarts.append({"name": child.name, "exited_at": exited_at, "ready_at": time.monotonic()})
+        return fresh
+
+    async def _supervise(self, loadgen: Child, stop: asyncio.Event) -> None:
+        """Until the load generator exits: a child of `restart_roles` that exits is restarted on its ports, any
+        other exit is a crash; `stop` ends the run early."""
+        waits = {asyncio.create_task(c.started.wait()): c for c in self.children}
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            while True:
+                done, _ = await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
+                if stopper in done:
+                    return
+                for task in done:
+                    child = waits.pop(task)
+                    if child is loadgen:
+                        return
+                    if child.role in GROUP_ROLES and not stop.is_set():
+                        # A TP group's rank or switch: its leader finds the group failed and fails every request it
+                        # takes with the reason (flows/tp/group/leader.py), so the run goes on and ends accounted.
+                        self.group_losses.append(child.name)
+                        what = "ring" if child.role == "ring-rank" else "TP group"
+                        self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: its {what} has failed; its "
+                                 "prefill or decode fails the requests it takes with the reason")
+                        continue
+                    restarted = sum(1 for r in self.restarts if r["name"] == child.name)
+                    if child.role in self.restart_roles and restarted < MAX_RESTARTS and not stop.is_set():
+                        fresh = await self._restart(child)
+                        waits[asyncio.create_task(fresh.started.wait())] = fresh
+                        continue
+                    self.crashed = child
+                    self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: stopping the run; the report "
+                             "will hold what completed")
+                    return
+        finally:
+            stopper.cancel()
+            for task in waits:
+                task.cancel()
+
+
+def _remote_kv_addresses(scenario: Scenario, decodes: list[Child], pools: list[Child]) -> dict[str, str]:
+    """--kv-placement remote: the decodes' and the pool's remote-KV ports, as the middlebox reaches them."""
+    if not scenario.remote_kv:
+        return {}
+    return {"decode_remote_kv": _addresses(decodes, "remote_kv_port"),
+            "kvpool_remote_kv": f"{LOOPBACK}:{pools[0].ready_info['remote_kv_port']}"}
+
+
+def _addresses(children: list[Child], port_key: str) -> str:
+    return ",".join(child.address(port_key) for child in children)

@@ -1,0 +1,186 @@
+"""One prefill step, planned before it is held (REFERENCE §3-§4; the I/O is agents/prefill/agent.py).
+
+The batch is what `PrefillQueue.take_batch` gave (model/serving/policies.py). For it the plan says how long the step
+holds and what it costs:
+
+- **time**: the roofline prefill of the batch, each prompt starting from the tokens its prefix lookup found
+  cached (`prefill_step_cached_s`: the cached KV is re-read, not recomputed; with nothing cached it is exactly
+  `prefill_step_s`), plus, when the codec runs on the prefill GPU (`compress_at="gpu"`), the codec's GPU time
+  of every request (`Scenario.gpu_codec_s`); held on the wall clock × dilation;
+- **energy**: the step's GPU energy (`step_energy_j`) plus, with the codec on the GPU, the codec's work
+  (`Scenario.gpu_codec_work`);
+- **hand-offs**: which requests go on to decode (output > 1 token) and which are done at their first token,
+  as in the simulator.
+
+A ring request (`Scenario.is_ring_request`, flows/ring/ring_class.py) is a batch of its own (the queue keeps it alone):
+its plan is the ring's (`ring`): the rest of its prompt held by the prefill, then the ring's attention, which the
+ring's ranks run live (flows/ring/group.py); its energy is its whole prompt's work over the ring's GPUs.
+
+With chunked prefill (`Scenario.prefill_chunk`, issue 20) the batch is what `ChunkedPrefillQueue.take_batch`
+gave: the next chunk of each request it holds, in FIFO order (Sarathi-Serve's chunked prefill, as vLLM schedules
+it: one chunk of a prompt a step, the prompt's earlier chunks read back as context). An entry is then one chunk:
+`prompt_tokens` is the context after it, `cached_tokens` the context before it (its prefix found cached, and its
+earlier chunks), and only a request's last chunk gives its first token.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from kvtransit.flows.ring.ring_class import RingPrefill
+from kvtransit.flows.tp.group_step import GroupCollectives, live_collectives
+from kvtransit.flows.tp.model import parallel_step
+from kvtransit.model.cost.roofline import prefill_step_cached_s, prefill_work_cached, step_energy_j
+from kvtransit.model.errors import ConfigError
+from kvtransit.model.scenario import PREFILL_CHUNK_RANGE, Scenario
+from kvtransit.model.serving.policies import PREFILL_BATCH_TOKEN_LIMIT, PromptFifo, ServingRequest
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One request of the batch, as the step sees it."""
+
+    request_id: Hashable
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0  # of the prompt, found cached by its prefix lookup (0 without prefix reuse)
+    # Chunked prefill: this step computes one chunk of the prompt; `prompt_tokens` is the context after it and
+    # `cached_tokens` the context before it. Whole prompts are their own first and last chunk.
+    first_chunk: bool = True
+    last_chunk: bool = True
+
+    @property
+    def hands_off(self) -> bool:
+        """Its KV goes on to decode; with a single output token the request is done at its first token."""
+        return self.output_tokens > 1
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens of KV this step adds to the request's hand-off: all the context on its first chunk (a cached
+        prefix goes with it), then each chunk's own."""
+        return self.prompt_tokens if self.first_chunk else self.prompt_tokens - self.cached_tokens
+
+
+@dataclass(frozen=True)
+class PrefillStepPlan:
+    entries: tuple[BatchEntry, ...]
+    model_s: float  # modelled step time, the GPU codec's and the TP group's all-reduces included
+    wall_s: float  # as held: model_s × dilation
+    energy_j: float  # GPU energy of the step, the GPU codec's included
+    collective_s: float = 0.0  # of model_s, the TP group's all-reduces (0 without a group)
+    group: GroupCollectives | None = None  # what the live group carries (prefill_tp > 1)
+    ring: RingPrefill | None = None  # a ring request's step: its model (model_s is its total_s)
+
+    @property
+    def compute_s(self) -> float:
+        """The part held before the all-reduces."""
+        return self.model_s - self.collective_s
+
+    @property
+    def handoffs(self) -> tuple[BatchEntry, ...]:
+        return tuple(e for e in self.entries if e.hands_off)
+
+    @property
+    def done_at_prefill(self) -> tuple[BatchEntry, ...]:
+        return tuple(e for e in self.entries if not e.hands_off)
+
+
+def codec_on_gpu(scenario: Scenario) -> bool:
+    """Whether the prefill GPU runs the codec (the all-GPU baseline): `compress_at="gpu"` with a real codec."""
+    return scenario.compress_at == "gpu" and scenario.codec != "none"
+
+
+def plan_prefill_step(scenario: Scenario, entries: Sequence[BatchEntry]) -> PrefillStepPlan:
+    """The plan of a step over `entries` (at least one); the module docstring says what goes in."""
+    model, device = scenario.model_spec, scenario.device_spec
+    if scenario.ring and any(isinstance(e.request_id, int) and scenario.is_ring_request(e.request_id)
+                             for e in entries):
+        if len(entries) != 1:
+            raise ConfigError(f"a ring request runs in a step of its own, got a batch of {len(entries)}")
+        if entries[0].prompt_tokens != scenario.ring_prompt:
+            raise ConfigError(f"request {entries[0].request_id}: a ring request's prompt is ring_prompt "
+                              f"({scenario.ring_prompt}) tokens, got {entries[0].prompt_tokens}")
+        ring = scenario.ring_model
+        energy_j = step_energy_j(device, prefill_work_cached(model, [(entries[0].prompt_tokens, 0)]))
+        return PrefillStepPlan(tuple(entries), ring.total_s, scenario.wall_s(ring.total_s), energy_j, ring=ring)
+    prompts = [(e.prompt_tokens, e.cached_tokens) for e in entries]
+    codec_s = sum(scenario.gpu_codec_s(e.kv_tokens) for e in entries)
+    energy_j = step_energy_j(device, prefill_work_cached(model, prompts))
+    if codec_on_gpu(scenario):
+        energy_j += sum(step_energy_j(device, scenario.gpu_codec_work(e.kv_tokens)) for e in entries)
+    if scenario.prefill_tp == 1:
+        model_s = prefill_step_cached_s(model, device, scenario.gpus, prompts) + codec_s
+        return PrefillStepPlan(tuple(entries), model_s, scenario.wall_s(model_s), energy_j)
+    # A TP group (issue 17 part 4): the shard's roofline, then 2·L all-reduces of every token the step computes.
+    computed = max(1, sum(p - c for p, c in prompts))
+    step = parallel_step(model, device, prefill_work_cached(model, prompts), computed, scenario.scaleup_link_spec,
+                         tp=scenario.prefill_tp, allreduce=scenario.allreduce, module=scenario.module)
+    model_s = step.total_s + codec_s
+    return PrefillStepPlan(tuple(entries), model_s, scenario.wall_s(model_s), energy_j, step.collective_s,
+                           live_collectives(scenario, scenario.prefill_tp, step))
+
+
+# --- chunked prefill ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """One chunk of a request's prompt, tokens [start, stop) of the `request.prompt_tokens` it has to compute."""
+
+    request: ServingRequest
+    start: int
+    stop: int
+
+    @property
+    def first(self) -> bool:
+        return self.start == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stop == self.request.prompt_tokens
+
+    @property
+    def tokens(self) -> int:
+        return self.stop - self.start
+
+
+class ChunkedPrefillQueue(PromptFifo[tuple[ServingRequest, int]]):
+    """One prefill instance's FIFO queue with chunked prefill: a step takes the next chunk (at most `chunk_tokens`)
+    of the head request, then the next chunk of each request behind it while the batch stays within the token
+    budget, stopping at the first that would overflow it (REFERENCE §4's strict FIFO, one chunk a request a step:
+    a chunk needs the KV of the chunks before it). A request keeps its place until its last chunk has run. The
+    same face as `serving.PrefillQueue`, whose batches it gives when every prompt fits in one chunk."""
+
+    def __init__(self, chunk_tokens: int, token_limit: int = PREFILL_BATCH_TOKEN_LIMIT) -> None:
+        lo, hi = PREFILL_CHUNK_RANGE
+        if not lo <= chunk_tokens <= min(hi, token_limit):
+            raise ConfigError(f"prefill chunk: {chunk_tokens} tokens is outside {lo}..{min(hi, token_limit)}")
+        super().__init__(token_limit)  # entries: (request, tokens computed so far)
+        self.chunk_tokens = chunk_tokens
+
+    def push(self, request: ServingRequest) -> None:
+        self._append((request, 0), request.prompt_tokens)
+
+    def _pending(self, entry: tuple[ServingRequest, int]) -> tuple[ServingRequest, int]:
+        request, computed = entry  # its queued tokens went down by each chunk taken
+        return request, request.prompt_tokens - computed
+
+    def take_batch(self) -> list[PrefillChunk]:
+        """The next batch of chunks (empty when the queue is)."""
+        batch: list[PrefillChunk] = []
+        tokens = 0
+        kept: deque[tuple[ServingRequest, int]] = deque()
+        while self._queue:
+            request, done = self._queue[0]
+            size = min(self.chunk_tokens, request.prompt_tokens - done)
+            if batch and tokens + size > self.token_limit:
+                break
+            self._queue.popleft()
+            batch.append(PrefillChunk(request, done, done + size))
+            tokens += size
+            if done + size < request.prompt_tokens:
+                kept.append((request, done + size))
+        self._queue.extendleft(reversed(kept))  # unfinished requests keep their places, ahead of the rest
+        self._queued_tokens -= tokens
+        return batch
