@@ -88,7 +88,7 @@ class Probe:
 
 
 def probe(workdir: Path, codec: str, rate: float, scale: float, requests: int, links: str) -> Probe:
-    scenario = Scenario(codec=codec, rate=rate, scale=scale, requests=requests, **STUDY)
+    scenario = Scenario.build(codec=codec, rate=rate, scale=scale, requests=requests, **STUDY)
     report_path = workdir / f"{codec}-{rate:g}-{scale:g}.json"
     launcher = Launcher(scenario, report_path=report_path, accuracy_sample=0, links=links, log=lambda _msg: None)
     sampler = CpuSampler(lambda: {c.name: c.pid for c in launcher.children if c.pid is not None})

@@ -72,7 +72,7 @@ def main() -> None:
           f"{'TPOT med':>9} {'within 3%':>9} {'faithful':>8} {'wall s':>7}")
     for link in args.links:
         for scale in args.scales:
-            scenario = Scenario(link=link, scale=scale, requests=args.requests, **LIGHT)
+            scenario = Scenario.build(link=link, scale=scale, requests=args.requests, **LIGHT)
             t0 = time.monotonic()
             report = run_once(scenario, workdir, f"iso-{link}-{scale}")
             wall = time.monotonic() - t0

@@ -22,6 +22,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from kvtransit.flows.selection.section import SelectionSection
 from kvtransit.harness.up.launcher import Launcher
 from kvtransit.model.scenario import Scenario
 
@@ -30,7 +31,7 @@ LIGHT = dict(model="llama3-8b", link="eth-100g", kv_pool="pool", kv_placement="r
 
 
 def run_one(**fields) -> dict:
-    scenario = Scenario(**fields)
+    scenario = Scenario.build(**fields)
     with tempfile.TemporaryDirectory() as tmp:
         report_path = Path(tmp) / "report.json"
         launcher = Launcher(scenario, report_path=report_path, accuracy_sample=0, links="loopback",
@@ -40,7 +41,7 @@ def run_one(**fields) -> dict:
     block = report["remote_kv"]
     moved = block["summary_bytes"]["measured"] + block["page_bytes"]["measured"]
     modelled = block["summary_bytes"]["model"] + block["page_bytes"]["model"]
-    every = scenario.selection_step.all_kv_bytes
+    every = SelectionSection.of(scenario).selection_step(scenario).all_kv_bytes
     tpot = block["tpot_ms"]
     return {"scale": scenario.effective_scale, "dilation": scenario.effective_dilation, "steps": block["steps"],
             "idle_steps": block["idle_link_steps"], "moved_mb": moved / 1e6, "model_mb": modelled / 1e6,

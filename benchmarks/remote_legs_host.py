@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kvtransit.flows.selection.remote_context import RemoteContexts, choose, score, step_queries
+from kvtransit.flows.selection.section import SelectionSection
 from kvtransit.kernels.selection import top_k_pages
 from kvtransit.model.scenario import Scenario
 
@@ -46,11 +47,11 @@ def stable_sort_top_k(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def row(context: int, scale: float, label: str, repeats: int) -> str:
-    scenario = Scenario(kv_pool="pool", kv_placement="remote", link="eth-100g", scale=scale, remote_context=context,
-                        codec="none")
+    scenario = Scenario.build(kv_pool="pool", kv_placement="remote", link="eth-100g", scale=scale,
+                              remote_context=context, codec="none")
     contexts = RemoteContexts(scenario)
     s = contexts.shapes
-    rid = next(i for i in range(1000) if scenario.is_remote_request(i))
+    rid = next(i for i in range(1000) if SelectionSection.of(scenario).is_remote_request(scenario, i))
     queries = step_queries(s, scenario.seed, [rid], 0)
     summaries = np.frombuffer(contexts.summaries([rid]), queries.dtype).reshape(s.summary_shape(1))
     scores = score(s, queries, summaries, scenario.precision_bits)

@@ -21,7 +21,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from kvtransit.harness.studies.sweep.plan import PRESETS, preset
+from kvtransit.harness.studies.sweep.plan import preset, presets
 from kvtransit.harness.studies.sweep.runner import PointRunner, sweep_points
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving.workload import generate
@@ -93,10 +93,12 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="kvtransit-bench-sweep-") as tmp:
         work = Path(tmp)
-        by_rate = [measure(work, Scenario(**BASE, rate=rate, requests=args.requests, scale=args.scale), f"rate{rate}")
+        by_rate = [measure(work, Scenario.build(**BASE, rate=rate, requests=args.requests, scale=args.scale),
+                           f"rate{rate}")
                    for rate in args.rates]
         print_rows(f"Rate curve ({args.requests} requests, scale {args.scale}, dilation 2)", by_rate)
-        by_scale = [measure(work, Scenario(**BASE, rate=8.0, requests=args.requests, scale=scale), f"scale{scale}")
+        by_scale = [measure(work, Scenario.build(**BASE, rate=8.0, requests=args.requests, scale=scale),
+                            f"scale{scale}")
                     for scale in args.scales]
         print_rows(f"Scale curve ({args.requests} requests at 8 req/s, dilation 2)", by_scale)
 
@@ -104,7 +106,8 @@ def main() -> None:
         print(f"\nper-point overhead beyond the arrivals (start-up, drain of the last requests, report): "
               f"median {overhead_s:.1f} s")
         if args.validate:
-            check = measure(work, Scenario(**BASE, rate=8.0, requests=args.validate, scale=args.scale), "validate")
+            validate = Scenario.build(**BASE, rate=8.0, requests=args.validate, scale=args.scale)
+            check = measure(work, validate, "validate")
             predicted = check["span_wall_s"] + overhead_s
             print_rows(f"Validation: {args.validate} requests at 8 req/s", [check])
             print(f"predicted wall {predicted:.1f} s, measured {check['wall_s']:.1f} s "
@@ -114,7 +117,7 @@ def main() -> None:
 
 
 def estimate_presets(overhead_s: float) -> None:
-    for name in PRESETS:
+    for name in presets():
         points = sweep_points(preset(name))
         total = sum(estimated_wall_s(s, overhead_s) for _, s in points)
         longest = max(estimated_wall_s(s, overhead_s) for _, s in points)

@@ -32,7 +32,7 @@ LIGHT = dict(rate=0.5, arrival="poisson", prompt_mean=2048, prompt_cv=0.0, outpu
 
 
 def run_one(role: str, **fields) -> dict:
-    scenario = Scenario(**fields)
+    scenario = Scenario.build(**fields)
     with tempfile.TemporaryDirectory() as tmp:
         report_path = Path(tmp) / "report.json"
         launcher = Launcher(scenario, report_path=report_path, accuracy_sample=0, log=lambda _msg: None)

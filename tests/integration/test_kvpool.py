@@ -23,11 +23,13 @@ from kvtransit.agents.process import Address
 from kvtransit.flows.tier.middlebox_pool import PoolRelay
 from kvtransit.flows.tier.pool.agent import KvPool
 from kvtransit.flows.tier.pool.store import BlockStore
-from kvtransit.flows.tier.prefix import BLOCK_TOKENS, chain
+from kvtransit.flows.tier.prefix import chain
 from kvtransit.flows.tier.prefix_cache import PrefixReuse
+from kvtransit.flows.tier.section import TierSection
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.cost.roofline import prefill_step_cached_s
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving.traces import BLOCK_TOKENS
 from kvtransit.runtime.clock import MonotonicClock
 from kvtransit.runtime.transport import serve
 from kvtransit.wire.events import Hello, Request, Role
@@ -54,7 +56,7 @@ def _reuse(scenario: Scenario, port: int) -> PrefixReuse:
 @contextlib.asynccontextmanager
 async def pool_path(scenario: Scenario, *, store: BlockStore | None = None):
     """pool ← middlebox pool relay ← (yielded) prefill-side PrefixReuse, all real, on loopback."""
-    store = store or BlockStore(int(scenario.kv_pool_capacity * scenario.effective_scale))
+    store = store or BlockStore(int(TierSection.of(scenario).kv_pool_capacity * scenario.effective_scale))
     pool = KvPool(store, registry=CollectorRegistry(), model_bytes_per_byte=1 / scenario.effective_scale)
     pool_server = await serve("127.0.0.1", 0, pool.serve, Role.KVPOOL, Role.MIDDLEBOX)
     mb = Middlebox(scenario, [], registry=CollectorRegistry())
@@ -79,7 +81,7 @@ async def _write_back(reuse: PrefixReuse, rid: int, ids: tuple[int, ...]):
 
 
 async def test_a_written_back_prefix_comes_back_through_the_middlebox_compressed_once():
-    scenario = Scenario(link="eth-100g", codec="freq-keep-k", kv_pool="pool")
+    scenario = Scenario.build(link="eth-100g", codec="freq-keep-k", kv_pool="pool")
     ids = _prefix("system", 4)
     async with pool_path(scenario) as (pool, _server, relay, reuse):
         first = await _write_back(reuse, 1, ids)
@@ -100,7 +102,7 @@ async def test_a_written_back_prefix_comes_back_through_the_middlebox_compressed
 
 
 async def test_with_the_pool_unreachable_the_prefill_recomputes_and_counts_why():
-    scenario = Scenario(link="eth-100g", codec="none", kv_pool="pool")
+    scenario = Scenario.build(link="eth-100g", codec="none", kv_pool="pool")
     async with pool_path(scenario) as (_pool, pool_server, _relay, reuse):
         await pool_server.shutdown(0.5)  # the pool goes away behind the middlebox
         lookup = await reuse.lookup(_request(1, _prefix("a", 2)))
@@ -117,7 +119,7 @@ async def test_with_the_pool_unreachable_the_prefill_recomputes_and_counts_why()
 
 
 async def test_a_block_that_fails_its_checksum_is_missed_recomputed_and_written_again(tmp_path):
-    scenario = Scenario(link="eth-100g", codec="none", kv_pool="pool")
+    scenario = Scenario.build(link="eth-100g", codec="none", kv_pool="pool")
     store = BlockStore(0, disk_dir=tmp_path, disk_bytes=10**9)  # no memory tier: every fetch reads the disk
     ids = _prefix("doc", 4)
     async with pool_path(scenario, store=store) as (pool, _server, _relay, reuse):
@@ -135,7 +137,7 @@ async def test_a_block_that_fails_its_checksum_is_missed_recomputed_and_written_
 
 
 async def test_local_mode_reuses_without_a_pool_or_a_fetch():
-    scenario = Scenario(kv_pool="local")
+    scenario = Scenario.build(kv_pool="local")
     reuse = _reuse(scenario, 1)  # never dialled
     ids = _prefix("s", 4)
     reuse.write_back(1, await reuse.lookup(_request(1, ids)))
@@ -171,7 +173,7 @@ async def test_the_kernel_shortens_pool_fetches_by_what_the_link_model_says():
     model puts at (raw - wire) / bandwidth. Held within 5 %. Each side is the fastest of 11 fetches: what the
     shared 2-core box adds (a late wake-up, another process's turn) only ever adds time, so the minimum is the
     fetch with the least of it (measured: 42.6 ms modelled, 42.6-42.9 ms measured)."""
-    base = Scenario(link="eth-100g", kv_pool="pool", codec="none")
+    base = Scenario.build(link="eth-100g", kv_pool="pool", codec="none")
     cli = [sys.executable, "-m", "kvtransit.cli"]
     procs = []
 
@@ -186,7 +188,7 @@ async def test_the_kernel_shortens_pool_fetches_by_what_the_link_model_says():
         procs.append(pool)
         fetch_s, wire, raw = {}, {}, {}
         for codec in ("none", "freq-keep-k"):
-            scenario = Scenario(link="eth-100g", kv_pool="pool", codec=codec)
+            scenario = Scenario.build(link="eth-100g", kv_pool="pool", codec=codec)
             mb, ready = await _start([*cli, "middlebox", *scenario.to_argv(), "--decode", f"127.0.0.1:{decode.port}",
                                       "--kvpool", f"127.0.0.1:{pool_ready['listen_port']}"])
             procs.append(mb)

@@ -26,7 +26,7 @@ WORKLOAD = dict(prefix_workload="system-prompts", system_prompts=4, system_promp
 
 
 def _run(tmp_path: Path, **fields) -> dict:
-    scenario = Scenario(**{**WORKLOAD, **fields})
+    scenario = Scenario.build(**{**WORKLOAD, **fields})
     launcher = Launcher(scenario, report_path=tmp_path / "run.json", drain_timeout_s=20.0, accuracy_sample=0,
                         log=lambda _msg: None, links="loopback")
     path = asyncio.run(launcher.run())
@@ -45,7 +45,7 @@ def _implied_by_hand(scenario: Scenario) -> float:
 
 
 def test_the_workload_is_light_enough_that_every_repeat_finds_its_prefix_written_back():
-    requests = prefix_requests(Scenario(**WORKLOAD))
+    requests = prefix_requests(Scenario.build(**WORKLOAD))
     last: dict[int, float] = {}
     for r in requests:
         if r.hash_ids[0] in last:
@@ -59,7 +59,7 @@ def test_a_run_reuses_exactly_the_prefixes_the_workload_implies(tmp_path, mode):
     assert report["requests"]["ok"] + report["requests"]["slo_miss"] == WORKLOAD["requests"]
     pool = report["kv_pool"]
     assert pool["mode"] == mode
-    assert pool["hit_rate"] == pytest.approx(_implied_by_hand(Scenario(**WORKLOAD)), rel=1e-9)
+    assert pool["hit_rate"] == pytest.approx(_implied_by_hand(Scenario.build(**WORKLOAD)), rel=1e-9)
     assert pool["lookups"]["pool-down"] == pool["lookups"]["fetch-failed"] == 0
     split = pool["ttft_split_s"]
     assert split["fetch"] + split["compute"] == pytest.approx(report["ttft_s"]["mean"])

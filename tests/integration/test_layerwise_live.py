@@ -26,8 +26,9 @@ LIGHT = dict(codec="none", rate=2.0, requests=REQUESTS, output_mean=32.0, output
 
 
 def _run(directory: Path, name: str, **fields) -> dict:
-    launcher = Launcher(Scenario(**{**LIGHT, **fields}), report_path=directory / f"{name}.json", drain_timeout_s=20.0,
-                        accuracy_sample=REQUESTS, log=lambda _msg: None)  # every request's KV checked bit for bit
+    # accuracy_sample=REQUESTS: every request's KV checked bit for bit
+    launcher = Launcher(Scenario.build(**{**LIGHT, **fields}), report_path=directory / f"{name}.json",
+                        drain_timeout_s=20.0, accuracy_sample=REQUESTS, log=lambda _msg: None)
     path = asyncio.run(launcher.run(asyncio.Event()))
     assert path is not None, f"the {name} run wrote no report"
     return json.loads(path.read_text())

@@ -48,7 +48,7 @@ def scenario(**overrides) -> Scenario:
     base = dict(codec="freq-keep-k", keep=0.5, block=64, sinks=4, variant="dct", scale=1.0, link="eth-25g",
                 dilation=3.125)
     base.update(overrides)
-    return Scenario(**base)
+    return Scenario.build(**base)
 
 
 @dataclass

@@ -35,7 +35,7 @@ FREE = dict(LIGHT, transform_charged=False)
 
 
 def _run(tmp_path: Path, name: str, **fields) -> dict:
-    launcher = Launcher(Scenario(**fields), report_path=tmp_path / f"{name}.json", drain_timeout_s=20.0,
+    launcher = Launcher(Scenario.build(**fields), report_path=tmp_path / f"{name}.json", drain_timeout_s=20.0,
                         accuracy_sample=0, log=lambda _msg: None)
     path = asyncio.run(launcher.run())
     assert path is not None
@@ -66,7 +66,7 @@ def _handoffs(report: dict) -> list[dict]:
 
 
 def test_the_middlebox_takes_the_module_terms_from_the_scenario():
-    settings = ChainSettings.from_scenario(Scenario(**CHARGED, precision_bits=8, placement="switch",
+    settings = ChainSettings.from_scenario(Scenario.build(**CHARGED, precision_bits=8, placement="switch",
                                                     module_pj_per_bit=2.0, module_latency_us=3.0),
                                            link_backend="userspace", kernel_threads=1, clock=MonotonicClock())
     kernel, module = settings.kernel, settings.module
@@ -95,7 +95,7 @@ def test_the_transit_bound_hand_off_is_the_module_formula_at_light_load(charged_
     """The median hand-off against latency + 1 µs + max(wire / bw, ops / (budget × bw)), within the band the
     light-load hand-off tests use (test_serving_loop.py): 10 % here, and the run's own fidelity check (2 %
     or 1 ms on the median of the hand-offs that found the link idle) judges against the same terms."""
-    scenario = Scenario(**CHARGED)
+    scenario = Scenario.build(**CHARGED)
     wire_per_kv_byte = charged_run["link"]["wire_bytes"] / charged_run["link"]["kv_bytes"]
     ratios = [r["handoff_s"] / _prescribed_s(scenario, r["prompt_tokens"], wire_per_kv_byte)
               for r in _handoffs(charged_run)]
@@ -120,7 +120,7 @@ def test_a_transit_bound_links_busy_rate_is_the_modules_not_the_wires(charged_ru
     """The link carries its wire bytes over the module's compute time: its busy rate is bw × (wire / KV) ×
     budget / charged (fidelity.link_rate_target_Bps), ~2.7 % of the shaped rate here, not the rate itself."""
     link = charged_run["link"]
-    target = fidelity.link_rate_target_Bps(Scenario(**CHARGED), link["scaled_configured_Bps"],
+    target = fidelity.link_rate_target_Bps(Scenario.build(**CHARGED), link["scaled_configured_Bps"],
                                            link["wire_bytes"] / link["kv_bytes"])
     assert target < link["scaled_configured_Bps"] / 30
     assert fidelity.link_gap(link["scaled_achieved_Bps"], target, 1.0, 1.0).ok, (link, target)

@@ -17,11 +17,12 @@ import pytest
 from kvtransit.flows.tier import pool_blocks
 from kvtransit.flows.tier.pool.store import BlockStore
 from kvtransit.flows.tier.pool.warm import WARM_WRITER_BASE, plan_for, stored_blocks, warm
-from kvtransit.flows.tier.prefix import BLOCK_TOKENS, PrefixIndex, storable
+from kvtransit.flows.tier.prefix import PrefixIndex, storable
 from kvtransit.flows.tier.prefix_warm import WarmPut
 from kvtransit.harness.up.launcher import Launcher
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving.traces import BLOCK_TOKENS
 from tests.integration.test_kvpool import _prefix, _request, _write_back, pool_path
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,7 +38,7 @@ def _kv(scenario: Scenario) -> SyntheticKv:
                          ids=["band-keep in transit", "fp8 on the middlebox's host", "no codec",
                               "band-keep at the GPU"])
 async def test_a_warmed_block_is_byte_for_byte_what_a_write_back_through_the_middlebox_stores(fields):
-    scenario = Scenario(link="eth-100g", kv_pool="pool", **fields)
+    scenario = Scenario.build(link="eth-100g", kv_pool="pool", **fields)
     ids = _prefix("doc", 3)
     async with pool_path(scenario) as (pool, _server, _relay, reuse):
         await _write_back(reuse, 7, ids)
@@ -49,7 +50,7 @@ async def test_a_warmed_block_is_byte_for_byte_what_a_write_back_through_the_mid
 
 
 async def test_at_the_gpu_the_tier_moves_the_gpus_compact_form_and_the_fetch_holds_its_decode():
-    scenario = Scenario(link="eth-100g", kv_pool="pool", codec="freq-keep-k", compress_at="gpu")
+    scenario = Scenario.build(link="eth-100g", kv_pool="pool", codec="freq-keep-k", compress_at="gpu")
     ids = _prefix("doc", 4)
     async with pool_path(scenario) as (_pool, _server, relay, reuse):
         await _write_back(reuse, 1, ids)
@@ -78,7 +79,7 @@ def _trace(tmp_path: Path) -> Path:
 
 def _implied_hit_tokens(scenario: Scenario) -> int:
     """The window's cached tokens from the trace alone: its past, then itself, through an unbounded LRU."""
-    from kvtransit.agents.common.trace_file import load_trace
+    from kvtransit.workload.trace_file import load_trace
 
     replay, index, cached = load_trace(scenario), PrefixIndex(None), 0
     for ids, prompt in replay.earlier:
@@ -93,7 +94,7 @@ def _implied_hit_tokens(scenario: Scenario) -> int:
 
 
 def test_a_warmed_store_holds_the_plan_in_lru_order_with_counters_from_zero(tmp_path):
-    scenario = Scenario(trace=str(_trace(tmp_path)), trace_start=5, requests=3, kv_pool="pool", pool_warm="trace",
+    scenario = Scenario.build(trace=str(_trace(tmp_path)), trace_start=5, requests=3, kv_pool="pool", pool_warm="trace",
                         codec="freq-keep-k", link="eth-100g")
     plan = plan_for(scenario)
     assert sorted(b for p in plan.puts for b in p.hash_ids) == [0, 1, 2, 3, 5]
@@ -108,7 +109,7 @@ def test_a_warmed_store_holds_the_plan_in_lru_order_with_counters_from_zero(tmp_
 
 
 def test_a_run_from_a_warmed_pool_reuses_what_the_traces_past_implies(tmp_path):
-    scenario = Scenario(trace=str(_trace(tmp_path)), trace_start=5, requests=3, kv_pool="pool", pool_warm="trace",
+    scenario = Scenario.build(trace=str(_trace(tmp_path)), trace_start=5, requests=3, kv_pool="pool", pool_warm="trace",
                         codec="freq-keep-k", link="eth-25g", output_mean=4.0)
     launcher = Launcher(scenario, report_path=tmp_path / "run.json", drain_timeout_s=20.0, accuracy_sample=0,
                         log=lambda _msg: None, links="loopback")

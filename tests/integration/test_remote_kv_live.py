@@ -35,8 +35,8 @@ LEGS_BAND = 0.10
 
 
 def _run(tmp_path: Path, **fields) -> dict:
-    launcher = Launcher(Scenario(**{**LIGHT, **fields}), report_path=tmp_path / "report.json", drain_timeout_s=20.0,
-                        accuracy_sample=0, links="loopback", log=lambda _msg: None)
+    launcher = Launcher(Scenario.build(**{**LIGHT, **fields}), report_path=tmp_path / "report.json",
+                        drain_timeout_s=20.0, accuracy_sample=0, links="loopback", log=lambda _msg: None)
     path = asyncio.run(launcher.run())
     assert path is not None
     return json.loads(path.read_text())
@@ -94,7 +94,7 @@ def test_the_legs_are_measured_beside_the_model_and_cost_the_remote_class_its_tp
 
 def test_a_middlebox_that_dies_fails_only_the_remote_steps_it_was_relaying_and_loses_nothing(tmp_path):
     lines: list[str] = []
-    scenario = Scenario(**{**LIGHT, "requests": 16, "output_mean": 64.0})
+    scenario = Scenario.build(**{**LIGHT, "requests": 16, "output_mean": 64.0})
     launcher = Launcher(scenario, report_path=tmp_path / "report.json", drain_timeout_s=10.0, accuracy_sample=0,
                         restart_roles=("middlebox",), links="loopback", log=lines.append)
 

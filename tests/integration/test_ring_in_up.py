@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtransit.flows.ring.section import RingSection
 from kvtransit.harness.up.launcher import Launcher
 from kvtransit.model.judge import ledger_check
 from kvtransit.model.scenario import Scenario
@@ -33,7 +34,7 @@ LIGHT = dict(ring_share=0.34, ring_ranks=2, ring_prompt=4096, ring_link="eth-100
 
 def _launcher(tmp_path: Path, lines: list[str] | None = None, **fields) -> Launcher:
     log = lines.append if lines is not None else (lambda _msg: None)
-    return Launcher(Scenario(**{**LIGHT, **fields}), report_path=tmp_path / "report.json", drain_timeout_s=20.0,
+    return Launcher(Scenario.build(**{**LIGHT, **fields}), report_path=tmp_path / "report.json", drain_timeout_s=20.0,
                     accuracy_sample=0, log=log)
 
 
@@ -46,10 +47,10 @@ def ring_run(tmp_path_factory):
 
 
 def test_every_request_ring_or_not_completes_and_each_ring_layer_made_n_minus_1_hops(ring_run):
-    scenario = Scenario(**LIGHT)
+    scenario = Scenario.build(**LIGHT)
     assert ring_run["requests"]["ok"] + ring_run["requests"]["slo_miss"] == LIGHT["requests"]
     block = ring_run["ring"]
-    ring_ids = [r["id"] for r in ring_run["per_request"] if scenario.is_ring_request(r["id"])]
+    ring_ids = [r["id"] for r in ring_run["per_request"] if RingSection.of(scenario).is_ring_request(scenario, r["id"])]
     assert block["requests"]["ring"] == len(ring_ids) >= 2 and block["requests"]["ring_failed"] == 0
     assert block["hops_per_layer"] == 1  # n − 1 for a ring of 2
     assert all(r["prompt_tokens"] == 4096 for r in ring_run["per_request"] if r["id"] in ring_ids)
@@ -67,8 +68,9 @@ def test_the_ring_requests_attention_is_measured_beside_the_models(ring_run):
 def test_a_ring_requests_ttft_carries_its_ring_prefill(ring_run):
     """On one clock: a ring request's first token comes after its ring (the rest of the prompt + the attention), so
     its TTFT is at least its prefill's model time; the ordinary requests' are the short prompts'."""
-    block, scenario = ring_run["ring"], Scenario(**LIGHT)
-    ring_ttfts = [r["ttft_s"] for r in ring_run["per_request"] if scenario.is_ring_request(r["id"])]
+    block, scenario = ring_run["ring"], Scenario.build(**LIGHT)
+    ring = RingSection.of(scenario)
+    ring_ttfts = [r["ttft_s"] for r in ring_run["per_request"] if ring.is_ring_request(scenario, r["id"])]
     assert min(ring_ttfts) >= 0.99 * block["model"]["prefill_s"]
     assert block["ttft_ms"]["other"]["p50"] < block["ttft_ms"]["ring"]["p50"]
 
@@ -90,10 +92,10 @@ def test_a_ring_follower_that_dies_fails_the_ring_requests_with_the_rings_reason
     assert any("prefill-0-ring-1" in line and "killed by signal 9" in line for line in lines)
     report = json.loads((tmp_path / "report.json").read_text())
     failed = [r for r in report["per_request"] if r["outcome"] == "failed"]
-    assert failed and all(scenario.is_ring_request(r["id"]) for r in failed)
+    assert failed and all(RingSection.of(scenario).is_ring_request(scenario, r["id"]) for r in failed)
     reasons = report["requests"]["failed_reasons"]
     assert all("ring attention failed" in reason for reason in reasons), reasons
-    others = [r for r in report["per_request"] if not scenario.is_ring_request(r["id"])]
+    others = [r for r in report["per_request"] if not RingSection.of(scenario).is_ring_request(scenario, r["id"])]
     assert others and all(r["outcome"] in ("ok", "slo-miss") for r in others)
     assert not report["faithful"] and "ring failed" in report["fidelity"]["ring_prefill-0"]["hint"]
     verdict = ledger_check.read(tmp_path / "report.run" / "ledger.jsonl")

@@ -36,7 +36,7 @@ LIGHT = dict(rate=2.0, requests=10, output_mean=32.0, output_cv=0.5, prompt_mean
 
 def _run(tmp_path: Path, name: str, stop_after_s: float | None = None, on_started=None, middlebox=None,
          **fields) -> tuple[Launcher, dict | None]:
-    scenario = Scenario(**fields)
+    scenario = Scenario.build(**fields)
     launcher = Launcher(scenario, report_path=tmp_path / f"{name}.json", middlebox_command=middlebox,
                         drain_timeout_s=20.0, accuracy_sample=4, log=lambda _msg: None)
 
@@ -129,7 +129,7 @@ def _analytic_handoff(scenario: Scenario, prompt_tokens: int, ratio: float = 1.0
 
 
 def test_handoff_matches_latency_plus_bytes_over_bandwidth(light_run):
-    scenario = Scenario(codec="none", **LIGHT)
+    scenario = Scenario.build(codec="none", **LIGHT)
     ratios = [r["handoff_s"] / _analytic_handoff(scenario, r["prompt_tokens"]) for r in light_run["per_request"]
               if r["handoff_s"] is not None]
     assert len(ratios) >= LIGHT["requests"] - 2  # single-token outputs have no hand-off
@@ -139,7 +139,7 @@ def test_handoff_matches_latency_plus_bytes_over_bandwidth(light_run):
 
 
 def test_tpot_is_the_roofline_decode_steps_plus_the_handoff_share(light_run):
-    scenario = Scenario(codec="none", **LIGHT)
+    scenario = Scenario.build(codec="none", **LIGHT)
     model, device = scenario.model_spec, scenario.device_spec
     ratios = []
     for r in light_run["per_request"]:
@@ -168,7 +168,7 @@ def test_compress_at_gpu_puts_the_codecs_own_bytes_on_the_wire(tmp_path):
     in transit the real middlebox must put the same bytes on the link."""
     fields = dict(LIGHT, requests=4, codec="freq-keep-k", compress_at="gpu")
     _, report = _run(tmp_path, "gpu", **fields)
-    scenario = Scenario(**fields)
+    scenario = Scenario.build(**fields)
     layout = scenario.kv_layout
     kv = SyntheticKv(layout.layers, layout.kv_heads, layout.head_dim, scenario.seed)
     codec = kv_frames.codec_for(scenario)

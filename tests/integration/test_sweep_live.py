@@ -78,10 +78,10 @@ def test_live_goodput_bisection_brackets_the_rate_where_a_tight_tpot_slo_breaks(
     # TPOT SLO of 1 ms: nothing meets it, at any load; 500 ms: everything does. Each end is one live run.
     base = Scenario(requests=6, prompt_mean=1024.0, output_mean=16.0, scale=0.02, dilation=2.0, codec="none")
     runner = PointRunner(tmp_path, accuracy_sample=0, drain_timeout_s=10.0)
-    tight = search_goodput(Scenario(**{**base.as_dict(), "tpot_slo_ms": 1.0}), ResultsStore(tmp_path / "tight"),
+    tight = search_goodput(Scenario.build(**{**base.as_dict(), "tpot_slo_ms": 1.0}), ResultsStore(tmp_path / "tight"),
                            runner, lo=1.0, hi=4.0, target=0.9, iterations=1)
     assert tight.goodput_rps is None and [r for r, _ in tight.evaluations] == [4.0, 1.0]
-    loose = search_goodput(Scenario(**{**base.as_dict(), "tpot_slo_ms": 500.0}), ResultsStore(tmp_path / "loose"),
+    loose = search_goodput(Scenario.build(**{**base.as_dict(), "tpot_slo_ms": 500.0}), ResultsStore(tmp_path / "loose"),
                            runner, lo=1.0, hi=4.0, target=0.9, iterations=1)
     assert loose.goodput_rps == 4.0 and len(loose.evaluations) == 1
 

@@ -10,6 +10,7 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from kvtransit.flows.tp.metrics import switch_metrics
 from kvtransit.flows.tp.rank.join import switch_member
 from kvtransit.flows.tp.rank.rank import RankPlan, run_steps
 from kvtransit.flows.tp.run import plan_collective, run_collective
@@ -20,7 +21,6 @@ from kvtransit.model.catalog.links import LINKS
 from kvtransit.model.catalog.models import MODELS
 from kvtransit.runtime.clock import MonotonicClock
 from kvtransit.runtime.group_link.connect import close_channels
-from kvtransit.runtime.metrics import switch_metrics
 
 RATE = 45e9  # nvlink4 at dilation 10, scale 1 (as tests/integration/test_collectives.py)
 LATENCY = 50e-6

@@ -14,7 +14,7 @@ import pytest
 from kvtransit.flows.tp.group.leader import GroupFailed, GroupLeader, LeaderConfig
 from kvtransit.flows.tp.group.orders import FollowerConfig
 from kvtransit.flows.tp.switch.server import SwitchServer
-from kvtransit.harness.children import RunToEndChild, collect_results, reap, spawn
+from kvtransit.harness.children import Child, collect_results, reap, spawn
 from kvtransit.model.module.budget import Module
 from kvtransit.runtime.clock import MonotonicClock
 
@@ -24,12 +24,12 @@ DEADLINE_S = 3.0
 STEP_S = 0.01  # the compute held before each all-reduce
 
 
-async def _start_group(mode: str, n: int) -> tuple[GroupLeader, list[RunToEndChild], SwitchServer | None]:
+async def _start_group(mode: str, n: int) -> tuple[GroupLeader, list[Child], SwitchServer | None]:
     followers = [await spawn(f"rank {r}", "kvtransit.flows.tp.group",
                              FollowerConfig(group=1, rank=r, size=n, mode=mode, rate_Bps=RATE_BPS,
                                             latency_s=LATENCY_S, deadline_s=DEADLINE_S).__dict__)
                  for r in range(1, n)]
-    ready = [await f.read_ready() for f in followers]
+    ready = [await f.wait_ready(one_line=True) for f in followers]
     switch = None
     where = None
     if mode == "switch":
@@ -85,7 +85,7 @@ async def test_a_follower_that_dies_fails_the_group_with_a_reason_naming_it(mode
     try:
         await _step(leader, 0, 4 * 64)
         followers[1].kill()  # rank 2
-        await followers[1].proc.wait()
+        await followers[1].started.wait()
         started = time.monotonic()
         with pytest.raises(GroupFailed) as err:
             await _steps(leader, range(1, 4), 4 * 64)

@@ -33,8 +33,8 @@ SHARE_POINTS = 0.05
 
 
 def _run(tmp_path: Path, **fields) -> dict:
-    launcher = Launcher(Scenario(**{**LIGHT, **fields}), report_path=tmp_path / "report.json", drain_timeout_s=20.0,
-                        accuracy_sample=0, log=lambda _msg: None)
+    launcher = Launcher(Scenario.build(**{**LIGHT, **fields}), report_path=tmp_path / "report.json",
+                        drain_timeout_s=20.0, accuracy_sample=0, log=lambda _msg: None)
     path = asyncio.run(launcher.run())
     assert path is not None
     return json.loads(path.read_text())
@@ -66,7 +66,7 @@ def test_the_collective_share_is_measured_beside_the_models(ring_run):
 
 def test_a_follower_that_dies_fails_the_decodes_requests_with_the_groups_reason(tmp_path):
     lines: list[str] = []
-    launcher = Launcher(Scenario(**{**LIGHT, "requests": 12, "rate": 4.0, "output_mean": 64.0}),
+    launcher = Launcher(Scenario.build(**{**LIGHT, "requests": 12, "rate": 4.0, "output_mean": 64.0}),
                         report_path=tmp_path / "report.json", drain_timeout_s=5.0, accuracy_sample=0, log=lines.append)
 
     async def run_and_kill():
@@ -109,8 +109,8 @@ def test_a_prefill_group_all_reduces_every_step_before_its_first_tokens(tmp_path
 
 def test_a_prefill_follower_that_dies_fails_the_requests_it_would_have_prefilled(tmp_path):
     lines: list[str] = []
-    launcher = Launcher(Scenario(**{**PREFILL, "decode_tp": 1, "requests": 16}), report_path=tmp_path / "report.json",
-                        drain_timeout_s=5.0, accuracy_sample=0, log=lines.append)
+    launcher = Launcher(Scenario.build(**{**PREFILL, "decode_tp": 1, "requests": 16}),
+                        report_path=tmp_path / "report.json", drain_timeout_s=5.0, accuracy_sample=0, log=lines.append)
 
     async def run_and_kill():
         run = asyncio.create_task(launcher.run())

@@ -92,7 +92,7 @@ NETNS_HANDOFF_BOUNDS = (0.90, 1.10)
 
 def test_handoff_through_tc_is_latency_plus_bytes_over_bandwidth(netns_run):
     report, _, _ = netns_run
-    scenario = Scenario(codec="none", **LIGHT)
+    scenario = Scenario.build(codec="none", **LIGHT)
     link = scenario.link_spec
     ratios = [r["handoff_s"] / (link.latency_s + scenario.model_spec.kv_bytes(r["prompt_tokens"]) / link.bandwidth_Bps)
               for r in report["per_request"] if r["handoff_s"] is not None]
@@ -131,14 +131,14 @@ def test_a_failure_while_building_the_topology_leaves_nothing_behind(tmp_path):
 
     manifest = tmp_path / "links.json"
     with pytest.raises(LinksUnavailable, match=r"rolled back.*injected failure.*links clean --manifest"):
-        choose_links(Scenario(**LIGHT), "netns", manifest_path=manifest, runner=fail_on_shaping)
+        choose_links(Scenario.build(**LIGHT), "netns", manifest_path=manifest, runner=fail_on_shaping)
     assert [item["kind"] for item in json.loads(manifest.read_text())["resources"]][-1] == "veth"
     assert _leftovers(manifest) == []
 
 
 def test_an_agent_that_fails_to_start_in_a_namespace_leaves_nothing_behind(tmp_path):
     broken_middlebox = [sys.executable, "-c", "import sys; sys.stderr.write('boom\\n'); sys.exit(3)"]
-    launcher = Launcher(Scenario(**LIGHT), report_path=tmp_path / "r.json", middlebox_command=broken_middlebox,
+    launcher = Launcher(Scenario.build(**LIGHT), report_path=tmp_path / "r.json", middlebox_command=broken_middlebox,
                         links="netns", log=lambda _line: None)
     with pytest.raises(RunFailed, match=r"(?s)middlebox-0 failed to start.*boom"):
         asyncio.run(launcher.run())

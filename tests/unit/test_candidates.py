@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from kvtransit.agents.common.trace_file import trace_path
+from kvtransit.flows.tier.section import TierSection
+from kvtransit.harness.studies.candidates.rows import candidate_names
 from kvtransit.harness.studies.candidates.table import (
     CANDIDATE,
-    CANDIDATE_NAMES,
     LINE_INPUT,
     NOT_A_CANDIDATE,
     NOT_RUN,
@@ -18,7 +18,6 @@ from kvtransit.harness.studies.candidates.table import (
     PrecisionFigure,
     RowMeasured,
     Unknowns,
-    candidate_names,
     declared_budget_test,
     figure_precision_test,
     judge_row,
@@ -30,6 +29,7 @@ from kvtransit.model.catalog.links import LINKS
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.judge.five_tests import BOTTLENECK_MIN_SHARE
 from kvtransit.model.module.budget import MODULE_BUDGETS, KernelDeclaration
+from kvtransit.workload.trace_file import trace_path
 
 SIM = Unknowns()
 EXACT = PrecisionFigure(0.0, 0.0, "values not returned exactly", required_bits=12)
@@ -172,7 +172,9 @@ def test_the_bottleneck_threshold_is_five_tests_own():
 
 
 def test_candidate_names_keep_table_order_and_an_unknown_one_lists_the_valid():
-    assert candidate_names(None) == CANDIDATE_NAMES
+    assert candidate_names(None) == ("kv-tier-fetch", "kv-handoff", "query-aware-selection", "ring-attention",
+                                     "moe-all-to-all", "tp-all-reduce", "weight-streaming", "fhe-inference",
+                                     "pq-key-exchange")  # REFERENCE §8's order, whichever flow brings the row
     assert candidate_names("weight-streaming,pq-key-exchange") == ("weight-streaming", "pq-key-exchange")
     with pytest.raises(ConfigError, match=r"unknown candidate 'kv-handof' \(choose from: .*kv-handoff"):
         candidate_names("kv-handof")
@@ -210,7 +212,8 @@ def test_where_no_change_flips_the_verdict_the_nearest_that_fixes_a_test_is_show
 def test_the_tier_row_runs_the_tier_deck_presets_in_transit_point_under_the_tables_unknowns(tmp_path):
     from pathlib import Path
 
-    from kvtransit.harness.studies.candidates.run import RowContext, tier_scenario
+    from kvtransit.flows.tier.rows import tier_scenario
+    from kvtransit.harness.studies.candidates.rows import RowContext
     from kvtransit.harness.studies.sweep.plan import preset
 
     sample = Path("tests/data/smollm2_kv_sample.npz")
@@ -218,8 +221,9 @@ def test_the_tier_row_runs_the_tier_deck_presets_in_transit_point_under_the_tabl
                      lambda _msg: None, sample)
     scenario = tier_scenario(ctx)
     point = preset("tier-deck")[0].scenario({"compress_at": "transit"})
-    assert (scenario.model, scenario.trace_start, scenario.pool_warm, scenario.context_cap, scenario.kv_pool) == \
-        (point.model, point.trace_start, point.pool_warm, point.context_cap, point.kv_pool)
+    tier, tier_point = TierSection.of(scenario), TierSection.of(point)
+    assert (scenario.model, scenario.trace_start, tier.pool_warm, scenario.context_cap, tier.kv_pool) == \
+        (point.model, point.trace_start, tier_point.pool_warm, point.context_cap, tier_point.kv_pool)
     assert (scenario.codec, scenario.compress_at) == ("freq-keep-k", "transit")
     assert (scenario.link, scenario.precision_bits, scenario.kv_sample) == ("eth-25g", 6, str(sample))
     assert scenario.module_budget_ops_per_byte == 3.96

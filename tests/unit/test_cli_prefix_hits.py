@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 from kvtransit.cli import main
-from kvtransit.flows.tier.prefix import BLOCK_TOKENS, implied_hit_rate
+from kvtransit.flows.tier.prefix import implied_hit_rate
+from kvtransit.flows.tier.section import TierSection
 from kvtransit.flows.tier.workloads import prefix_requests
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving.traces import BLOCK_TOKENS
 
 
 def test_prefix_hits_prints_the_implied_rate_for_each_capacity(capsys):
@@ -15,8 +17,8 @@ def test_prefix_hits_prints_the_implied_rate_for_each_capacity(capsys):
     block_bytes = Scenario().model_spec.kv_bytes(BLOCK_TOKENS)
     assert main(["prefix-hits", *flags, "--capacity", "1e15", "--capacity", str(4 * block_bytes), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    requests = [(r.prompt_tokens, r.hash_ids) for r in prefix_requests(
-        Scenario(prefix_workload="sessions", requests=60, session_turns=5, prompt_mean=600.0))]
+    sessions = Scenario.build(prefix_workload="sessions", requests=60, session_turns=5, prompt_mean=600.0)
+    requests = [(r.prompt_tokens, r.hash_ids) for r in prefix_requests(sessions, TierSection.of(sessions))]
     assert [row["hit_rate"] for row in rows] == [implied_hit_rate(requests, None).rate,
                                                  implied_hit_rate(requests, 4).rate]
     assert rows[1]["capacity_blocks"] == 4 and rows[1]["hit_rate"] < rows[0]["hit_rate"]

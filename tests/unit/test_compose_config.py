@@ -60,7 +60,8 @@ def test_the_env_scenario_is_a_complete_canonical_scenario():
     """Every Scenario field spelled out, in to_argv's form: what the launcher passes to every process."""
     argv = _env_scenario_argv()
     parsed = _meaning(["up", *argv])
-    scenario = Scenario(**{k.removeprefix("scenario_"): v for k, v in parsed.items() if k.startswith("scenario_")})
+    scenario = Scenario.build(**{k.removeprefix("scenario_"): v for k, v in parsed.items()
+                                 if k.startswith("scenario_")})
     assert argv == scenario.to_argv()
 
 
@@ -82,8 +83,9 @@ def _required_addresses(role: str) -> list[str]:
 
 @pytest.mark.parametrize("role", AGENTS)
 def test_each_agent_service_runs_the_command_the_embedded_launcher_runs(compose, role):
-    scenario = Scenario(**{k.removeprefix("scenario_"): v for k, v in _meaning(["up", *_env_scenario_argv()]).items()
-                           if k.startswith("scenario_")})
+    parsed = _meaning(["up", *_env_scenario_argv()])
+    scenario = Scenario.build(**{k.removeprefix("scenario_"): v for k, v in parsed.items()
+                                 if k.startswith("scenario_")})
     # Compose shapes the KV link with tc inside the middlebox's container: the launcher's tc mode (netns).
     embedded = agent_commands(scenario, link_backend="tc")[role]
     program = embedded.index(role)  # after `python -m kvtransit.cli`

@@ -16,14 +16,18 @@ import re
 import shlex
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
 import yaml
 
 from kvtransit.cli import build_parser
+from kvtransit.flows.tier.launch import pool_argv
 from kvtransit.harness.up.agent_commands import agent_commands
+from kvtransit.harness.up.flow_launch import flow_launches
 from kvtransit.model.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,6 +178,25 @@ def test_every_file_a_dockerfile_copies_is_in_the_build_context(dockerfile):
     assert _ignored("tests/unit/test_compose_files.py", patterns)
 
 
+@dataclass
+class _StartedLauncher:
+    """The launcher as a flow's LAUNCH sees it once every process is up (harness/up/flow_launch.py:
+    LaunchContext), its addresses made up: they are place dependent, left out of the comparison."""
+
+    scenario: Scenario
+    frontend: Any = None
+    restart_roles: tuple[str, ...] = ()
+
+    def host(self, place: str, socket: str = "front") -> str:
+        return "127.0.0.1"
+
+    def ready_lines(self, role: str) -> list[dict[str, Any]]:
+        return [{"listen_port": 1}]
+
+    def addresses(self, role: str, port_key: str) -> str:
+        return "127.0.0.1:2"
+
+
 def test_the_kvpool_profile_wires_the_pool_in_as_kvtransit_up_does():
     """With the .env lines docker/scenario_env.py prints for a `--kv-pool pool` scenario, the middlebox dials the
     pool, the prefill reaches it through the middlebox's pool port and the load generator reads its /stats: the
@@ -186,10 +209,15 @@ def test_the_kvpool_profile_wires_the_pool_in_as_kvtransit_up_does():
     assert "depends_on" not in services["middlebox"] or "kvpool" not in services["middlebox"]["depends_on"], \
         "a service may not depend on one whose profile is off"
     argv = shlex.split(env["KVTRANSIT_SCENARIO"])
-    scenario = Scenario(**{k.removeprefix("scenario_"): v for k, v in vars(build_parser().parse_args(["up", *argv]))
-                           .items() if k.startswith("scenario_")})
-    embedded = agent_commands(scenario, link_backend="tc", kvpool="127.0.0.1:1", pool_via="127.0.0.1:2",
-                              stats="127.0.0.1:3")
+    parsed = vars(build_parser().parse_args(["up", *argv]))
+    scenario = Scenario.build(**{k.removeprefix("scenario_"): v for k, v in parsed.items()
+                                 if k.startswith("scenario_")})
+    embedded = {**agent_commands(scenario, link_backend="tc", stats="127.0.0.1:3"),
+                "kvpool": pool_argv(scenario, "127.0.0.1")}  # the tier's own process (flows/tier/launch.py)
+    started = _StartedLauncher(scenario)
+    for launch in flow_launches(scenario):  # the flags a flow adds, as the launcher asks for them
+        for role in AGENTS:
+            embedded[role] += launch.flags(started, role, 0)
     for role in AGENTS:
         command = vars(build_parser().parse_args(shlex.split(services[role]["command"])[1:]))
         launcher = vars(build_parser().parse_args(embedded[role][embedded[role].index(role):]))

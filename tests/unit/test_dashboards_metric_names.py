@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from dashboards.queries import all_queries, dashboard_files, metric_names
 from kvtransit.model.judge.fidelity import KERNEL_TOLERANCE, LINK_RATE_TOLERANCE, TIMER_TOLERANCE
-from kvtransit.runtime.metrics import METRIC_FACTORIES
+from kvtransit.runtime.metrics import all_metric_factories
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROOT / "prometheus" / "rules"
@@ -27,7 +27,7 @@ SAMPLE_SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "
 
 def _exposed_names() -> set[str]:
     registry = CollectorRegistry()
-    for factory in METRIC_FACTORIES.values():
+    for factory in all_metric_factories().values():
         factory(registry)
     return {family.name + suffix for family in registry.collect() for suffix in SAMPLE_SUFFIXES[family.type]}
 

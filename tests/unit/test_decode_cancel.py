@@ -30,7 +30,7 @@ async def start(clock):
     agent = DecodeAgent(SCENARIO, name="decode-test", listen=ANY, client_listen=ANY, metrics_listen=ANY,
                         accuracy_sample=0, clock=clock)
     client, serving_client = await greeted_pair(Role.LOADGEN, Role.DECODE, agent.serve_client)
-    link, serving_kv = await greeted_pair(Role.MIDDLEBOX, Role.DECODE, agent.serve_kv)
+    link, serving_kv = await greeted_pair(Role.MIDDLEBOX, Role.DECODE, agent.ingress.serve_kv)
     tokens: list = []
     tasks = [serving_client, serving_kv, collect(client, clock, tokens), asyncio.create_task(agent.step_loop())]
     return agent, client, link, tokens, tasks

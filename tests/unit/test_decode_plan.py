@@ -18,7 +18,7 @@ GPU = dict(compress_at="gpu", dilation=2.0)
 
 
 def test_the_inverse_transform_costs_what_the_forward_does_and_streams_compressed_in_full_out():
-    s = Scenario(codec="freq-keep-k", **GPU)
+    s = Scenario.build(codec="freq-keep-k", **GPU)
     full = s.model_spec.kv_bytes(2048)
     decl = s.codec_declaration
     inverse = s.gpu_codec_inverse_work(2048)
@@ -29,14 +29,14 @@ def test_the_inverse_transform_costs_what_the_forward_does_and_streams_compresse
 
 @pytest.mark.parametrize("codec, forward_ops_per_value", [("fp8", 1), ("fp4-block", 2)])
 def test_a_requantisers_decode_is_one_op_per_value(codec, forward_ops_per_value):
-    s = Scenario(codec=codec, **GPU)
+    s = Scenario.build(codec=codec, **GPU)
     values = s.model_spec.kv_bytes(1024) / 2  # BF16 values
     assert s.gpu_codec_inverse_work(1024).flops == pytest.approx(values)
     assert s.gpu_codec_work(1024).flops == pytest.approx(values * forward_ops_per_value)
 
 
 def test_the_inverse_time_is_its_roofline_with_no_overhead_and_zero_unless_the_codec_ran_on_the_gpu():
-    s = Scenario(codec="freq-keep-k", **GPU)
+    s = Scenario.build(codec="freq-keep-k", **GPU)
     t = step_time(s.gpu_codec_inverse_work(4096), s.device_spec, s.gpus)
     assert s.gpu_codec_inverse_s(4096) == max(t.compute_s, t.memory_s) > 0
     assert Scenario(codec="freq-keep-k", compress_at="transit").gpu_codec_inverse_s(4096) == 0.0
@@ -44,7 +44,7 @@ def test_the_inverse_time_is_its_roofline_with_no_overhead_and_zero_unless_the_c
 
 
 def test_a_decode_step_that_admits_gpu_encoded_kv_holds_and_spends_the_inverse_of_each_admitted_request():
-    s = Scenario(codec="freq-keep-k", **GPU)
+    s = Scenario.build(codec="freq-keep-k", **GPU)
     model, device = s.model_spec, s.device_spec
     plan = plan_decode_step(s, 3, 5000, admitted_prompts=(1000, 2000))
     bare_s = decode_step_s(model, device, s.gpus, 3, 5000)

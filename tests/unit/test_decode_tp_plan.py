@@ -9,6 +9,7 @@ import math
 import pytest
 
 from kvtransit.flows.tp.model import ring_allreduce_s, switch_allreduce, tp_decode_step
+from kvtransit.flows.tp.section import TpSection
 from kvtransit.model.cost.roofline import decode_step_s
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.judge.fidelity import COLLECTIVE_SHARE_TOLERANCE, NOT_MEASURED, collective_gap
@@ -20,14 +21,14 @@ def test_without_a_group_the_step_is_the_roofline_on_its_gpus_as_before():
     s = Scenario(gpus=2)
     plan = plan_decode_step(s, 8, 8 * 2300)
     assert plan.model_s == pytest.approx(decode_step_s(s.model_spec, s.device_spec, 2, 8, 8 * 2300))
-    assert plan.collective_s == 0 and plan.group is None and plan.compute_s == plan.model_s
+    assert plan.collective_s == 0 and plan.extra is None and plan.compute_s == plan.model_s
 
 
 @pytest.mark.parametrize("allreduce", ["ring", "switch"])
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_a_tp_step_is_the_shard_roofline_plus_two_allreduces_a_layer(allreduce, tp):
-    s = Scenario(decode_tp=tp, allreduce=allreduce, scale=1 / 64)
-    model, link = s.model_spec, s.scaleup_link_spec
+    s = Scenario.build(decode_tp=tp, allreduce=allreduce, scale=1 / 64)
+    model, link = s.model_spec, TpSection.of(s).link_spec
     batch = 8
     plan = plan_decode_step(s, batch, batch * 2300)
     nbytes = batch * model.d_model * 2  # S = tokens × d × 2 B
@@ -42,9 +43,9 @@ def test_a_tp_step_is_the_shard_roofline_plus_two_allreduces_a_layer(allreduce, 
 
 def test_one_real_allreduce_carries_every_bytes_of_the_step_at_scale_and_the_rest_is_held():
     s = Scenario(decode_tp=4, scale=1 / 64)
-    model, link = s.model_spec, s.scaleup_link_spec
+    model, link = s.model_spec, TpSection.of(s).link_spec
     plan = plan_decode_step(s, 8, 8 * 2300)
-    group = plan.group
+    group = plan.extra
     assert group is not None
     values = 2 * model.layers * 8 * model.d_model * s.effective_scale
     assert group.values % 4 == 0 and values <= group.values < values + 4
@@ -55,9 +56,9 @@ def test_one_real_allreduce_carries_every_bytes_of_the_step_at_scale_and_the_res
 
 
 def test_a_switch_group_holds_the_other_allreduces_hops_and_module_latency():
-    s = Scenario(decode_tp=4, allreduce="switch", scale=1 / 64)
-    link = s.scaleup_link_spec
-    group = plan_decode_step(s, 1, 2300).group
+    s = Scenario.build(decode_tp=4, allreduce="switch", scale=1 / 64)
+    link = TpSection.of(s).link_spec
+    group = plan_decode_step(s, 1, 2300).extra
     assert group is not None
     assert group.held_s == pytest.approx((2 * s.model_spec.layers - 1) * (2 * link.latency_s
                                                                           + s.module.added_latency_s))
@@ -69,8 +70,8 @@ def test_a_group_decodes_on_its_own_gpus_kv_capacity():
 
 
 def test_the_scaleup_link_is_scaled_and_dilated_as_the_kv_link_is():
-    s = Scenario(decode_tp=2, scale=1 / 64, dilation=5, scaleup_link="nvlink5")
-    scaled = s.scaled_scaleup_link
+    s = Scenario.build(decode_tp=2, scale=1 / 64, dilation=5, scaleup_link="nvlink5")
+    scaled = TpSection.of(s).scaled_link(s)
     assert scaled.bandwidth_Bps == pytest.approx(900e9 * s.effective_scale / 5)
     assert scaled.latency_s == pytest.approx(5e-6 * 5)
 
@@ -83,7 +84,7 @@ def test_the_scaleup_link_is_scaled_and_dilated_as_the_kv_link_is():
 ])
 def test_a_bad_group_is_one_line_naming_the_field_and_the_valid_values(fields, message):
     with pytest.raises(ConfigError) as err:
-        Scenario(**fields)
+        Scenario.build(**fields)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -97,13 +98,13 @@ def test_the_collective_check_passes_within_three_points_and_fails_closed():
 
 
 def test_an_ep_group_holds_l_allreduces_and_l_alltoalls_and_carries_one_of_each_for_real():
-    s = Scenario(model="mixtral-8x7b", gpus=2, decode_tp=2, decode_ep=True, scale=1 / 64)
-    model, link = s.model_spec, s.scaleup_link_spec
+    s = Scenario.build(model="mixtral-8x7b", gpus=2, decode_tp=2, decode_ep=True, scale=1 / 64)
+    model, link = s.model_spec, TpSection.of(s).link_spec
     plan = plan_decode_step(s, 8, 8 * 2300)
     step = tp_decode_step(model, s.device_spec, link, ep=2, batch=8, context_total=8 * 2300)
     assert (step.allreduces, step.alltoalls) == (model.layers, model.layers)
     assert plan.collective_s == pytest.approx(step.collective_s) and plan.model_s == pytest.approx(step.total_s)
-    group = plan.group
+    group = plan.extra
     assert group is not None
     # One real all-reduce of L all-reduces' values, one real all-to-all of L layers' dispatch + combine: a ring hop
     # carries 1/n of the tokens' k activations of every layer.
@@ -126,7 +127,7 @@ def test_an_ep_group_holds_l_allreduces_and_l_alltoalls_and_carries_one_of_each_
 ])
 def test_a_bad_ep_group_is_one_line_with_the_valid_values(fields, message):
     with pytest.raises(ConfigError) as err:
-        Scenario(**fields)
+        Scenario.build(**fields)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -136,17 +137,17 @@ def test_a_tp_prefill_step_reduces_every_token_it_computes():
     from kvtransit.model.serving.prefill_plan import BatchEntry, plan_prefill_step
 
     s = Scenario(prefill_tp=4, scale=1 / 256)
-    model, link = s.model_spec, s.scaleup_link_spec
+    model, link = s.model_spec, TpSection.of(s).link_spec
     entries = [BatchEntry(0, 2048, 64), BatchEntry(1, 1024, 64, cached_tokens=512)]
     plan = plan_prefill_step(s, entries)
     computed = 2048 + 512
     assert plan.compute_s == pytest.approx(prefill_step_cached_s(model, s.device_spec, 4, [(2048, 0), (1024, 512)]))
     assert plan.collective_s == pytest.approx(2 * model.layers * ring_allreduce_s(activation_bytes(model, computed),
                                                                                   4, link))
-    group = plan.group
+    group = plan.extra
     assert group is not None and group.values % 4 == 0
     assert group.values == pytest.approx(2 * model.layers * computed * model.d_model * s.effective_scale, abs=4)
-    assert plan_decode_step(Scenario(prefill_tp=4), 1, 2048).group is None  # the decode is one GPU still
+    assert plan_decode_step(Scenario(prefill_tp=4), 1, 2048).extra is None  # the decode is one GPU still
 
 
 def test_a_prefill_group_that_does_not_divide_the_heads_is_one_line():

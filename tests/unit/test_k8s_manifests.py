@@ -25,7 +25,7 @@ from kvtransit.model.scenario import Scenario
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_BASE = ROOT / "deploy" / "k8s" / "base"
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
-FOUR_BY_FOUR = Scenario(prefill=4, decode=4, kv_pool="pool", gpus=4)
+FOUR_BY_FOUR = Scenario.build(prefill=4, decode=4, kv_pool="pool", gpus=4)
 
 
 def _k8s_parser() -> argparse.ArgumentParser:
@@ -51,7 +51,7 @@ def _workloads(documents: list[dict]) -> dict[str, dict]:
 @pytest.mark.parametrize("scenario,options", [
     (Scenario(), {}),
     (FOUR_BY_FOUR, {"preferred_affinity": True, "node_selector": {"pool": "kv"}, "role_nodes": True}),
-    (Scenario(kv_pool="pool"), {"link_shaper": "userspace", "nodes": 4}),
+    (Scenario.build(kv_pool="pool"), {"link_shaper": "userspace", "nodes": 4}),
 ], ids=["default", "4p4d-pool-preferred", "pool-userspace"])
 def test_rendered_manifests_validate_against_the_pinned_schemas(scenario, options):
     documents = _documents(_texts(scenario, **options))
@@ -114,7 +114,7 @@ def test_each_pod_runs_its_role_with_the_configmap_scenario(role):
     assert argv[:2] == ["kvtransit", role]
     argv = [a.replace("$(POD_NAME)", f"{role}-0") for a in argv]
     args = vars(build_parser().parse_args(argv[1:]))
-    parsed = Scenario(**{k.removeprefix("scenario_"): v for k, v in args.items()
+    parsed = Scenario.build(**{k.removeprefix("scenario_"): v for k, v in args.items()
                          if k.startswith("scenario_") and k != "scenario_flags"})
     assert parsed == FOUR_BY_FOUR
 

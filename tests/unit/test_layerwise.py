@@ -172,7 +172,7 @@ def test_a_later_chunk_reads_its_earlier_chunks_back_as_context_and_adds_only_it
 ])
 def test_a_bad_hand_off_mode_or_chunk_is_one_line_naming_the_field_and_the_valid_range(fields, match):
     with pytest.raises(ConfigError, match=match) as info:
-        Scenario(**fields)
+        Scenario.build(**fields)
     assert "\n" not in str(info.value)
 
 

@@ -159,7 +159,7 @@ async def streamed_path(monkeypatch):
     clock, log = ManualClock(T0), []
     decode = DecodeAgent(LAYERWISE, name="decode-test", listen=ANY, client_listen=ANY, metrics_listen=ANY,
                          accuracy_sample=0, clock=clock)
-    kv_server = serve_memory(lambda ep: decode.serve_kv(Arrivals(ep, clock, log)), Role.DECODE, Role.MIDDLEBOX)
+    kv_server = serve_memory(lambda ep: decode.ingress.serve_kv(Arrivals(ep, clock, log)), Role.DECODE, Role.MIDDLEBOX)
     client_server = serve_memory(decode.serve_client, Role.DECODE, Role.LOADGEN)
     loadgen = await client_server.connect()  # decode takes KV only with a client to stream tokens to
     await loadgen.send(hello(Role.LOADGEN))
@@ -216,7 +216,7 @@ async def test_each_layer_crosses_the_link_from_its_release_and_decode_takes_the
             assert release + latency_ns <= at <= release + latency_ns + frame_ns, (layer, at - release)
         (ready_ns,) = [at for kind, _, at in log if kind == "KvEnd"]
         assert ready_ns >= releases[-1] + latency_ns  # taken at its last layer, the first token's
-        assert decode.handoffs == {"taken": 1, "duplicate": 0, "aborted": 0} and decode.batcher.waiting == 1
+        assert decode.ingress.handoffs == {"taken": 1, "duplicate": 0, "aborted": 0} and decode.batcher.waiting == 1
         split = decode.splits.by_request[1]
         assert split.hidden_bytes == (LAYERS - 1) * len(PAYLOAD)  # all but the last layer crossed in the step
         assert split.exposed_s == pytest.approx((ready_ns - releases[-1]) / 1e9 / LAYERWISE.effective_dilation)
@@ -256,7 +256,7 @@ async def test_a_prefill_that_fails_mid_step_releases_no_further_layer_and_decod
         reached = [layer for kind, layer, _ in log if kind == "KvChunk"]
         assert reached == [layer for layer, release in enumerate(releases) if release <= failed_at] == [0, 1, 2]
         assert [kind for kind, _, _ in log][-1] == "Error"  # the stream was closed, not completed
-        assert decode.handoffs == {"taken": 0, "duplicate": 0, "aborted": 1}
+        assert decode.ingress.handoffs == {"taken": 0, "duplicate": 0, "aborted": 1}
         assert decode.batcher.reserved_tokens == 0 and decode.batcher.waiting == 0 and 1 not in decode.arrivals
         assert decode.link.busy_ns >= 0 and decode.link.open_transfers == 0  # its stream closed at decode too
 

@@ -6,11 +6,11 @@ readers call it."""
 from __future__ import annotations
 
 from kvtransit.agents.loadgen.agent import LoadGenerator
-from kvtransit.agents.loadgen.workload_source import new_record
 from kvtransit.agents.process import Address
 from kvtransit.model.judge.slo import Outcome
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import ManualClock
+from kvtransit.workload.source import new_record
 
 ANY = Address("127.0.0.1", 0)
 MS = 1_000_000

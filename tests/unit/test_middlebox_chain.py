@@ -23,7 +23,8 @@ from kvtransit.shaping.spec import SHAPED_MTU
 
 
 def settings(link_backend: str = "userspace", **overrides) -> ChainSettings:
-    scenario = Scenario(**{"codec": "freq-keep-k", "link": "eth-25g", "scale": 1.0, "dilation": 3.125, **overrides})
+    scenario = Scenario.build(**{"codec": "freq-keep-k", "link": "eth-25g", "scale": 1.0, "dilation": 3.125,
+                                 **overrides})
     return ChainSettings.from_scenario(scenario, link_backend=link_backend, kernel_threads=1, clock=ManualClock())
 
 

@@ -119,7 +119,7 @@ async def test_a_slow_put_lane_makes_the_prefill_wait_with_bounded_memory(monkey
     monkeypatch.setattr(pool_module, "ByteBudget", PeakBudget)
     PeakBudget.made.clear()
     n_chunks, blocks, inflight = 48, 4, 4 * CHUNK_BYTES
-    async with write_back_path(Scenario(codec="none", kv_pool="pool"), inflight_bytes=inflight) as (
+    async with write_back_path(Scenario.build(codec="none", kv_pool="pool"), inflight_bytes=inflight) as (
             prefill, _relay, pool, _received, clock):
         await prefill.send(PoolPut(1, tuple(range(100, 100 + blocks))))
         await prefill.send(kv_begin(1, n_chunks * CHUNK_BYTES, n_chunks))
@@ -150,7 +150,7 @@ async def test_a_slow_put_lane_makes_the_prefill_wait_with_bounded_memory(monkey
 
 async def test_a_write_back_chunk_the_kernel_refuses_fails_the_put_at_the_pool_and_at_the_prefill():
     # The codec takes floating-point KV; a U8 chunk is refused by the kernel stage (a ConfigError).
-    scenario = Scenario(codec="freq-keep-k", kv_pool="pool")
+    scenario = Scenario.build(codec="freq-keep-k", kv_pool="pool")
     async with write_back_path(scenario, inflight_bytes=4 * CHUNK_BYTES) as (prefill, relay, pool, received, clock):
         await prefill.send(PoolPut(9, (1,)))
         await prefill.send(kv_begin(9, 1024))

@@ -10,7 +10,7 @@ from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.scenario import Scenario
 from kvtransit.report.build import build_report
 
-SCENARIO = Scenario(codec="none", scale=0.0625, requests=4, kv_pool="pool", prefix_workload="system-prompts")
+SCENARIO = Scenario.build(codec="none", scale=0.0625, requests=4, kv_pool="pool", prefix_workload="system-prompts")
 BW = SCENARIO.link_spec.bandwidth_Bps
 LATENCY = SCENARIO.link_spec.latency_s
 

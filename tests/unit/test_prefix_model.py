@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.agents.common.trace_file import open_trace, trace_path
 from kvtransit.flows.tier.prefix import (
     BLOCK_TOKENS,
     PrefixIndex,
@@ -36,6 +35,7 @@ from kvtransit.model.cost.roofline import (
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.serving.traces import parse_mooncake, replay
 from kvtransit.model.serving.workload import LengthDist
+from kvtransit.workload.trace_file import open_trace, trace_path
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA8B, H100 = model_by_name("llama3-8b"), device_by_name("h100")

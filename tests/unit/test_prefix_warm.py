@@ -3,8 +3,8 @@ LRU of the pool's capacity, kept to the blocks the window will look up, as write
 
 from __future__ import annotations
 
-from kvtransit.flows.tier.prefix import BLOCK_TOKENS
 from kvtransit.flows.tier.prefix_warm import WarmPut, warm_plan
+from kvtransit.model.serving.traces import BLOCK_TOKENS
 
 B = BLOCK_TOKENS
 

@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 from ml_dtypes import bfloat16
 
-from kvtransit.agents.loadgen.model_accuracy_report import model_accuracy_block, model_accuracy_errors
 from kvtransit.agents.prefill.agent import PrefillAgent
+from kvtransit.agents.prefill.real_kv import RealKv
 from kvtransit.agents.process import Address
 from kvtransit.kernels.chunk_rows import decoded_layers
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.kv_scale import KvLayout
 from kvtransit.model.scenario import Scenario
 from kvtransit.realmodel import live
+from kvtransit.report.model_accuracy import model_accuracy_block, model_accuracy_errors
 from kvtransit.report.text import model_accuracy_line
 from kvtransit.runtime.clock import ManualClock
 from kvtransit.wire.events import Request
@@ -64,7 +65,7 @@ def test_only_the_first_requests_carry_real_kv_and_only_with_kv_sample_real():
 ])
 def test_the_scenario_refuses_real_kv_settings_that_cannot_run(fields, message):
     with pytest.raises(ConfigError, match=message):
-        Scenario(**fields)
+        Scenario.build(**fields)
 
 
 def _prefill_with_real_rows(scenario: Scenario) -> tuple[PrefillAgent, list[np.ndarray]]:
@@ -74,17 +75,21 @@ def _prefill_with_real_rows(scenario: Scenario) -> tuple[PrefillAgent, list[np.n
                          clock=ManualClock(0))
     rng = np.random.default_rng(0)
     rows = [rng.standard_normal((6, live.CONTEXT_MAX, 64)).astype(bfloat16) for _ in range(SMOLLM2.layers)]
-    assert agent.real_kv is not None
-    agent.real_kv.layout = SMOLLM2
-    agent.real_kv.model = {"name": "SmolLM2-test"}
-    agent.real_kv._rows = {live.window_for(0).name: rows}
+    real_kv = real_kv_of(agent)
+    real_kv.layout = SMOLLM2
+    real_kv.model = {"name": "SmolLM2-test"}
+    real_kv._rows = {live.window_for(0).name: rows}
     return agent, rows
+
+
+def real_kv_of(agent: PrefillAgent) -> RealKv:
+    return next(part for part in agent.parts if isinstance(part, RealKv))
 
 
 def test_the_prefill_sends_a_real_kv_requests_first_tokens_of_its_window_and_keeps_its_prompt_length():
     scenario = Scenario(kv_sample="real", real_kv_requests=1, codec="none")
     agent, rows = _prefill_with_real_rows(scenario)
-    begin, frames = agent._make_frames(Request(request_id=0, prompt_tokens=2048, output_tokens=8, sent_ns=0), 123)
+    begin, frames = agent.stager.make_frames(Request(request_id=0, prompt_tokens=2048, output_tokens=8, sent_ns=0), 123)
     assert begin.prompt_tokens == 2048  # decode batches and reserves the request's own prompt
     assert (begin.n_layers, frames.tokens) == (30, 182)
     assert begin.raw_bytes == 182 * SMOLLM2.bytes_per_token
@@ -93,9 +98,10 @@ def test_the_prefill_sends_a_real_kv_requests_first_tokens_of_its_window_and_kee
                                for c in chunks], 6))
     assert all(np.array_equal(got[layer], rows[layer][:, :182]) for layer in range(30))
     # Request 1 is past --real-kv-requests: synthetic KV of its own prompt, as ever.
-    begin, frames = agent._make_frames(Request(request_id=1, prompt_tokens=2048, output_tokens=8, sent_ns=0), 123)
+    begin, frames = agent.stager.make_frames(Request(request_id=1, prompt_tokens=2048, output_tokens=8, sent_ns=0), 123)
     assert (begin.n_layers, frames.tokens, begin.raw_bytes) == (32, 2048, scenario.kv_layout.request_bytes(2048))
-    assert agent.real_kv.stats()["requests"] == {"0": {"window": "gpl-3@0", "tokens": 182, "wanted": 182}}
+    carried = real_kv_of(agent).stats()["real_kv"]["requests"]
+    assert carried == {"0": {"window": "gpl-3@0", "tokens": 182, "wanted": 182}}
 
 
 def _decode_stats(**block) -> dict:

@@ -21,6 +21,7 @@ from kvtransit.flows.selection.remote_context import (
     step_queries,
     unpack_ids,
 )
+from kvtransit.flows.selection.section import SelectionSection
 from kvtransit.kernels.selection import PageSummaries, page_summaries, top_k_pages
 from kvtransit.model.catalog.links import link_by_name
 from kvtransit.model.errors import ConfigError
@@ -46,7 +47,7 @@ REMOTE = dict(kv_pool="pool", kv_placement="remote")
 ])
 def test_bad_remote_kv_settings_are_one_line_naming_the_field_and_the_valid_values(fields, names):
     with pytest.raises(ConfigError) as exc:
-        Scenario(**fields)
+        Scenario.build(**fields)
     message = str(exc.value)
     assert "\n" not in message
     for name in names:
@@ -54,13 +55,17 @@ def test_bad_remote_kv_settings_are_one_line_naming_the_field_and_the_valid_valu
 
 
 def test_quests_bound_runs_on_the_host_under_policy_host_and_the_mean_key_in_the_module():
-    host = Scenario(**REMOTE, select_summary="minmax", policy="host")
-    assert host.scoring_check is not None and host.scoring_check.describe().endswith("-> host")
-    assert host.scoring_occupancy == 0  # the module does not score it
-    mean = Scenario(**REMOTE)
-    assert mean.scoring_check is not None and mean.scoring_check.fits
-    assert Scenario(**REMOTE, module_budget="low").scoring_occupancy == pytest.approx(1.0 / 0.40)
-    assert Scenario(**REMOTE, select="all").scoring_check is None
+    host = Scenario.build(**REMOTE, select_summary="minmax", policy="host")
+    on_host = SelectionSection.of(host).scoring_check(host)
+    assert on_host is not None and on_host.describe().endswith("-> host")
+    assert SelectionSection.of(host).scoring_occupancy(host) == 0  # the module does not score it
+    mean = Scenario.build(**REMOTE)
+    in_module = SelectionSection.of(mean).scoring_check(mean)
+    assert in_module is not None and in_module.fits
+    low = Scenario.build(**REMOTE, module_budget="low")
+    assert SelectionSection.of(low).scoring_occupancy(low) == pytest.approx(1.0 / 0.40)
+    every = Scenario.build(**REMOTE, select="all")
+    assert SelectionSection.of(every).scoring_check(every) is None
 
 
 def test_a_budget_reads_as_the_deck_writes_it():
@@ -76,18 +81,20 @@ def test_the_remote_class_is_a_fixed_share_of_the_ids_agreed_by_every_process():
     assert picks == [in_remote_class(1, rid, 0.25) for rid in range(20_000)]  # a pure function of (seed, id)
     assert picks != [in_remote_class(2, rid, 0.25) for rid in range(20_000)]
     assert all(in_remote_class(7, rid, 1.0) for rid in range(100))
-    scenario = Scenario(**REMOTE, remote_share=0.25)
-    assert [scenario.is_remote_request(r) for r in range(100)] == picks[:100]
-    assert not any(Scenario().is_remote_request(r) for r in range(100))
+    scenario = Scenario.build(**REMOTE, remote_share=0.25)
+    assert [SelectionSection.of(scenario).is_remote_request(scenario, r) for r in range(100)] == picks[:100]
+    assert not any(SelectionSection.of(Scenario()).is_remote_request(Scenario(), r) for r in range(100))
 
 
 def test_a_steps_legs_move_the_selection_models_bytes_for_each_remote_request():
-    step = Scenario(**REMOTE).selection_step  # llama3-8b, 32k, 1/16 of mean-key pages
+    remote = Scenario.build(**REMOTE)
+    step = SelectionSection.of(remote).selection_step(remote)  # llama3-8b, 32k, 1/16 of mean-key pages
     legs = RemoteLegs(step, requests=3)
     assert legs.summary_bytes == 3 * step.summary_bytes
     assert legs.page_bytes == 3 * step.chosen_kv_bytes
     assert legs.attended_tokens == 3 * (step.chosen_pages * 16 + step.tail_tokens) == 3 * 2048
-    every = RemoteLegs(Scenario(**REMOTE, select="all").selection_step, requests=2)
+    all_pages = Scenario.build(**REMOTE, select="all")
+    every = RemoteLegs(SelectionSection.of(all_pages).selection_step(all_pages), requests=2)
     assert every.summary_bytes == 0 and every.page_bytes == 2 * step.all_kv_bytes
     assert every.attended_tokens == 2 * 32768
 
@@ -106,7 +113,7 @@ def test_each_leg_is_a_request_and_its_answer_and_the_module_holds_the_summaries
 @pytest.fixture(scope="module")
 def small():
     """A small remote context: llama3-8b at 1/256 (4 channels), 1,024 tokens, 64 pages of 16."""
-    scenario = Scenario(**REMOTE, link="eth-100g", remote_context=1024 + 5, select_budget=1 / 8)
+    scenario = Scenario.build(**REMOTE, link="eth-100g", remote_context=1024 + 5, select_budget=1 / 8)
     return scenario, RemoteContexts(scenario)
 
 
@@ -134,7 +141,7 @@ def test_the_pool_serves_each_contexts_page_summaries_and_exactly_the_pages_aske
 
 def test_every_fetched_page_is_the_contexts_own_for_every_layer_kv_head_and_slot():
     # 1/32: 8 kv heads of 4 channels, so a page's rows are told apart per head; a 5-token tail.
-    scenario = Scenario(**REMOTE, link="eth-100g", scale=1 / 32, remote_context=512 + 5, select_budget=1 / 4)
+    scenario = Scenario.build(**REMOTE, link="eth-100g", scale=1 / 32, remote_context=512 + 5, select_budget=1 / 4)
     contexts = RemoteContexts(scenario)
     s = contexts.shapes
     assert s.kv_heads == 8 and s.tail == 5
@@ -165,7 +172,7 @@ def test_the_modules_scores_match_a_float64_reference_and_the_host_picks_the_ref
 
 
 def test_quests_bound_scored_on_the_host_is_the_kernels_own():
-    host = Scenario(**{**REMOTE, "link": "eth-100g", "remote_context": 1024, "select_summary": "minmax",
+    host = Scenario.build(**{**REMOTE, "link": "eth-100g", "remote_context": 1024, "select_summary": "minmax",
                        "policy": "host"})
     contexts = RemoteContexts(host)
     s = contexts.shapes
@@ -180,10 +187,10 @@ def test_quests_bound_scored_on_the_host_is_the_kernels_own():
 
 
 def test_the_pool_makes_the_next_remote_contexts_ahead_of_their_requests():
-    scenario = Scenario(**REMOTE, link="eth-100g", remote_context=512, remote_share=0.5)
+    scenario = Scenario.build(**REMOTE, link="eth-100g", remote_context=512, remote_share=0.5)
     contexts = RemoteContexts(scenario)
     contexts.make_ahead(-1, count=3)
-    remote = [rid for rid in range(100) if scenario.is_remote_request(rid)][:4]
+    remote = [rid for rid in range(100) if SelectionSection.of(scenario).is_remote_request(scenario, rid)][:4]
     contexts.summaries(remote[:3])
     assert contexts.made_on_demand == 0
     contexts.summaries([remote[3]])
@@ -202,19 +209,21 @@ def test_a_leg_names_its_requests_and_a_short_or_foreign_leg_is_refused():
 
 
 def test_remote_shapes_follow_the_scaled_layout():
-    scenario = Scenario(**REMOTE, link="eth-100g")
+    scenario = Scenario.build(**REMOTE, link="eth-100g")
     s = RemoteShapes.of(scenario)
     layout = scenario.kv_layout
     assert (s.layers, s.kv_heads, s.head_dim) == (layout.layers, layout.kv_heads, layout.head_dim)
     assert s.q_heads == s.kv_heads * 4  # llama3-8b: 32 query heads over 8 kv heads
     assert s.nbytes(s.pages_shape(1, True)) * (1 / scenario.effective_scale) == pytest.approx(
-        scenario.selection_step.chosen_kv_bytes)
+        SelectionSection.of(scenario).selection_step(scenario).chosen_kv_bytes)
     assert math.isclose(s.nbytes(s.summary_shape(1)) / scenario.effective_scale,
-                        scenario.selection_step.summary_bytes)
+                        SelectionSection.of(scenario).selection_step(scenario).summary_bytes)
 
 
 def test_a_sweep_row_carries_the_remote_legs_and_each_class_tpot():
-    from kvtransit.harness.studies.sweep.runner import _remote_kv_columns
+    from kvtransit.flows.selection.report import REPORT
+
+    _remote_kv_columns = REPORT.columns
 
     block = {"select": "top-k", "budget": 0.0625, "legs_s": {"measured": 0.021, "model": 0.020},
              "summary_bytes": {"measured": 1e8}, "page_bytes": {"measured": 2e8},
@@ -228,12 +237,13 @@ def test_a_sweep_row_carries_the_remote_legs_and_each_class_tpot():
 
 @pytest.mark.parametrize("scale,fixed", [("auto", "at a fixed --scale 1/256"), (1 / 256, None)])
 def test_slow_legs_under_the_auto_scale_are_told_to_dilate_at_a_fixed_scale(scale, fixed):
+    from kvtransit.report.blocks import RunData, flow_reports
     from kvtransit.report.fidelity import fidelity_block
 
-    scenario = Scenario(**REMOTE, link="eth-100g", scale=scale)
+    scenario = Scenario.build(**REMOTE, link="eth-100g", scale=scale)
     decode = {"role": "decode", "name": "decode-0", "remote_kv": {"ratio_median": 1.3, "idle_link_steps": 9}}
-    faithful, block = fidelity_block(scenario, [], prefills=[], decodes=[decode], middleboxes=[],
-                                     scaled_achieved_Bps=None)
+    run = RunData(scenario, [], [decode], prefills=[], decodes=[decode], middleboxes=[], run_model_s=1.0, summary={})
+    faithful, block = fidelity_block(run, flow_reports(), scaled_achieved_Bps=None)
     check = block["remote_kv_decode-0"]
     assert not faithful and check["ok"] is False and check["measured"] == pytest.approx(0.3)
     assert "try --dilation" in check["hint"]

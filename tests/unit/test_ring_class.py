@@ -9,6 +9,7 @@ from kvtransit.flows.ring.blocks import SyntheticRingKV
 from kvtransit.flows.ring.group import order_frame, rank_plan, read_order, ring_blocks
 from kvtransit.flows.ring.model import hop
 from kvtransit.flows.ring.ring_class import in_ring_class, rest_of_prompt_s, ring_prefill, with_ring_prompts
+from kvtransit.flows.ring.section import RingSection
 from kvtransit.flows.selection.remote_class import in_remote_class
 from kvtransit.model.cost.roofline import STEP_OVERHEAD_S, StepWork, prefill_work_cached, step_energy_j, step_time
 from kvtransit.model.errors import ConfigError
@@ -31,14 +32,14 @@ def test_the_ring_class_is_a_fixed_share_of_the_ids_independent_of_the_remote_cl
 
 
 def test_a_ring_prefill_is_the_rest_of_the_prompt_then_l_layers_of_n_minus_1_overlapped_hops():
-    scenario = Scenario(**RING, ring_link="eth-25g")
-    model, device, link = scenario.model_spec, scenario.device_spec, scenario.ring_link_spec
+    scenario = Scenario.build(**RING, ring_link="eth-25g")
+    model, device, link = scenario.model_spec, scenario.device_spec, RingSection.of(scenario).link_spec
     ring = ring_prefill(model, device, link, 4, 32768)
     one_hop = hop(model, device, link, 8192)
     assert ring.hop == one_hop and ring.hops_per_layer == 3 and ring.block_tokens == 8192
     assert ring.attention_s == pytest.approx(model.layers * (one_hop.compute_s + 3 * one_hop.total_s))
     assert ring.total_s == pytest.approx(ring.rest_s + ring.attention_s + STEP_OVERHEAD_S)
-    assert scenario.ring_model == ring
+    assert RingSection.of(scenario).model(scenario) == ring
 
 
 def test_the_rest_of_the_prompt_is_one_ranks_block_through_every_weight_on_the_roofline():
@@ -54,7 +55,8 @@ def test_the_rest_of_the_prompt_is_one_ranks_block_through_every_weight_on_the_r
 def test_a_ring_of_more_gpus_prefills_the_deck_prompt_sooner_than_one_gpu_on_a_fast_link():
     one_gpu = plan_prefill_step(Scenario(codec="none"), [BatchEntry(1, 32768, 16)]).model_s
     for n in (2, 4, 8):
-        assert Scenario(**{**RING, "ring_ranks": n, "ring_link": "nvlink4"}).ring_model.total_s < one_gpu
+        ring = Scenario.build(**{**RING, "ring_ranks": n, "ring_link": "nvlink4"})
+        assert ring.section(RingSection).model(ring).total_s < one_gpu
 
 
 def test_only_the_ring_classs_requests_get_the_ring_prompt():
@@ -82,15 +84,15 @@ def test_only_the_ring_classs_requests_get_the_ring_prompt():
 ])
 def test_bad_ring_settings_are_one_line_naming_the_field_and_the_valid_values(fields, names):
     with pytest.raises(ConfigError) as err:
-        Scenario(**fields)
+        Scenario.build(**fields)
     message = str(err.value)
     assert "\n" not in message and all(name in message for name in names), message
 
 
 def test_the_ring_link_is_shaped_at_the_rings_scale_and_the_runs_dilation():
-    scenario = Scenario(**RING, scale=1 / 64, dilation=2.0)
-    link, shaped = scenario.ring_link_spec, scenario.scaled_ring_link
-    assert shaped.bandwidth_Bps == pytest.approx(link.bandwidth_Bps * scenario.ring_scale / 2)
+    scenario = Scenario.build(**RING, scale=1 / 64, dilation=2.0)
+    link, shaped = RingSection.of(scenario).link_spec, RingSection.of(scenario).scaled_link(scenario)
+    assert shaped.bandwidth_Bps == pytest.approx(link.bandwidth_Bps * RingSection.of(scenario).scale(scenario) / 2)
     assert shaped.latency_s == pytest.approx(link.latency_s * 2)
 
 
@@ -102,22 +104,22 @@ def test_the_ring_link_is_shaped_at_the_rings_scale_and_the_runs_dilation():
     ("nvlink4", 1.0, 1),  # 879 MB/s a channel: one, and only dilation helps (the fidelity check says so)
 ])
 def test_a_ring_blocks_channels_keep_its_ranks_within_the_hosts_budget(ring_link, dilation, channels):
-    scenario = Scenario(**{**RING, "ring_link": ring_link}, scale=1 / 64, dilation=dilation)
-    assert scenario.ring_layout.channels == channels
-    assert scenario.ring_scale == channels / scenario.model_spec.kv_dim
+    scenario = Scenario.build(**{**RING, "ring_link": ring_link}, scale=1 / 64, dilation=dilation)
+    assert RingSection.of(scenario).layout(scenario).channels == channels
+    assert RingSection.of(scenario).scale(scenario) == channels / scenario.model_spec.kv_dim
 
 
 def test_a_ranks_blocks_carry_the_models_block_bytes_at_the_rings_scale():
-    scenario = Scenario(**RING, scale=1 / 64, dilation=8.0)
+    scenario = Scenario.build(**RING, scale=1 / 64, dilation=8.0)
     blocks = ring_blocks(scenario)
-    model, layout = scenario.model_spec, scenario.ring_layout
+    model, layout = scenario.model_spec, RingSection.of(scenario).layout(scenario)
     assert blocks.block(1, 0).shape == (1, 2, layout.kv_heads, 8192, layout.head_dim)
     model_block = 8192 * 2 * model.kv_dim * model.bytes_per_value
-    assert blocks.raw_bytes() == pytest.approx(model_block * scenario.ring_scale)
+    assert blocks.raw_bytes() == pytest.approx(model_block * RingSection.of(scenario).scale(scenario))
     assert (blocks.block(1, 0) == blocks.block(1, 0)).all() and not (blocks.block(1, 0) == blocks.block(2, 0)).all()
     plan = rank_plan(scenario, 0, 3)
     assert (plan.group, plan.rank, plan.size, plan.layers) == (2001, 3, 4, model.layers)
-    assert plan.compute_s == pytest.approx(scenario.wall_s(scenario.ring_model.hop.compute_s))
+    assert plan.compute_s == pytest.approx(scenario.wall_s(RingSection.of(scenario).model(scenario).hop.compute_s))
     assert isinstance(blocks, SyntheticRingKV)
 
 
@@ -136,21 +138,24 @@ def test_a_ring_request_is_a_batch_of_its_own_and_no_batch_takes_it_behind_other
 
 
 def test_a_ring_requests_step_is_the_rings_plan_and_its_whole_prompts_energy():
-    scenario = Scenario(**RING)
-    rid = next(i for i in range(100) if scenario.is_ring_request(i))
+    scenario = Scenario.build(**RING)
+    rid = next(i for i in range(100) if RingSection.of(scenario).is_ring_request(scenario, i))
     plan = plan_prefill_step(scenario, [BatchEntry(rid, 32768, 16)])
-    assert plan.ring == scenario.ring_model and plan.model_s == scenario.ring_model.total_s
+    ring = RingSection.of(scenario).model(scenario)
+    assert plan.extra == ring and plan.model_s == ring.total_s
     assert plan.wall_s == scenario.wall_s(plan.model_s)
     assert plan.energy_j == step_energy_j(scenario.device_spec, prefill_work_cached(scenario.model_spec,
                                                                                     [(32768, 0)]))
-    other = next(i for i in range(100) if not scenario.is_ring_request(i))
-    assert plan_prefill_step(scenario, [BatchEntry(other, 1000, 16)]).ring is None
+    other = next(i for i in range(100) if not RingSection.of(scenario).is_ring_request(scenario, i))
+    assert plan_prefill_step(scenario, [BatchEntry(other, 1000, 16)]).extra is None
     with pytest.raises(ConfigError, match="a step of its own"):
         plan_prefill_step(scenario, [BatchEntry(rid, 32768, 16), BatchEntry(other, 1000, 16)])
 
 
 def test_a_sweep_row_carries_the_rings_headline_figures():
-    from kvtransit.harness.studies.sweep.runner import _ring_columns
+    from kvtransit.flows.ring.report import REPORT
+
+    _ring_columns = REPORT.columns
 
     block = {"ranks": 4, "link": "eth-25g", "attention_s": {"measured": 1.1, "model": 1.0},
              "ttft_ms": {"ring": {"p50": 1500.0}, "other": None}}
@@ -161,8 +166,8 @@ def test_a_sweep_row_carries_the_rings_headline_figures():
 
 
 def test_a_ring_request_whose_prompt_is_not_the_rings_is_refused_by_its_step_plan():
-    scenario = Scenario(**RING)
-    rid = next(i for i in range(100) if scenario.is_ring_request(i))
+    scenario = Scenario.build(**RING)
+    rid = next(i for i in range(100) if RingSection.of(scenario).is_ring_request(scenario, i))
     with pytest.raises(ConfigError, match="ring_prompt"):
         plan_prefill_step(scenario, [BatchEntry(rid, 1000, 16)])
 
@@ -171,7 +176,7 @@ def test_the_testbeds_with_one_process_a_prefill_refuse_a_ring_class_with_the_wa
     from kvtransit.harness.deploy.k8s.scenario_configmap import refuse_host_files
     from kvtransit.harness.deploy.swarm.stack import refusal
 
-    scenario = Scenario(**RING)
+    scenario = Scenario.build(**RING)
     with pytest.raises(ConfigError, match=r"ring-share.*kvtransit up"):
         refuse_host_files(scenario, "kubernetes")
     assert "kvtransit up" in (refusal(scenario) or "")
@@ -180,10 +185,10 @@ def test_the_testbeds_with_one_process_a_prefill_refuse_a_ring_class_with_the_wa
 def test_the_offered_load_counts_a_ring_request_as_its_whole_ring_prefill():
     from kvtransit.model.serving.offered_load import offered_vs_capacity, prefill_share_s
 
-    scenario = Scenario(**RING)
+    scenario = Scenario.build(**RING)
     specs = with_ring_prompts([RequestSpec(i, i * 0.5, 512, 16) for i in range(40)], scenario.seed, 0.25, 32768)
-    ring = [s for s in specs if scenario.is_ring_request(s.request_id)]
-    busy = (len(ring) * scenario.ring_model.total_s
+    ring = [s for s in specs if RingSection.of(scenario).is_ring_request(scenario, s.request_id)]
+    busy = (len(ring) * RingSection.of(scenario).model(scenario).total_s
             + sum(prefill_share_s(scenario.model_spec, scenario.device_spec, 1, s.prompt_tokens)
                   for s in specs if s not in ring))
     check = offered_vs_capacity(scenario, specs)
@@ -195,6 +200,6 @@ def test_a_lossless_hop_forwards_the_very_bytes_a_decode_and_re_encode_would_mak
     from kvtransit.flows.ring.blocks import LinkCodec
 
     codec = LinkCodec("none")
-    block = ring_blocks(Scenario(**RING, scale=1 / 64, dilation=8.0)).block(2, 0)
+    block = ring_blocks(Scenario.build(**RING, scale=1 / 64, dilation=8.0)).block(2, 0)
     wire = codec.encode(block, 1)
     assert codec.encode(codec.decode(wire, block.shape), 2) == wire

@@ -91,7 +91,7 @@ def test_a_ring_that_cannot_run_is_refused_with_the_reason(kw, message):
 @pytest.mark.parametrize("argv, expected", [
     (["--n", "4", "--context", "1001"], "--context 1001 does not split into 4 equal blocks (valid: a multiple of 4)"),
     (["--codec", "fp8"], "--policy host runs it at the GPUs (valid: --policy reject|host)"),
-    (["--codec", "fp8", "--bits", "6", "--policy", "host"], "--bits is band-keep's analogue precision"),
+    (["--codec", "fp8", "--bits", "6", "--policy", "host"], "--precision-bits is band-keep's analogue precision"),
     (["--dilation", "fast"], "'fast' is neither a number nor 'auto'"),
     (["--dilation", "0.5"], "--dilation must be >= 1 or auto, got 0.5"),
 ])

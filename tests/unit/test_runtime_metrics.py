@@ -17,7 +17,7 @@ ROW = re.compile(r"^\|\s*`(kvtransit_[a-z0-9_]+)`\s*\|\s*(\w+)\s*\|\s*([^|]*)\|"
 def declared() -> dict[str, tuple[str, frozenset[str]]]:
     """name as exposed (counters with _total) -> (type, label names), from every role's factory."""
     found = {}
-    for factory in metrics.METRIC_FACTORIES.values():
+    for factory in metrics.all_metric_factories().values():
         registry = CollectorRegistry()
         for metric in vars(factory(registry)).values():
             kind = metric._type

@@ -104,7 +104,7 @@ def test_a_selection_that_cannot_run_is_refused_with_the_reason(kw, message):
 
 @pytest.mark.parametrize("argv, expected", [
     (["--budget", "0"], "page budget must be a fraction in (0, 1]"),
-    (["--budget", "one"], "'one' is not a fraction (e.g. 1/16 or 0.0625)"),
+    (["--budget", "one"], "argument --select-budget/--budget: expected a number, got 'one'"),
     (["--summary", "minmax"], "--policy host scores them at the decode host (valid: --policy reject|host)"),
     (["--select", "all", "--no-baseline"], "--no-baseline goes with --select top-k"),
 ])

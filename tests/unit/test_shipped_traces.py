@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from kvtransit.agents.common.trace_file import SHIPPED_DIR, load_trace, trace_path
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving.traces import SHIPPED_TRACES, TraceError
+from kvtransit.workload.trace_file import SHIPPED_DIR, load_trace, trace_path
 
 PROVENANCE = (SHIPPED_DIR / "PROVENANCE.md").read_text()
 

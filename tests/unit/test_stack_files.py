@@ -134,7 +134,7 @@ def test_the_docker_cli_reads_the_stack_and_gives_every_agent_the_scenario_the_h
         command = services[role]["command"]
         assert command[:2] == ["kvtransit", role], command
         parsed = vars(build_parser().parse_args(command[1:]))
-        assert Scenario(**{k.removeprefix("scenario_"): v for k, v in parsed.items()
+        assert Scenario.build(**{k.removeprefix("scenario_"): v for k, v in parsed.items()
                            if k.startswith("scenario_")}) == scenario, role
     assert services["middlebox"]["cap_add"] == ["NET_ADMIN"]
     assert services[CLIENT]["volumes"][0]["source"] == str(tmp_path.resolve())

@@ -73,7 +73,7 @@ def test_a_node_is_read_from_docker_node_inspect():
 def test_the_stack_runs_one_prefill_one_decode_without_the_pool_and_says_what_else_to_use():
     assert refusal(Scenario()) is None
     assert "kvtransit k8s render" in (refusal(Scenario(prefill=2, decode=2)) or "")
-    assert "no KV pool" in (refusal(Scenario(kv_pool="pool")) or "")
+    assert "no KV pool" in (refusal(Scenario.build(kv_pool="pool")) or "")
 
 
 def test_the_stack_is_told_the_whole_scenario_an_absolute_runs_dir_and_no_pool(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtransit.flows.tier.section import TierSection
 from kvtransit.harness.studies.sweep.plan import Grid, bisect_goodput, parse_axis, preset, preset_emulation
 from kvtransit.harness.studies.sweep.report import PLOT_FILES, markdown_tables, write_plots
 from kvtransit.harness.studies.sweep.runner import (
@@ -83,7 +84,7 @@ def test_tier_deck_preset_is_the_tier_at_the_decks_size_from_a_warmed_pool():
     assert placed == {("freq-keep-k", "transit", "eth-100g"), ("freq-keep-k", "gpu", "eth-100g"),
                       ("none", "transit", "eth-100g"), ("none", "transit", "ib-ndr")}
     for _, s in points:
-        assert (s.model, s.context_cap, s.kv_pool, s.pool_warm, s.trace_start) == \
+        assert (s.model, s.context_cap, TierSection.of(s).kv_pool, TierSection.of(s).pool_warm, s.trace_start) == \
             ("llama3-70b", 32768, "pool", "trace", 5000)
         assert s.trace == "mooncake-conversation" and s.effective_dilation == 3.0
         # Half the channels the other presets give the link, at least one (the sweep_plan comment says why).

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from kvtransit.agents.loadgen.workload_source import load_trace, requests_for, workload_description
 from kvtransit.cli.scenario_flags import add_scenario_args, parse_goodput, scenario_from_args
+from kvtransit.flows.tier.section import TierSection
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving.traces import TraceError, TraceRecord, detect_format, parse_azure, parse_mooncake, replay
+from kvtransit.workload.source import load_trace, requests_for, workload_description
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 
@@ -135,12 +136,13 @@ def test_trace_start_and_pool_warm_name_what_they_need():
         Scenario(trace_start=2)
     with pytest.raises(ConfigError, match=r"pool_warm: 'trace' .* give --kv-pool pool and --trace FILE \(got kv_pool "
                                           r"'local', trace"):
-        Scenario(trace=trace, kv_pool="local", pool_warm="trace")
+        Scenario.build(trace=trace, kv_pool="local", pool_warm="trace")
     with pytest.raises(ConfigError, match="pool_warm: unknown value 'hot'"):
-        Scenario(pool_warm="hot")
+        Scenario.build(pool_warm="hot")
     with pytest.raises(ConfigError, match="trace_start"):
         Scenario(trace=trace, trace_start=-1)
-    assert Scenario(trace=trace, kv_pool="pool", pool_warm="trace", trace_start=4).pool_warm == "trace"
+    warm = Scenario.build(trace=trace, kv_pool="pool", pool_warm="trace", trace_start=4)
+    assert TierSection.of(warm).pool_warm == "trace"
 
 
 def test_a_missing_trace_file_is_a_clear_error():

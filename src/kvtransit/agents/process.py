@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from prometheus_client import CollectorRegistry
 
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.judge.fidelity import lateness_mean, step_share
+from kvtransit.model.judge.fidelity import lateness_mean, lateness_p99, step_share
 from kvtransit.report.finite import finite_json
 from kvtransit.runtime import metrics as runtime_metrics
 from kvtransit.runtime import wakeup_priority
@@ -147,19 +147,6 @@ async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
     return None if task.cancelled() else task.result()
 
 
-def run_config_process(prog: str, config_help: str,
-                       main: Callable[[dict[str, Any], asyncio.Event], Awaitable[None]], argv: list[str] | None) -> int:
-    """The entry point of a run-to-end process: `prog --config JSON`, then `main(config, stop)` until it returns
-    or a signal stops it (run_until_stopped). Exit 0: a failure is a result line, not an exit status."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog=prog)
-    parser.add_argument("--config", required=True, help=config_help)
-    config = json.loads(parser.parse_args(argv).config)
-    asyncio.run(run_until_stopped(lambda stop: main(config, stop)))
-    return 0
-
-
 def parse_result_line(line: str) -> dict | None:
     """The JSON of a result line, or None for any other line."""
     if not line.startswith(RESULT_PREFIX):
@@ -207,6 +194,14 @@ def step_clock(shared: runtime_metrics.SharedMetrics, role: str, clock: Clock | 
                                wakeup_priority=wakeup_priority.probe())
     export_timer_share(shared, role, lateness, shortest_step_wall_s)
     return clock, lateness
+
+
+def timer_stats(clock: Clock, lateness: list[float]) -> dict[str, Any]:
+    """A stepping agent's clock in its /stats: its wake-ups' lateness (the fidelity guard's timer check), how many,
+    what its holds wait on ("timerfd": sub-ms, sleeping; "loop": the ms timer and a 1 ms spin; "manual"), and at
+    what priority its wake-ups run."""
+    return {"timer_lateness_p99_s": lateness_p99(lateness), "timer_lateness_mean_s": lateness_mean(lateness),
+            "timer_wakeups": len(lateness), "timer": clock.timer, "timer_priority": timer_priority(clock)}
 
 
 def timer_priority(clock: Clock) -> str:

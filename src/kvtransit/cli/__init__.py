@@ -1,7 +1,8 @@
 """`kvtransit …`: one command, one file per subcommand.
 
 Each subcommand module exposes `register(subparsers)`, which adds its parser and sets `func`. Modules
-import their heavy dependencies inside the handler, so `kvtransit --help` stays fast.
+import their heavy dependencies inside the handler, so `kvtransit --help` stays fast. A flow's commands are its own
+(a flow's `cli.py`, reached through the registry: kvtransit/flows/__init__.py), listed after the core's.
 """
 
 from __future__ import annotations
@@ -10,17 +11,14 @@ import argparse
 import importlib
 import sys
 
+from kvtransit import flows
 from kvtransit.cli._common import user_errors
 
-# Subcommand modules under kvtransit.cli, in the order `--help` lists them.
+# The core's subcommand modules under kvtransit.cli, in the order `--help` lists them (the flows' follow).
 SUBCOMMANDS: tuple[str, ...] = (
     "calc",
     "kernels",
     "cost",
-    "kvtransit.flows.tp.cli",
-    "kvtransit.flows.ring.cli",
-    "kvtransit.flows.selection.cli",
-    "kvtransit.flows.weights.cli",
     "accuracy",
     "links",
     "up",
@@ -36,8 +34,6 @@ SUBCOMMANDS: tuple[str, ...] = (
     "decode",
     "loadgen",
     "frontend",
-    "kvtransit.flows.tier.cli",
-    "kvtransit.flows.tier.cli_prefix_hits",
 )
 
 
@@ -57,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     sub.required = True
     for name in SUBCOMMANDS:
-        importlib.import_module(name if "." in name else f"{__name__}.{name}").register(sub)
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    for _flow, module in flows.faces("cli"):
+        module.register(sub)
     return parser
 
 

@@ -6,6 +6,10 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvtransit.agents.skeleton import Agent
 
 
 def add_common_agent_flags(parser: argparse.ArgumentParser, role: str) -> None:
@@ -40,11 +44,23 @@ def setup_logging(level: str) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
-def run_agent(args: argparse.Namespace, make_main) -> int:
-    """Run `make_main()` → coroutine function(stop) until it returns or SIGINT/SIGTERM stops it."""
+def run_agent(args: argparse.Namespace, agent: Agent) -> int:
+    """Serve `agent` (agents/skeleton.py: one lifecycle for every role) until SIGINT/SIGTERM stops it."""
+    from kvtransit.agents.skeleton import serve
+
+    return run_main(args, lambda stop: serve(agent, stop))
+
+
+def run_main(args: argparse.Namespace, main) -> int:
+    """Run `main(stop)` until it returns or SIGINT/SIGTERM stops it, on the chosen loop, logging to stderr."""
     from kvtransit.agents.process import run_until_stopped
     from kvtransit.runtime.loop import run
 
     setup_logging(args.log_level)
-    run(run_until_stopped(make_main()), loop=args.loop)
+    run(run_until_stopped(main), loop=args.loop)
     return 0
+
+
+def flow_args(args: argparse.Namespace) -> dict:
+    """The parsed flags as the flows' parts read them (agents/plugins.py), by name."""
+    return vars(args)

@@ -16,9 +16,11 @@ class CliError(Exception):
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Every exception type that means "the user gave a bad value" (printed as one line, exit 2)."""
+    from kvtransit.harness.children import ChildFailed
     from kvtransit.model.errors import ConfigError
 
-    errors: list[type[BaseException]] = [CliError, ConfigError]
+    # ChildFailed: a process a command started did not say it was ready (its exit quoted on one line).
+    errors: list[type[BaseException]] = [CliError, ConfigError, ChildFailed]
     try:
         from kvtransit.kernels.errors import KernelInputError
 
@@ -98,3 +100,15 @@ def number_or_auto(text: str) -> float | str:
 
 # What a command that a signal stopped exits with: 128 + SIGINT, as a shell reports an interrupted job.
 SIGNALLED_EXIT = 130
+
+
+def module_budget_arg(text: str) -> str | float:
+    """`--module-budget`'s argparse type wherever a command takes it: a budget name (low, sim, high) or a number of
+    ops per line byte > 0, as `Scenario` reads it (model/field_checks.py: module_budget)."""
+    from kvtransit.model.errors import ConfigError
+    from kvtransit.model.field_checks import module_budget
+
+    try:
+        return module_budget(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("module_budget: ")) from None

@@ -45,9 +45,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from kvtransit.paths import REPO
-
 from kvtransit.cli._common import CliError, add_json_flag, print_json, print_table
+from kvtransit.paths import REPO
 
 SAMPLE_NAME = "smollm2_kv_sample.npz"
 # The codecs measured on the ring's links by default: the requantisers, and band-keep (FreqKV's keep 0.5, 4 sinks,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvtransit.cli._common import add_json_flag, print_json, print_table
+from kvtransit.cli._common import add_json_flag, module_budget_arg, print_json, print_table
 from kvtransit.cli._model_args import add_model_flags, model_from_args
 
 MB = 1e6
@@ -20,7 +20,7 @@ MS = 1e3
 def register(subparsers) -> None:
     from kvtransit.model.catalog.codecs import CODEC_NAMES, DEFAULT_FP4_BLOCK, DEFAULT_KEEP
     from kvtransit.model.catalog.links import LINKS
-    from kvtransit.model.module.budget import MODULE_BUDGETS, Policy
+    from kvtransit.model.module.budget import Policy
 
     p = subparsers.add_parser("calc", help="hand-off size, transfer time and energy per link",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -31,8 +31,10 @@ def register(subparsers) -> None:
     p.add_argument("--codec", choices=CODEC_NAMES, default=None, help="codec on the hand-off (default none)")
     p.add_argument("--keep", type=float, default=None, help=f"freq-keep-k: fraction kept (default {DEFAULT_KEEP})")
     p.add_argument("--block", type=int, default=None, help=f"fp4-block: values per scale (default {DEFAULT_FP4_BLOCK})")
-    p.add_argument("--budget", choices=list(MODULE_BUDGETS), default="sim",
-                   help="module ops per line byte: low 0.40, sim 1.6 (default), high 3.96")
+    p.add_argument("--module-budget", "--budget", dest="budget", type=module_budget_arg, default="sim",
+                   metavar="low|sim|high|OPS",
+                   help="module ops per line byte: low 0.40, sim 1.6 (default), high 3.96, or a number > 0 (--budget: "
+                        "the old spelling, for one release)")
     p.add_argument("--policy", choices=[x.value for x in Policy], default=Policy.HOST.value,
                    help="a codec needing an unpublished op: run it on the host (default) or reject it")
     add_json_flag(p)
@@ -88,7 +90,7 @@ def _run_custom(args: argparse.Namespace) -> int:
     from kvtransit.model.catalog.links import link_by_name
     from kvtransit.model.cost.handoff import HANDOFF_TABLE_LINKS, handoff, weight_load_s
     from kvtransit.model.errors import require_positive
-    from kvtransit.model.module.budget import MODULE_BUDGETS, Module, Policy
+    from kvtransit.model.module.budget import Module, Policy, budget_ops_per_byte
 
     model = model_from_args(args)
     prompt = args.prompt if args.prompt is not None else 2048
@@ -96,7 +98,7 @@ def _run_custom(args: argparse.Namespace) -> int:
     codec = codec_declaration(args.codec or "none",
                               keep=args.keep if args.keep is not None else DEFAULT_KEEP,
                               block=args.block if args.block is not None else DEFAULT_FP4_BLOCK)
-    module = Module(ops_per_byte=MODULE_BUDGETS[args.budget])
+    module = Module(ops_per_byte=budget_ops_per_byte(args.budget))
     links = [link_by_name(name) for name in (args.link or HANDOFF_TABLE_LINKS)]
     estimates = [handoff(model, prompt, link, codec, module, Policy(args.policy)) for link in links]
     load_s = weight_load_s(model)

@@ -81,8 +81,8 @@ def _command(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from kvtransit.harness.studies.candidates.report import row_cells, table_json, unknowns_text, write_table
+    from kvtransit.harness.studies.candidates.rows import candidate_names
     from kvtransit.harness.studies.candidates.run import default_sample_path, run_rows
-    from kvtransit.harness.studies.candidates.table import candidate_names
     from kvtransit.harness.studies.candidates.verdicts import judge_table
 
     names = candidate_names(args.only)  # every input checked before anything runs

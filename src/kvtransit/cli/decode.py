@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from kvtransit.cli._agent import add_common_agent_flags, run_agent
+from kvtransit.cli._agent import add_common_agent_flags, flow_args, run_agent
 from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
-from kvtransit.flows.tp.cli_group_flags import add_tp_group_flag, tp_group_config
 
 
 def register(subparsers) -> None:
+    from kvtransit.agents.plugins import add_flow_flags
+
     p = subparsers.add_parser("decode", help="run one decode instance", description=__doc__)
     add_scenario_args(p)
     p.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
@@ -19,7 +20,7 @@ def register(subparsers) -> None:
     p.add_argument("--link-backend", choices=("userspace", "tc"), default="userspace",
                    help="what shapes the link's rate (as the middlebox's flag): with tc, this end's receive-side "
                         "measurement is exported as the link's achieved rate")
-    add_tp_group_flag(p, "decode")
+    add_flow_flags(p, "decode")
     add_common_agent_flags(p, "decode")
     p.set_defaults(func=run)
 
@@ -31,11 +32,9 @@ def run(args) -> int:
 
     if args.accuracy_sample < 0:
         raise CliError(f"--accuracy-sample must be >= 0, got {args.accuracy_sample}")
-    scenario = scenario_from_args(args)
-    tp_group = tp_group_config(args.tp_group, "--decode-tp", scenario.decode_tp)
-    agent = DecodeAgent(scenario, name=args.name, listen=parse_address(args.listen, "--listen"),
+    agent = DecodeAgent(scenario_from_args(args), name=args.name, listen=parse_address(args.listen, "--listen"),
                         client_listen=parse_address(args.client_listen, "--client-listen"),
                         metrics_listen=parse_address(args.metrics_listen, "--metrics-listen"),
-                        accuracy_sample=args.accuracy_sample, link_backend=args.link_backend, tp_group=tp_group)
-    return run_agent(args, lambda: agent.run)
-
+                        accuracy_sample=args.accuracy_sample, link_backend=args.link_backend,
+                        flow_args=flow_args(args))
+    return run_agent(args, agent)

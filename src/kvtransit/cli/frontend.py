@@ -10,7 +10,7 @@ with neither limit it serves until stopped.
 
 from __future__ import annotations
 
-from kvtransit.cli._agent import add_client_flags, add_common_agent_flags, run_agent
+from kvtransit.cli._agent import add_client_flags, add_common_agent_flags, run_main
 from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 
 DEFAULT_OPENAI_LISTEN = "127.0.0.1:8000"  # vLLM's and `vllm bench serve`'s default port
@@ -73,4 +73,4 @@ def run(args) -> int:
     async def main(stop):
         await frontend.run(stop)
 
-    return run_agent(args, lambda: main)
+    return run_main(args, main)

@@ -1,7 +1,7 @@
 """`kvtransit kernels`: REFERENCE §5's kernel table, plus any kernel you declare, judged by the budget check.
 
-    kvtransit kernels --declare name=score,ops_per_byte=1,op_types=mac --budget low
-    kvtransit kernels --declare examples/kernels/freq-keep-half.toml --budget 0.8
+    kvtransit kernels --declare name=score,ops_per_byte=1,op_types=mac --module-budget low
+    kvtransit kernels --declare examples/kernels/freq-keep-half.toml --module-budget 0.8
 
 A declared kernel (a .toml/.json file, or inline key=value text) gets its checks printed below the table,
 with the arithmetic: op set, transform ops, other ops, total charged against the budget (and the slowdown
@@ -14,23 +14,7 @@ import argparse
 import math
 from typing import Any
 
-from kvtransit.cli._common import add_json_flag, print_json, print_table
-
-
-def _budget(text: str) -> str:
-    """A budget name (low, sim, high) or a number of ops per byte > 0."""
-    from kvtransit.model.module.budget import MODULE_BUDGETS
-
-    if text in MODULE_BUDGETS:
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither a budget (choose from: {', '.join(MODULE_BUDGETS)}) nor a number of ops/byte > 0")
-    return text
+from kvtransit.cli._common import add_json_flag, module_budget_arg, print_json, print_table
 
 
 def register(subparsers) -> None:
@@ -43,9 +27,10 @@ def register(subparsers) -> None:
                         "name=...,ratio=...,ops_per_byte=...,op_types=fft+gather,transform=none|fft|dct|ntt,"
                         "transform_length=N,transform_charged=yes|no,precision_bits=B,placement=pluggable|switch,"
                         "lossless=yes|no,streams=S (repeatable)")
-    p.add_argument("--budget", type=_budget, default="sim", metavar="low|sim|high|OPS",
+    p.add_argument("--module-budget", "--budget", dest="budget", type=module_budget_arg, default="sim",
+                   metavar="low|sim|high|OPS",
                    help="module budget for the verdict: low 0.40, sim 1.6 (default), high 3.96 ops/B, "
-                        "or a number of ops/B")
+                        "or a number of ops/B (--budget: the old spelling, for one release)")
     p.add_argument("--policy", choices=[x.value for x in Policy], default=Policy.REJECT.value,
                    help="a kernel needing an unpublished op is rejected (default) or runs on the host")
     add_json_flag(p)
@@ -170,10 +155,10 @@ def _check_lines(name: str, file: str | None, checks: dict[str, Any], budget_nam
 
 def run(args: argparse.Namespace) -> int:
     from kvtransit.model.catalog.codecs import KERNEL_TABLE_ROWS, kernel_table_row
-    from kvtransit.model.module.budget import MODULE_BUDGETS, Module, Policy, budget_check
+    from kvtransit.model.module.budget import Module, Policy, budget_check, budget_ops_per_byte
 
     declared = [_declare(text) for text in args.declare]
-    ops_per_byte = MODULE_BUDGETS.get(args.budget) or float(args.budget)
+    ops_per_byte = budget_ops_per_byte(args.budget)
     module = Module(ops_per_byte=ops_per_byte)
     policy = Policy(args.policy)
     records: list[dict[str, Any]] = []

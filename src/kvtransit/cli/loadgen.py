@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvtransit.cli._agent import add_client_flags, add_common_agent_flags, run_agent
+from kvtransit.cli._agent import add_client_flags, add_common_agent_flags, run_main
 from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
 
 
@@ -29,4 +29,4 @@ def run(args) -> int:
     async def main(stop):
         await generator.run(stop)
 
-    return run_agent(args, lambda: main)
+    return run_main(args, main)

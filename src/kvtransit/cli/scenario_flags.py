@@ -5,7 +5,7 @@ another, and `Scenario.to_argv()` is always accepted by every one of them. Value
 itself (one-line `ConfigError` naming the field and the valid choices), not by argparse, so the rules live
 in one place.
 
-`--kernel FILE` runs a declared kernel (issue 15): the file's declaration (`model/module/kernel_file.py`) is mapped onto
+`--kernel FILE` runs a declared kernel: the file's declaration (`model/module/kernel_file.py`) is mapped onto
 the fields of the one implementation that runs it (`model/module/kernel_runs.py`), and those fields are set as if given
 as flags; a flag given on the command line that says otherwise is an error naming both. The scenario then
 records the file (`kernel_file`) and is canonical: the processes get `Scenario.to_argv()`, never the file.
@@ -14,11 +14,12 @@ records the file (`kernel_file`) and is canonical: the processes get `Scenario.t
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, fields
+from collections.abc import Sequence
 from typing import Any
 
+from kvtransit.cli._common import module_budget_arg
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.scenario import Scenario, flag_for
+from kvtransit.model.scenario import Scenario, flag_for, scenario_fields
 from kvtransit.model.scenario_text import FieldTextError, field_from_text
 
 # Where the parsed namespace lists the scenario fields whose flag was on the command line, so `--kernel` can tell
@@ -32,6 +33,7 @@ class _StoreGiven(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
         setattr(namespace, GIVEN, getattr(namespace, GIVEN, frozenset()) | {self.dest.removeprefix("scenario_")})
+
 
 _HELP = {
     "model": "model served (catalogue key)",
@@ -82,11 +84,6 @@ _HELP = {
                  "step's all-reduces real bytes over --scaleup-link (1: one process, no collectives)",
     "prefill_tp": "each prefill instance as a TP group of N GPUs likewise (its all-reduces carry every prompt token: "
                   "give a small --scale)",
-    "allreduce": "how a TP group all-reduces: ring (between the ranks) or switch (a switch process sums in the "
-                 "network)",
-    "scaleup_link": "the TP groups' link between their GPUs (nvlink3, nvlink4, nvlink5, ...)",
-    "decode_ep": "the decode group of a mixture-of-experts model as EP = TP = --decode-tp: an all-to-all a step too "
-                 "(ring only)",
     "trace": "replay this request trace (Mooncake .jsonl or Azure .csv) instead of drawing the workload",
     "trace_format": "trace format (auto: by file extension)",
     "trace_sample": "which of the trace's requests to replay: the first N (--requests) or N at random",
@@ -96,30 +93,6 @@ _HELP = {
                    "--pool-warm trace)",
     "ttft_slo_ms": "SLO: TTFT threshold, ms (REFERENCE §4: 1000)",
     "tpot_slo_ms": "SLO: TPOT threshold, ms (REFERENCE §4: 25)",
-    "kv_pool": "prefix reuse: off, local (a cache at the prefill, free) or pool (kvtransit kvpool, via the middlebox)",
-    "kv_pool_capacity": "bytes (model size) the KV pool or local cache holds",
-    "pool_warm": "trace: the pool starts holding what the trace's requests before --trace-start left in an LRU of "
-                 "--kv-pool-capacity (of the blocks the window looks up; made by the pool before it is ready)",
-    "prefix_workload": "prompts sharing prefixes: none, system-prompts (N of L tokens) or sessions (multi-turn)",
-    "system_prompts": "system-prompts workload: how many distinct system prompts",
-    "system_prompt_tokens": "system-prompts workload: tokens in each system prompt",
-    "session_turns": "sessions workload: turns per session",
-    "think_time": "sessions workload: mean seconds between a turn and the next",
-    "kv_placement": "remote: a share of the requests also attends to a long context held in the KV pool (needs "
-                    "--kv-pool pool), fetched through the middlebox over the decode link every decode step",
-    "select": "remote KV: top-k (the module scores the pages' summaries, decode fetches the best; the default) or "
-              "all (every token a step, the baseline)",
-    "select_budget": "top-k: the share of the pages fetched, in (0, 1] (1/16, 0.0625)",
-    "select_summary": "top-k: a page's summary, mean (one key: a MAC, in the module's set) or minmax (Quest's bound: "
-                      "needs a max, --policy host)",
-    "page_size": "remote KV: tokens a page (divides the pool's 512-token blocks; Quest: 16)",
-    "remote_context": "remote KV: tokens of each long context",
-    "remote_share": "remote KV: share of the requests in the long-context class, in (0, 1]",
-    "ring_share": "ring attention: share of the requests whose long prompt (--ring-prompt) a ring of GPUs prefills, "
-                  "in [0, 1] (0: none)",
-    "ring_ranks": "ring attention: GPUs in the ring, 2, 4 or 8 (the instance's and n - 1 ring processes)",
-    "ring_link": "ring attention: the link between ring neighbours (catalogue key)",
-    "ring_prompt": "ring attention: tokens of a ring request's prompt, a multiple of --ring-ranks",
 }
 
 
@@ -137,12 +110,42 @@ def _reader(field_name: str):
     return read
 
 
+_SAME = object()  # add_scenario_flag's default: the field's own
+
+
+def add_scenario_flag(parser: argparse.ArgumentParser | Any, field_name: str, *, aliases: Sequence[str] = (),
+                      default: Any = _SAME, help: str | None = None, choices: Sequence[Any] | None = None) -> None:
+    """One `Scenario` field's flag on a side command that shares the knob (`kvtransit ring`, `select`,
+    `collective`, `weights`, ...): spelled, read and explained as `kvtransit up` takes it, its value in
+    `args.<field_name>`. `default`: the command's own, where it differs (said in the help); `aliases`: a spelling
+    the command used before, accepted for one release (docs/flags.md lists them); `choices`: the values the command
+    takes, where `Scenario` would check them only once the scenario is built."""
+    field = next((f for f in scenario_fields() if f.name == field_name), None)
+    if field is None:
+        raise KeyError(f"no Scenario field {field_name!r}")
+    value = field.default if default is _SAME else default
+    shown = "none" if value is None else value
+    text = f"{help or field.help or _HELP.get(field_name, field_name)} (default: {shown})"
+    if aliases:
+        text += f"; also {', '.join(aliases)}, the old spelling, for one release"
+    names = [flag_for(field_name), *aliases]
+    # No Scenario checks a side command's values: the budget is checked as it is read (a name or a number > 0).
+    read = module_budget_arg if field_name == "module_budget" else _reader(field_name)
+    if isinstance(field.default, bool):
+        parser.add_argument(*names, dest=field_name, type=read, default=value, nargs="?", const=True,
+                            metavar="yes|no", help=text)
+    else:
+        parser.add_argument(*names, dest=field_name, type=read, default=value, choices=choices,
+                            metavar=field_name.upper() if choices is None else None, help=text)
+
+
 def add_scenario_args(parser: argparse.ArgumentParser) -> None:
     """Add one flag per `Scenario` field, defaulting to the field's default."""
     group = parser.add_argument_group("scenario (the same flags for every process of a run)")
-    for f in fields(Scenario):
-        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[operator]
-        flag, read, help_text = flag_for(f.name), _reader(f.name), f"{_HELP.get(f.name, f.name)} (default: {default})"
+    for f in scenario_fields():  # the core's, then each flow's (its section's help)
+        default = f.default
+        flag, read = flag_for(f.name), _reader(f.name)
+        help_text = f"{f.help or _HELP.get(f.name, f.name)} (default: {default})"
         if isinstance(default, bool):  # given alone (`--transform-charged`: yes) or with its value (yes|no)
             group.add_argument(flag, dest=f"scenario_{f.name}", type=read, default=default, nargs="?", const=True,
                                action=_StoreGiven, metavar="yes|no", help=help_text)
@@ -204,11 +207,11 @@ def _shown(value: object) -> str:
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     """The `Scenario` the parsed flags describe (raises ConfigError on a bad value, or a `--kernel` conflict)."""
-    values = {f.name: getattr(args, f"scenario_{f.name}") for f in fields(Scenario)}
+    values = {f.name: getattr(args, f"scenario_{f.name}") for f in scenario_fields()}
     if getattr(args, "goodput_slo", None):
         values.update(parse_goodput(args.goodput_slo))
     kernel_path = getattr(args, "kernel_declaration_file", None)
     if kernel_path:
         given = {name: values[name] for name in getattr(args, GIVEN, frozenset())}
         values.update(kernel_file_fields(kernel_path, given))
-    return Scenario(**values)
+    return Scenario.build(**values)

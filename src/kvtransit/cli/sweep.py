@@ -30,7 +30,6 @@ results file.
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, fields
 from pathlib import Path
 
 from kvtransit.cli._common import SIGNALLED_EXIT, CliError, LiveProgress, add_json_flag, print_json, print_table
@@ -39,15 +38,15 @@ from kvtransit.cli.scenario_flags import add_scenario_args, kernel_file_fields, 
 
 
 def register(subparsers) -> None:
-    from kvtransit.harness.studies.sweep.plan import DEFAULT_GOODPUT_TARGET, PRESETS
+    from kvtransit.harness.studies.sweep.plan import DEFAULT_GOODPUT_TARGET, presets
 
     p = subparsers.add_parser("sweep", help="run a grid of live runs (links x codecs x rates ...) and tabulate",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="results directory (resumed if it exists)")
     p.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...",
                    help="an axis: a scenario field and its values (repeat; the last varies fastest)")
-    p.add_argument("--preset", choices=tuple(PRESETS), default=None,
-                   help="; ".join(f"{name}: {text}" for name, (text, _) in PRESETS.items()))
+    p.add_argument("--preset", choices=tuple(presets()), default=None,
+                   help="; ".join(f"{name}: {text}" for name, (text, _) in presets().items()))
     p.add_argument("--rerun", action="store_true", help="run points already in the results file again")
     p.add_argument("--links", choices=("auto", "netns", "loopback"), default="auto",
                    help="network namespaces + tc (netns), loopback + the user-space shaper, or netns when this host "
@@ -81,10 +80,10 @@ def register(subparsers) -> None:
 
 def _explicit_overrides(args) -> dict:
     """Scenario flags whose value differs from the field's default (what a user asked for over a preset)."""
-    from kvtransit.model.scenario import Scenario
+    from kvtransit.model.scenario import scenario_fields
 
     given = scenario_from_args(args).as_dict()
-    defaults = {f.name: f.default for f in fields(Scenario) if f.default is not MISSING}
+    defaults = {f.name: f.default for f in scenario_fields()}
     return {k: v for k, v in given.items() if defaults.get(k) != v}
 
 

@@ -188,9 +188,9 @@ def run_preamble(scenario: Scenario, *, frontend: bool = False) -> list[str]:
     how to run at real size, and a warning when the workload offers more than the modelled system serves
     (parsing a trace here also refuses a bad one before any process or namespace exists). With the front end
     the workload is whoever calls it: no drawn workload to judge."""
-    from kvtransit.agents.loadgen.workload_source import requests_for
     from kvtransit.model.serving.offered_load import offered_vs_capacity
     from kvtransit.report.text import scale_note
+    from kvtransit.workload.source import requests_for
 
     config = scenario.describe()
     lines = [line for line in (scale_note(config),) if line]

@@ -22,6 +22,7 @@ def choice(field_name: str, value: str, choices: Sequence[str]) -> str:
 def module_budget(value: object) -> str | float:
     """A named budget as given, or a number of ops per byte > 0 (a numeric string becomes that number)."""
     allowed = f"{', '.join(MODULE_BUDGETS)} or a number of ops per byte > 0"
+    given = value
     if isinstance(value, str):
         if value in MODULE_BUDGETS:
             return value
@@ -30,7 +31,7 @@ def module_budget(value: object) -> str | float:
         except ValueError:
             raise ConfigError(f"module_budget: unknown value {value!r} (choose from: {allowed})") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"module_budget: expected {allowed}, got {value!r}")
+        raise ConfigError(f"module_budget: expected {allowed}, got {given!r}")
     return float(value)
 
 

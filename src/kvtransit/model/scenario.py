@@ -4,6 +4,11 @@ A `Scenario` names the model, GPUs, link, codec, module, workload, pool sizes an
 dilation. It validates itself on construction (a `ConfigError` naming the field and the valid choices) and
 derives everything the processes need: the scaled KV layout, the scaled link, the workload.
 
+Its fields are the core's; each registered flow (kvtransit/flows/__init__.py: FLOWS) adds a `Section` of its own
+(model/sections.py), held in `sections`, whose fields are scenario fields like any other: flat names, a flag each,
+written by `to_argv` and read back by `field_from_text`, listed flat in the report's config block. `Scenario(...)`
+takes the core's fields; `Scenario.build(...)` and `replace(...)` take any field by its flat name, core or flow.
+
 Scale and dilation (DESIGN §2): scale shrinks each request's KV along its channels, never its tokens; dilation
 d ≥ 1 stretches every modelled duration by d and divides link rates by d; reports divide back. How channels and
 dilation are chosen (and `scale="auto"`) is `kv_scale.py`; a field read from text is `scenario_text.py`; a field's
@@ -15,23 +20,12 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from dataclasses import replace as replace_fields
+from functools import cache
+from typing import Any, TypeVar
 
-from kvtransit.flows.ring.ring_class import RING_RANKS, RingPrefill, in_ring_class, ring_prefill
-from kvtransit.flows.selection.model import (
-    DEFAULT_PAGE_SIZE,
-    SUMMARY_KINDS,
-    SelectionStep,
-    check_budget,
-    check_page_size,
-    scoring_budget,
-)
-from kvtransit.flows.selection.remote_class import KV_PLACEMENTS, SELECT_MODES, SELECT_TOP_K, in_remote_class
-from kvtransit.flows.tier.prefix import BLOCK_TOKENS
-from kvtransit.flows.tier.prefix_warm import POOL_WARM_MODES
-from kvtransit.flows.tier.workloads import PREFIX_WORKLOADS
-from kvtransit.flows.tp.model import ALLREDUCE_KINDS, ALLREDUCE_RING, check_ep, check_tp
 from kvtransit.model.catalog.codecs import CODEC_NAMES, codec_declaration
 from kvtransit.model.catalog.devices import DEVICES, Device, device_by_name
 from kvtransit.model.catalog.links import LINKS, Link, link_by_name
@@ -51,7 +45,6 @@ from kvtransit.model.kv_scale import (
     scaled_layout,
 )
 from kvtransit.model.module.budget import (
-    MODULE_BUDGETS,
     PLACEMENTS,
     PRECISION_BITS_RANGE,
     SIM_ADDED_LATENCY_S,
@@ -62,18 +55,19 @@ from kvtransit.model.module.budget import (
     Module,
     Policy,
     budget_check,
+    budget_ops_per_byte,
     transit_time,
 )
+from kvtransit.model.sections import Section
 from kvtransit.model.serving.layerwise import HANDOFF_MODES, HANDOFF_WHOLE
 from kvtransit.model.serving.policies import PREFILL_BATCH_TOKEN_LIMIT
-from kvtransit.model.serving.traces import TRACE_FORMATS, TRACE_SAMPLING
+from kvtransit.model.serving.traces import BLOCK_TOKENS, TRACE_FORMATS, TRACE_SAMPLING
 from kvtransit.model.serving.workload import ARRIVALS, DEFAULT_MAX_TOKENS, LengthDist, WorkloadSpec
 
 COMPRESS_AT = ("transit", "gpu")
-# A prefill chunk holds at least one KV block (flows/tier/prefix.py: 512 tokens, the unit the prefix cache stores) and
-# at most one step's token budget (REFERENCE §4: 8,192).
+# A prefill chunk holds at least one KV block (model/serving/traces.py: 512 tokens, the unit the prefix cache stores)
+# and at most one step's token budget (REFERENCE §4: 8,192).
 PREFILL_CHUNK_RANGE = (BLOCK_TOKENS, PREFILL_BATCH_TOKEN_LIMIT)
-KV_POOL_MODES = ("off", "local", "pool")
 # Band-keep transforms along tokens (DESIGN §4: FFT or DCT-II); the kernels layer implements both.
 BAND_KEEP_VARIANTS = ("dct", "fft")
 POLICIES = tuple(p.value for p in Policy)
@@ -86,6 +80,8 @@ SYNTHETIC_KV = "synthetic"
 REAL_MODEL_KV = "real"
 ACCURACY_MODES = ("reconstruction", "model")
 
+S = TypeVar("S", bound=Section)
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -95,19 +91,13 @@ class Scenario:
     gpus: int = 1
     prefill: int = 1  # prefill instances
     decode: int = 1  # decode instances
-    # The decode instance as a tensor-parallel group (issue 17 part 4, flows/tp/model.py): 1 is one process whose
-    # `gpus` GPUs share nothing over a link (REFERENCE §3); n > 1 is n GPUs, the decode process (rank 0) and n − 1
-    # rank processes, every step holding its shard's roofline compute and then all-reducing real bytes over the
-    # scale-up link (`scaleup_link`), in a ring between the ranks or through a switch that sums (`allreduce`).
+    # An instance as a tensor-parallel group of N GPUs over the scale-up link (1: one process whose `gpus` GPUs share
+    # nothing over a link, REFERENCE §3): its roofline runs on N GPUs; the group's ranks and its collectives are the tp
+    # flow's (flows/tp/: the follower processes, the all-reduces as real bytes, and its section's fields: how the group
+    # sums, over which link, expert parallelism). A prefill group's all-reduces are over every token it computes
+    # (REFERENCE §7).
     decode_tp: int = 1
-    # Each prefill instance as a TP group of `prefill_tp` GPUs likewise: its step's all-reduces are over every token it
-    # computes (REFERENCE §7), its first tokens come when they are done.
     prefill_tp: int = 1
-    allreduce: str = ALLREDUCE_RING
-    scaleup_link: str = "nvlink4"
-    # The decode group of a mixture-of-experts model as EP = TP = decode_tp (REFERENCE §7): each layer's attention
-    # all-reduce stays and its MLP's becomes a dispatch + combine all-to-all between the ranks (a ring).
-    decode_ep: bool = False
     # The hand-off link and what runs on it.
     link: str = "eth-25g"
     channels: int = 1  # parallel link channels (REFERENCE §4: one shared FIFO link by default)
@@ -169,38 +159,9 @@ class Scenario:
     # The SLO the report judges by (REFERENCE §4: TTFT 1 s, TPOT 25 ms); `--goodput ttft:MS tpot:MS` sets them.
     ttft_slo_ms: float = TTFT_SLO_S * 1e3
     tpot_slo_ms: float = TPOT_SLO_S * 1e3
-    # Prefix reuse (flows/tier/prefix.py): "off" (the default: every prompt computed whole), "local" (a cache at the
-    # prefill, no fetch cost) or "pool" (the shared KV pool behind the middlebox: fetches pay link and module).
-    # kv_pool_capacity: model bytes the pool (or local cache) holds.
-    kv_pool: str = "off"
-    kv_pool_capacity: float = 64e9
-    # "trace": the pool starts the run holding what the trace's requests before trace_start left in it (an LRU of
-    # kv_pool_capacity; flows/tier/prefix_warm.py), made by the pool itself before it says it is ready.
-    pool_warm: str = "off"
-    # Workloads that share prefixes (flows/tier/workloads.py): N system prompts of L tokens, or multi-turn
-    # sessions of session_turns turns with think_time seconds between turns; the user's part of each prompt is
-    # drawn from prompt_mean/prompt_cv. A Mooncake trace (--trace) brings its own hash_ids.
-    prefix_workload: str = "none"
-    system_prompts: int = 4
-    system_prompt_tokens: int = 2048
-    session_turns: int = 4
-    think_time: float = 10.0
-    # Remote KV with query-aware selection (issue 18 part 4, flows/selection/remote_class.py): a share of the requests
-    # also attends to a long context whose KV lives in the KV pool; each decode step fetches it through the middlebox
-    # over the decode link, every token (select "all") or the top pages the module's scores pick ("top-k", the default).
-    kv_placement: str = "local"
-    select: str = ""  # top-k | all with remote KV ("": top-k); an error without it
-    select_budget: float = 0.0625  # fraction of the pages fetched (REFERENCE §7: PRISM's 16x less traffic)
-    select_summary: str = "mean"  # the page summary: mean (one key, MAC) or minmax (Quest's bound: needs a max)
-    page_size: int = DEFAULT_PAGE_SIZE  # tokens a page (Quest's 16, REFERENCE §7)
-    remote_context: int = 32768  # tokens of each remote context (the deck's 32k)
-    remote_share: float = 0.5  # share of the requests in the long-context class
-    # Ring attention (issue 18 part 4, flows/ring/ring_class.py): a share of the requests has a prompt of ring_prompt
-    # tokens, prefilled by a ring of ring_ranks GPUs over ring_link (the instance's GPU and n − 1 ring processes).
-    ring_share: float = 0.0  # share of the requests in the ring class (0: none)
-    ring_ranks: int = 4  # GPUs in the ring (REFERENCE §7: 2, 4, 8)
-    ring_link: str = "eth-100g"  # the link between ring neighbours (`kvtransit ring`'s default)
-    ring_prompt: int = 32768  # tokens of a ring request's prompt (the deck's 32k)
+    # Each registered flow's section (model/sections.py), in registry order; every flow absent here gets its
+    # defaults (the flow off). Build with `Scenario.build(**flat)` to set a flow's fields by their flat names.
+    sections: tuple[Section, ...] = ()
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -227,32 +188,6 @@ class Scenario:
         choice("arrival", self.arrival, ARRIVALS)
         for name in ("gpus", "prefill", "decode", "channels", "requests", "decode_tp", "prefill_tp"):
             object.__setattr__(self, name, number(name, getattr(self, name), lo=1, integer=True))
-        for name in ("decode_tp", "prefill_tp"):
-            if getattr(self, name) > 1:
-                try:
-                    check_tp(self.model_spec, getattr(self, name))
-                except ConfigError as exc:
-                    raise ConfigError(f"{name}: {exc}") from None
-        choice("allreduce", self.allreduce, ALLREDUCE_KINDS)
-        if not isinstance(self.decode_ep, bool):
-            raise ConfigError(f"decode_ep: expected yes or no (a bool), got {self.decode_ep!r}")
-        if self.decode_ep:
-            if self.decode_tp == 1:
-                raise ConfigError("decode_ep: expert parallelism needs a decode group: give --decode-tp N "
-                                  "(EP = TP = N)")
-            if self.model_spec.experts < 2:
-                moe = ", ".join(name for name, spec in MODELS.items() if spec.experts > 1)
-                raise ConfigError(f"decode_ep: expert parallelism needs a mixture-of-experts model; {self.model} is "
-                                  f"dense (valid models: {moe})")
-            try:
-                check_ep(self.model_spec, self.decode_tp)
-            except ConfigError as exc:
-                raise ConfigError(f"decode_ep: {exc}") from None
-            if self.allreduce != ALLREDUCE_RING:
-                raise ConfigError("decode_ep: the all-to-all goes between the ranks, a ring: --allreduce ring "
-                                  "(valid: ring)")
-        if self.scaleup_link not in LINKS:
-            raise ConfigError(f"scaleup_link: {unknown_name('link', self.scaleup_link, LINKS)}")
         object.__setattr__(self, "sinks", number("sinks", self.sinks, lo=0, integer=True))
         object.__setattr__(self, "prefill_chunk", number("prefill_chunk", self.prefill_chunk, integer=True))
         if self.prefill_chunk and not PREFILL_CHUNK_RANGE[0] <= self.prefill_chunk <= PREFILL_CHUNK_RANGE[1]:
@@ -278,22 +213,9 @@ class Scenario:
         for name in ("time_scale", "ttft_slo_ms", "tpot_slo_ms"):
             number(name, getattr(self, name), lo=0, lo_open=True)
         object.__setattr__(self, "context_cap", number("context_cap", self.context_cap, lo=1, integer=True))
-        choice("kv_pool", self.kv_pool, KV_POOL_MODES)
-        choice("prefix_workload", self.prefix_workload, PREFIX_WORKLOADS)
-        number("kv_pool_capacity", self.kv_pool_capacity, lo=0)
-        number("think_time", self.think_time, lo=0, lo_open=True)
-        for name in ("system_prompts", "system_prompt_tokens", "session_turns"):
-            object.__setattr__(self, name, number(name, getattr(self, name), lo=1, integer=True))
         object.__setattr__(self, "trace_start", number("trace_start", self.trace_start, lo=0, integer=True))
         if self.trace_start and not self.trace:
             raise ConfigError(f"trace_start: {self.trace_start} needs a trace to start in (--trace FILE)")
-        choice("pool_warm", self.pool_warm, POOL_WARM_MODES)
-        if self.pool_warm == "trace" and (self.kv_pool != "pool" or not self.trace):
-            raise ConfigError(f"pool_warm: 'trace' warms the KV pool with a trace's earlier requests: give --kv-pool "
-                              f"pool and --trace FILE (got kv_pool {self.kv_pool!r}, trace {self.trace or 'none'!r})")
-        if self.prefix_workload != "none" and self.trace:
-            raise ConfigError(f"prefix_workload: {self.prefix_workload!r} and a trace both name the requests; "
-                              "give one (a Mooncake trace brings its own hash_ids)")
         if not self.kv_sample:
             raise ConfigError(f"kv_sample: expected {SYNTHETIC_KV!r}, {REAL_MODEL_KV!r} or the path of a KV sample "
                               "(.npz), got ''")
@@ -311,83 +233,45 @@ class Scenario:
                 raise ConfigError(f"scale: expected a number in (0, 1] or {AUTO!r}, got {self.scale!r}")
             number("scale", self.scale, lo=0, hi=1, lo_open=True)
             require_one_channel(self.model_spec, self.scale)
-        self._check_remote_kv()
-        self._check_ring()
         self.codec_declaration  # noqa: B018 — the codec's own checks (e.g. fp4 block) run now, not mid-run
         if self.kv_capacity_tokens < 1:
             raise ConfigError(
                 f"gpus: {self.model} does not fit on {self.gpus}x {self.device} (no room left for KV); give more gpus"
             )
+        object.__setattr__(self, "sections", _complete(self.sections))
+        for section in self.sections:  # each flow's cross-field checks, after the core's
+            section.check(self)
 
-    _REMOTE_FIELDS = ("select", "select_budget", "select_summary", "page_size", "remote_context", "remote_share")
+    # --- the flows' sections ------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, **values: Any) -> Scenario:
+        """A scenario from fields by their flat names, the core's and every flow's."""
+        return cls(**_split(values))
 
-    def _check_remote_kv(self) -> None:
-        choice("kv_placement", self.kv_placement, KV_PLACEMENTS)
-        if not self.remote_kv:
-            given = [name for name in self._REMOTE_FIELDS if getattr(self, name) != _DEFAULT_REMOTE[name]]
-            if given:
-                raise ConfigError(f"{given[0]}: needs remote KV (--kv-placement remote --kv-pool pool); valid "
-                                  f"kv_placement: {', '.join(KV_PLACEMENTS)}")
-            return
-        if self.kv_pool != "pool":
-            raise ConfigError(f"kv_placement: 'remote' keeps the long contexts' KV in the KV pool: give --kv-pool pool "
-                              f"(got kv_pool {self.kv_pool!r})")
-        if self.select:
-            choice("select", self.select, SELECT_MODES)
-        choice("select_summary", self.select_summary, SUMMARY_KINDS)
-        object.__setattr__(self, "page_size", number("page_size", self.page_size, lo=1, integer=True))
-        try:
-            check_page_size(self.page_size)
-            check_budget(self.select_budget)
-        except ConfigError as exc:
-            name = "page_size" if "page size" in str(exc) else "select_budget"
-            raise ConfigError(f"{name}: {exc}") from None
-        object.__setattr__(self, "remote_context", number("remote_context", self.remote_context, lo=self.page_size,
-                                                          integer=True))
-        number("remote_share", self.remote_share, lo=0, hi=1, lo_open=True)
-        if self.decode_tp > 1:
-            raise ConfigError("kv_placement: remote KV with a decode TP group (--decode-tp > 1) is not built: give "
-                              "--decode-tp 1")
-        check = self.scoring_check
-        if check is not None and check.action is Action.REJECTED:
-            raise ConfigError(f"select_summary: {self.select_summary!r} scores with {check.describe()}; give --policy "
-                              f"host (decode scores it) or --select-summary mean (a MAC, in the module's set)")
+    def replace(self, **values: Any) -> Scenario:
+        """This scenario with some fields, core or flow, changed (by their flat names)."""
+        return type(self).build(**{**self.as_dict(), **values})
 
-    _RING_FIELDS = ("ring_ranks", "ring_link", "ring_prompt")
+    def section(self, kind: type[S]) -> S:
+        """The section of flow class `kind` (every registered flow's is there, the flow on or off)."""
+        for section in self.sections:
+            if isinstance(section, kind):
+                return section
+        raise KeyError(f"{kind.__name__} is not a registered flow's section (kvtransit/flows/__init__.py)")
 
-    def _check_ring(self) -> None:
-        number("ring_share", self.ring_share, lo=0, hi=1)
-        if not self.ring:
-            given = [name for name in self._RING_FIELDS if getattr(self, name) != _DEFAULT_RING[name]]
-            if given:
-                raise ConfigError(f"{given[0]}: needs a ring class (--ring-share in (0, 1]); valid ring_share: "
-                                  "0 (no ring) up to 1")
-            return
-        ranks = number("ring_ranks", self.ring_ranks, integer=True)
-        if ranks not in RING_RANKS:
-            raise ConfigError(f"ring_ranks: {self.ring_ranks!r} is not a ring this emulation starts "
-                              f"(valid: {', '.join(map(str, RING_RANKS))})")
-        object.__setattr__(self, "ring_ranks", int(ranks))
-        if self.ring_link not in LINKS:
-            raise ConfigError(f"ring_link: {unknown_name('link', self.ring_link, LINKS)}")
-        prompt = int(number("ring_prompt", self.ring_prompt, lo=self.ring_ranks, integer=True))
-        if prompt % self.ring_ranks:
-            raise ConfigError(f"ring_prompt: {prompt} tokens do not split into {self.ring_ranks} equal blocks "
-                              f"(valid: a multiple of {self.ring_ranks})")
-        object.__setattr__(self, "ring_prompt", prompt)
-        if prompt > self.kv_capacity_tokens:
-            raise ConfigError(f"ring_prompt: {prompt} tokens of KV do not fit one decode instance "
-                              f"({self.kv_capacity_tokens} tokens on {self.gpus}x {self.device}); give fewer")
-        for name, value, valid in (("prefill_tp", self.prefill_tp, 1), ("prefill_chunk", self.prefill_chunk, 0)):
-            if value != valid:
-                raise ConfigError(f"ring_share: a ring request's prefill is the ring's; with {name} {value} it is "
-                                  f"not built (give --{name.replace('_', '-')} {valid})")
-        if self.handoff != HANDOFF_WHOLE:
-            raise ConfigError(f"ring_share: a ring request hands its KV off whole; with handoff {self.handoff!r} it "
-                              f"is not built (give --handoff {HANDOFF_WHOLE})")
-        if self.trace or self.prefix_workload != "none":
-            raise ConfigError("ring_share: the ring class gives its requests their own prompt length; a trace or a "
-                              "prefix workload brings its own (give --ring-share 0 with --trace or --prefix-workload)")
+    @property
+    def enabled_sections(self) -> tuple[Section, ...]:
+        """The sections of the flows this scenario turns on, in registry order."""
+        return tuple(s for s in self.sections if s.enabled(self))
+
+    @property
+    def flows(self) -> tuple[str, ...]:
+        """The names of the flows this scenario turns on."""
+        return tuple(s.FLOW for s in self.enabled_sections)
+
+    def brings_prompts(self) -> bool:
+        """Does something other than the drawn workload give the requests their prompts (a trace, a flow's)?"""
+        return bool(self.trace) or any(s.brings_prompts() for s in self.enabled_sections)
 
     # --- catalogue entries ---------------------------------------------------------------------------------
     @property
@@ -405,8 +289,7 @@ class Scenario:
 
     @property
     def module_budget_ops_per_byte(self) -> float:
-        budget = self.module_budget
-        return MODULE_BUDGETS[budget] if isinstance(budget, str) else budget
+        return budget_ops_per_byte(self.module_budget)
 
     @property
     def module(self) -> Module:
@@ -421,8 +304,8 @@ class Scenario:
         # `block` is band-keep's transform length; fp4-block's own block is fixed by its format (MXFP4).
         decl = codec_declaration(self.codec, keep=self.keep, transform_length=self.block,
                                  transform=self.variant)
-        return replace(decl, transform_charged=self.transform_charged, precision_bits=self.precision_bits,
-                       placement=self.placement)
+        return replace_fields(decl, transform_charged=self.transform_charged, precision_bits=self.precision_bits,
+                              placement=self.placement)
 
     @property
     def module_verdict(self) -> BudgetResult | None:
@@ -457,85 +340,6 @@ class Scenario:
         }
 
     @property
-    def remote_kv(self) -> bool:
-        """A share of the requests attends to a long context held in the KV pool (flows/selection/remote_class.py)."""
-        return self.kv_placement == "remote"
-
-    @property
-    def select_mode(self) -> str:
-        """top-k or all with remote KV ("" without)."""
-        return (self.select or SELECT_TOP_K) if self.remote_kv else ""
-
-    @property
-    def selection_step(self) -> SelectionStep:
-        """One remote request's fetch a decode step, at the model's size (flows/selection/model.py)."""
-        return SelectionStep(self.model_spec, self.remote_context,
-                             self.select_budget if self.select_mode == SELECT_TOP_K else None,
-                             self.select_summary, self.page_size)
-
-    @property
-    def scoring_check(self) -> BudgetResult | None:
-        """Where the page scoring runs (top-k only): the module, the host (Quest's bound under --policy host), or
-        refused."""
-        if self.select_mode != SELECT_TOP_K:
-            return None
-        return scoring_budget(self.model_spec, self.select_summary, self.module, Policy(self.policy))
-
-    @property
-    def scoring_occupancy(self) -> float:
-        """Link bytes per summary byte while the module scores them (> 1: transit-bound, REFERENCE §5); 0 when the
-        module does not score."""
-        check = self.scoring_check
-        if check is None or check.action is not Action.IN_TRANSIT:
-            return 0.0
-        return check.charged_ops_per_byte / self.module.ops_per_byte
-
-    def is_remote_request(self, request_id: int) -> bool:
-        return self.remote_kv and in_remote_class(self.seed, request_id, self.remote_share)
-
-    @property
-    def ring(self) -> bool:
-        """A share of the requests is prefilled by a ring (flows/ring/ring_class.py)."""
-        return self.ring_share > 0
-
-    def is_ring_request(self, request_id: int) -> bool:
-        return in_ring_class(self.seed, request_id, self.ring_share)
-
-    @property
-    def ring_link_spec(self) -> Link:
-        return link_by_name(self.ring_link)
-
-    @property
-    def ring_model(self) -> RingPrefill:
-        """What the model says a ring request's prefill takes (model seconds)."""
-        return ring_prefill(self.model_spec, self.device_spec, self.ring_link_spec, self.ring_ranks,
-                            self.ring_prompt)
-
-    @property
-    def ring_layout(self) -> KvLayout:
-        """A ring block's layout at scale: the run's KV channels, fewer when the ring's n ranks, all sending at once,
-        would push more than HOST_BUDGET_BPS through this host at the run's dilation (ring_run.py's budget); at
-        least one channel (then only more dilation helps, and the ring's fidelity check says so)."""
-        model = self.model_spec
-        per_channel_Bps = self.ring_link_spec.bandwidth_Bps / model.kv_dim / self.effective_dilation
-        fits = max(1, math.floor(HOST_BUDGET_BPS / (self.ring_ranks * per_channel_Bps)))
-        return scaled_layout(model, min(self.kv_layout.channels, fits))
-
-    @property
-    def ring_scale(self) -> float:
-        """A ring block's bytes over the model's block bytes (channels at scale / kv_dim)."""
-        return self.ring_layout.channels / self.model_spec.kv_dim
-
-    @property
-    def scaled_ring_link(self) -> Link:
-        """The ring link as the emulation shapes it: a block is cut by `ring_scale` along its channels
-        (model/kv_scale.py), so the rate is too; ÷ dilation, latency × dilation."""
-        link = self.ring_link_spec
-        return Link(name=f"{link.name}@scale",
-                    bandwidth_Bps=link.bandwidth_Bps * self.ring_scale / self.effective_dilation,
-                    latency_s=link.latency_s * self.effective_dilation, pj_per_bit=link.pj_per_bit)
-
-    @property
     def kv_capacity_tokens(self) -> int:
         """KV tokens one instance of `gpus` GPUs holds (REFERENCE §3)."""
         return kv_capacity_tokens(self.model_spec, self.device_spec, self.gpus)
@@ -554,11 +358,6 @@ class Scenario:
     def decode_kv_capacity_tokens(self) -> int:
         """KV tokens one decode instance holds (REFERENCE §3), on its `decode_gpus`."""
         return kv_capacity_tokens(self.model_spec, self.device_spec, self.decode_gpus)
-
-    @property
-    def scaleup_link_spec(self) -> Link:
-        """The decode TP group's link between its GPUs (unscaled)."""
-        return link_by_name(self.scaleup_link)
 
     # --- the codec on a GPU (compress_at="gpu"): its work and roofline time, model/cost/gpu_codec.py ------------
     def gpu_codec_work(self, prompt_tokens: int) -> StepWork:
@@ -633,15 +432,6 @@ class Scenario:
         )
 
     @property
-    def scaled_scaleup_link(self) -> Link:
-        """The decode TP group's scale-up link as the emulation shapes it: its activations are cut by the same
-        effective scale as the KV (flows/tp/group_step.py), so the rate is too; ÷ dilation."""
-        link = self.scaleup_link_spec
-        return Link(name=f"{link.name}@scale",
-                    bandwidth_Bps=link.bandwidth_Bps * self.effective_scale / self.effective_dilation,
-                    latency_s=link.latency_s * self.effective_dilation, pj_per_bit=link.pj_per_bit)
-
-    @property
     def real_size_dilation(self) -> float:
         """The dilation that runs this scenario's link at `--scale 1` within `HOST_BUDGET_BPS` (at least 1): the
         same rule as `scale="auto"`, applied to every channel of the model's KV at once."""
@@ -671,13 +461,17 @@ class Scenario:
 
     # --- the same flags for every process -----------------------------------------------------------------
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field by its flat name, the core's then each flow's (the report's config block, the codecs')."""
+        values = {name: getattr(self, name) for name in _core_names()}
+        for section in self.sections:
+            values.update(section.as_dict())
+        return values
 
     def to_argv(self) -> list[str]:
         """Every field as a command-line flag (`--prompt-mean 2048`), so each process sees this exact scenario."""
         argv: list[str] = []
-        for f in fields(self):
-            argv += [flag_for(f.name), _format_value(getattr(self, f.name))]
+        for name, value in self.as_dict().items():
+            argv += [flag_for(name), _format_value(value)]
         return argv
 
     def describe(self) -> dict[str, Any]:
@@ -696,16 +490,13 @@ class Scenario:
             "host_budget_Bps": HOST_BUDGET_BPS,
             "real_size_dilation": self.real_size_dilation,
             "module": self.module_terms(),
+            **{k: v for section in self.enabled_sections for k, v in section.describe(self).items()},
         }
 
 
 # Flags that are not just the field's name: `--prefill` / `--decode` name peer addresses on the agents'
 # command lines (e.g. `kvtransit middlebox --decode HOST:PORT`), so the pool sizes say what they count.
 _FLAG_NAMES = {"prefill": "--prefill-instances", "decode": "--decode-instances"}
-
-
-_DEFAULT_REMOTE = {f.name: f.default for f in fields(Scenario) if f.name in Scenario._REMOTE_FIELDS}
-_DEFAULT_RING = {f.name: f.default for f in fields(Scenario) if f.name in Scenario._RING_FIELDS}
 
 
 def flag_for(field_name: str) -> str:
@@ -718,4 +509,78 @@ def _format_value(value: object) -> str:
     return str(value)
 
 
-SCENARIO_FIELDS = tuple(f.name for f in fields(Scenario))
+@dataclass(frozen=True)
+class ScenarioField:
+    """One scenario field: its flat name, default, flag help, and the flow that owns it ("" for the core's)."""
+
+    name: str
+    default: Any
+    help: str = ""
+    flow: str = ""
+
+    @property
+    def flag(self) -> str:
+        return flag_for(self.name)
+
+
+@cache
+def _core_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(Scenario) if f.name != "sections")
+
+
+@cache
+def section_classes() -> tuple[type[Section], ...]:
+    """Every registered flow's section class, in registry order (kvtransit.flows: loaded by name, on first use)."""
+    from kvtransit import flows  # the registry only: the core reaches a flow through it, by a string
+
+    return tuple(module.SECTION for _, module in flows.faces("section"))
+
+
+@cache
+def scenario_fields() -> tuple[ScenarioField, ...]:
+    """Every scenario field, the core's then each flow's: the flags, the text codec and the report read these."""
+    core = [ScenarioField(f.name, f.default) for f in fields(Scenario) if f.name != "sections"]
+    flow = [ScenarioField(f.name, f.default, kind.HELP.get(f.name, ""), kind.FLOW)
+            for kind in section_classes() for f in fields(kind)]
+    names = [f.name for f in core + flow]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    assert not clash, f"scenario fields defined twice: {clash}"
+    return tuple(core + flow)
+
+
+def field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in scenario_fields())
+
+
+def _owner() -> Mapping[str, type[Section]]:
+    return {name: kind for kind in section_classes() for name in kind.field_names()}
+
+
+def _split(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat field values → Scenario's keyword arguments: the core's as they are, each flow's into its section."""
+    owner = _owner()
+    core: dict[str, Any] = {}
+    by_section: dict[type[Section], dict[str, Any]] = {}
+    for name, value in values.items():
+        if name in owner:
+            by_section.setdefault(owner[name], {})[name] = value
+        elif name in _core_names() or name == "sections":
+            core[name] = value
+        else:
+            raise ConfigError(f"unknown scenario field {name!r} (choose from: {', '.join(field_names())})")
+    if by_section:
+        given = {type(s): s for s in core.get("sections", ())}
+        core["sections"] = tuple(replace_fields(given[kind], **fields_) if kind in given else kind(**fields_)
+                                 for kind, fields_ in by_section.items()) + tuple(
+            s for kind, s in given.items() if kind not in by_section)
+    return core
+
+
+def _complete(sections: tuple[Section, ...]) -> tuple[Section, ...]:
+    """One section per registered flow, in registry order: those given, the defaults (the flow off) for the rest."""
+    given = {type(s): s for s in sections}
+    unknown = [kind.__name__ for kind in given if kind not in section_classes()]
+    if unknown or len(given) != len(sections):
+        got = [type(s).__name__ for s in sections]
+        raise ConfigError(f"sections: expected at most one section of each registered flow, got {got}")
+    return tuple(given.get(kind) or kind() for kind in section_classes())

@@ -7,18 +7,16 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from dataclasses import fields
 from fractions import Fraction
 from typing import Any
 
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.module.budget import PRECISION_BITS_RANGE
-from kvtransit.model.scenario import AUTO, NONE_TEXT, SCENARIO_FIELDS, Scenario
+from kvtransit.model.scenario import AUTO, NONE_TEXT, field_names, scenario_fields
 
 # Text forms of a yes/no field on a command line or in a sweep grid (to_argv writes True/False).
 _TRUE_TEXT = frozenset({"yes", "true", "on", "1"})
 _FALSE_TEXT = frozenset({"no", "false", "off", "0"})
-_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Scenario)}
 
 
 class FieldTextError(ConfigError):
@@ -44,8 +42,9 @@ def field_from_text(field_name: str, text: str) -> Any:
     """One scenario field's value from its text (a flag's or a sweep grid's), typed as the field is: what
     `to_argv` writes reads back the same. Range and choice checks are `Scenario`'s; a value that cannot even be
     read as the field's type is a ConfigError naming the field."""
-    if field_name not in _DEFAULTS:
-        raise ConfigError(f"unknown scenario field {field_name!r} (choose from: {', '.join(SCENARIO_FIELDS)})")
+    defaults = {f.name: f.default for f in scenario_fields()}
+    if field_name not in defaults:
+        raise ConfigError(f"unknown scenario field {field_name!r} (choose from: {', '.join(field_names())})")
     text = text.strip()
     if field_name == "scale":
         if text == AUTO:
@@ -56,13 +55,13 @@ def field_from_text(field_name: str, text: str) -> Any:
             return None
         lo, hi = PRECISION_BITS_RANGE
         return _parsed(field_name, text, int, f"a whole number of bits in {lo}..{hi} or {NONE_TEXT!r}")
-    if field_name == "select_budget" and "/" in text:  # a fraction of the pages, as the deck writes it: 1/16
+    default = defaults[field_name]
+    if isinstance(default, float) and "/" in text:  # a fraction, as the deck writes a budget: 1/16
         num, _, den = text.partition("/")
         try:
             return float(Fraction(int(num), int(den)))
         except (ValueError, ZeroDivisionError):
             raise FieldTextError(field_name, f"expected a fraction such as 1/16 or a number, got {text!r}") from None
-    default = _DEFAULTS[field_name]
     if isinstance(default, bool):
         return yes_no(field_name, text)
     if isinstance(default, int):

@@ -39,50 +39,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtransit.agents.loadgen.model_accuracy_report import model_accuracy_block, model_accuracy_errors
-from kvtransit.agents.loadgen.workload_source import requests_for, workload_description
-from kvtransit.flows.ring.report import ring_summary
-from kvtransit.flows.selection.report import remote_kv_summary
-from kvtransit.flows.tier.report import kv_pool_summary
-from kvtransit.flows.tp.report import collectives_summary
-from kvtransit.model.cost.energy import link_energy_j, module_energy_j
+from kvtransit.model.cost.energy import link_energy_j
 from kvtransit.model.judge.five_tests import HandoffMeasured, PrecisionMeasured, judge_handoff
 from kvtransit.model.judge.slo import RequestRecord, distribution, kv_wait_share, summarise
 from kvtransit.model.judge.task_accuracy import MeasuredTaskLoss
-from kvtransit.model.scenario import REAL_MODEL_KV, SCENARIO_FIELDS, Scenario
+from kvtransit.model.scenario import REAL_MODEL_KV, Scenario, field_names
 from kvtransit.model.serving.layerwise import HANDOFF_LAYERWISE
 from kvtransit.model.serving.offered_load import offered_vs_capacity
 from kvtransit.model.serving.workload import RequestSpec
+from kvtransit.report.blocks import RunData, flow_reports
 from kvtransit.report.fidelity import fidelity_block
 from kvtransit.report.finite import finite_json
+from kvtransit.report.model_accuracy import model_accuracy_block, model_accuracy_errors
 from kvtransit.report.peer_stats import stat_sum
 from kvtransit.report.text import to_markdown
+from kvtransit.workload.source import requests_for, workload_description
 
 REPORT_KEYS = ("config", "ttft_s", "tpot_s", "itl_s", "e2e_s", "handoff_s", "slo_attainment", "goodput_rps",
                "requests", "link", "energy_j", "j_per_token", "accuracy", "faithful", "fidelity")
-
-
-def _pool_energy_j(scenario: Scenario, middleboxes: list[dict]) -> float | None:
-    """The KV tier's energy (--kv-pool pool): fetches and write-backs over the pool link (its pJ per wire bit)
-    plus what the module spent on them (the middlebox's pool-relay counter). None without a pool relay."""
-    relays = [m["pool_relay"] for m in middleboxes if isinstance(m.get("pool_relay"), dict)]
-    if not relays:
-        return None
-    wire_bytes = stat_sum(relays, "fetch_wire_bytes") + stat_sum(relays, "put_wire_bytes")
-    wire_model_bytes = wire_bytes / scenario.effective_scale
-    return link_energy_j(scenario.link_spec, wire_model_bytes) + stat_sum(relays, "module_energy_j")
-
-
-def _remote_kv_energy_j(scenario: Scenario, middleboxes: list[dict]) -> float | None:
-    """Remote KV's energy (--kv-placement remote): its summaries and pages over the decode link (its pJ per wire bit),
-    plus the module's for the summaries it scored (pJ per input bit). None without remote KV. Model bytes, from the
-    middlebox's relay (it stamped every byte onto the link)."""
-    relays = [m["remote_kv"] for m in middleboxes if isinstance(m.get("remote_kv"), dict)]
-    if not scenario.remote_kv or not relays:
-        return None
-    crossed = stat_sum(relays, "summary_bytes") + stat_sum(relays, "page_bytes")
-    return (link_energy_j(scenario.link_spec, crossed)
-            + module_energy_j(scenario.module, stat_sum(relays, "scored_bytes")))
 
 
 def streamed(scenario: Scenario) -> bool:
@@ -165,16 +139,19 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
                     scaled_achieved_Bps=sum(x["shaped_achieved_Bps"] for x in shapers) / len(shapers),
                     busy=max(x["busy"] for x in shapers), measured_at="middlebox")
 
-    energy = {
+    flows = flow_reports()
+    run = RunData(scenario, records, peer_stats, prefills, decodes, middleboxes, run_wall_s / dilation,
+                  summary.as_dict())
+    energy: dict[str, float | None] = {
         "link": link_energy_j(link_spec, wire_bytes) if wire_bytes is not None else None,
         # The middlebox's own counter (the optics' energy for the chunks its kernel ran on in the module; none
         # when the kernel ran on the host or the codec on the GPU), not a figure re-derived here.
         "module": stat_sum(middleboxes, "module_energy_j") if middleboxes else None,
         "gpu": (stat_sum(prefills, "gpu_energy_j") + stat_sum(decodes, "gpu_energy_j")
                 if (prefills or decodes) else None),
-        "pool": _pool_energy_j(scenario, middleboxes),
-        "remote_kv": _remote_kv_energy_j(scenario, middleboxes),
     }
+    for flow in flows:  # what each flow's traffic spent (the tier's pool link, remote KV's legs)
+        energy.update(flow.energy(run))
     parts = [v for v in energy.values() if v is not None]
     j_per_token = (math.fsum(parts) / tokens_delivered) if parts and tokens_delivered else None
 
@@ -188,13 +165,12 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
             accuracy[f"{part}_relative_error"] = max(values) if values else None
     accuracy.update(_baseline_accuracy(decodes))
     model_errors: list[str] = []
-    if scenario.kv_sample == REAL_MODEL_KV:  # the real model read the real-KV hand-offs (model_accuracy_report.py)
+    if scenario.kv_sample == REAL_MODEL_KV:  # the real model read the real-KV hand-offs (report/model_accuracy.py)
         model_block = model_accuracy_block(scenario, prefills, decodes)
         accuracy["model"] = model_block
         model_errors = model_accuracy_errors(model_block)
 
-    faithful, fidelity_dict = fidelity_block(scenario, records, prefills=prefills, decodes=decodes,
-                                             middleboxes=middleboxes, scaled_achieved_Bps=link["scaled_achieved_Bps"],
+    faithful, fidelity_dict = fidelity_block(run, flows, scaled_achieved_Bps=link["scaled_achieved_Bps"],
                                              missing_stats=missing_stats)
 
     config = scenario.describe()
@@ -214,15 +190,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         # there is KV ready − first token, the exposed part (handoff_split).
         "kv_wait_share": kv_wait_share(records),
         "handoff_split": handoff_split(scenario, records, decodes),
-        # Prefix reuse (--kv-pool local|pool): hit rate, fetch bytes and time, TTFT split; None when off.
-        "kv_pool": kv_pool_summary(scenario, peer_stats, summary.as_dict()["ttft_s"]["mean"]),
-        # --prefill-tp / --decode-tp N: each TP group's collective time beside the model's; None without one.
-        "collectives": collectives_summary(scenario, prefills, decodes, run_wall_s / dilation),
-        # --kv-placement remote: the long-context class's remote legs beside the model, its TPOT; None without.
-        "remote_kv": remote_kv_summary(scenario, records, decodes, middleboxes,
-                                       [s for s in peer_stats if s.get("role") == "kvpool"]),
-        # --ring-share: the ring class's attention round its rings beside the model, its TTFT; None without.
-        "ring": ring_summary(scenario, records, prefills),
+        # Each flow's block under its key (report/blocks.py), None when the scenario turns the flow off.
+        **{flow.KEY: flow.block(run) for flow in flows},
         "link": link,
         "energy_j": energy,
         "j_per_token": j_per_token,
@@ -285,7 +254,7 @@ def scenario_from_config(config: dict) -> Scenario:
     for name in VERDICT_CONFIG_FIELDS:
         if name not in config:
             raise MissingReportField(f"no 'config.{name}' in the report")
-    return Scenario(**{name: config[name] for name in SCENARIO_FIELDS if name in config})
+    return Scenario.build(**{name: config[name] for name in field_names() if name in config})
 
 
 def handoff_verdict(report: dict, scenario: Scenario | None = None, *,

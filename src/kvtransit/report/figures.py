@@ -28,7 +28,7 @@ from typing import Any
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.judge.fidelity import prescribed_handoff_s
 from kvtransit.model.judge.slo import TPOT_SLO_S, TTFT_SLO_S, WARMUP_FRACTION
-from kvtransit.model.scenario import SCENARIO_FIELDS, Scenario
+from kvtransit.model.scenario import Scenario, field_names
 
 # The requests the timeline shows: the first 20 by id (issue 21 part 5's sample), enough to see queueing build up
 # and few enough that each row stays readable.
@@ -76,7 +76,7 @@ def _scenario(config: Mapping[str, Any]) -> Scenario | None:
     """The run's scenario from its config block (as report.scenario_from_config); None when the block is not a
     whole one (an old or hand-made report), so the figure goes without its model line."""
     try:
-        return Scenario(**{name: config[name] for name in SCENARIO_FIELDS if name in config})
+        return Scenario.build(**{name: config[name] for name in field_names() if name in config})
     except (ConfigError, TypeError):
         return None
 

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from kvtransit.flows.ring.report import ring_line
-from kvtransit.flows.selection.report import remote_kv_line
-from kvtransit.flows.tier.report import kv_pool_headline
-from kvtransit.flows.tp.report import collectives_lines
 from kvtransit.model.scenario import REAL_MODEL_KV, SYNTHETIC_KV
+from kvtransit.report.blocks import flow_reports
 
 
 def module_line(config: dict) -> str | None:
@@ -49,6 +46,8 @@ def headline(report: dict) -> list[str]:
     def num(value, fmt="{:.3g}"):
         return "-" if value is None else fmt.format(value)
 
+    flows = flow_reports()
+    energy_labels = {key: label for flow in flows for key, label in flow.ENERGY.items()}
     lines = [
         f"requests {req['total']}: ok {req['ok']}, slo-miss {req['slo_miss']}, failed {req['failed']}, "
         f"timed out {req.get('timed_out', 0)}" + (f" ({req['failed_reasons']})" if req["failed_reasons"] else ""),
@@ -61,8 +60,8 @@ def headline(report: dict) -> list[str]:
         *[line for line in (scale_note(report["config"]), module_line(report["config"]),
                             offered_load_line(report.get("workload") or {})) if line],
         (f"energy J: link {num(energy['link'])}, module {num(energy['module'])}, gpu {num(energy['gpu'])}"
-         + (f", pool {num(energy['pool'])}" if energy.get("pool") is not None else "")
-         + (f", remote KV {num(energy['remote_kv'])}" if energy.get("remote_kv") is not None else "")
+         + "".join(f", {label} {num(energy[key])}" for key, label in energy_labels.items()
+                   if energy.get(key) is not None)
          + f"; {num(report['j_per_token'])} J/token"),
         (f"accuracy ({report['accuracy']['codec']}, {report['accuracy']['sampled_requests']} sampled): "
          f"K {num(report['accuracy']['k_relative_error'])}, V {num(report['accuracy']['v_relative_error'])}"
@@ -72,9 +71,7 @@ def headline(report: dict) -> list[str]:
             if report["accuracy"].get("baseline_codec") else "")),
         *[line for line in (model_accuracy_line(report["accuracy"].get("model")),
                             split_line(report.get("handoff_split"))) if line],
-        *collectives_lines(report.get("collectives")),
-        *remote_kv_line(report.get("remote_kv")),
-        *ring_line(report.get("ring")),
+        *(line for flow in flows for line in flow.lines(report)),
         *verdict_lines(report.get("verdict")),
         "faithful: " + ("yes" if report["faithful"] else "NO: " + "; ".join(
             f"{k}: {v['hint']}" for k, v in report["fidelity"].items() if not v["ok"])),
@@ -85,8 +82,7 @@ def headline(report: dict) -> list[str]:
                      "token after decode's next: a late process on a busy host); each was held and delivered in order")
     if report.get("prometheus"):
         lines.append(f"Prometheus: {report['prometheus']['url']} (stopped with the run)")
-    if line := kv_pool_headline(report):
-        lines.append(line)
+    lines += [line for flow in flows for line in flow.footer(report)]
     return lines
 
 

@@ -83,3 +83,15 @@ def codec_for(scenario, tokens: int | None = None):
     if scenario.codec == "fp8":
         return get_codec("fp8", block=scenario.block)
     return get_codec(scenario.codec)  # fp4-block: its block is fixed by the format
+
+
+def transit_codec(codec: str, *, keep: float, block: int, sinks: int, variant: str, precision_bits: int | None):
+    """The module's codec object for a kernel's settings (None for "none"); a warmed pool stores what it makes. `block`
+    means a transform's tokens (freq-keep-k) or a scale's values (fp8); fp4-block's is fixed by the format and the KIVI
+    codecs' is their group, so they are given none."""
+    from kvtransit.kernels.registry import get_codec
+
+    if codec == "none":
+        return None
+    return get_codec(codec, keep=keep, block=block if codec in ("freq-keep-k", "fp8") else None, sinks=sinks,
+                     variant=variant, precision_bits=precision_bits)

@@ -5,7 +5,7 @@ to a worker process (agents/common/model_worker.py), niced to the bottom so it t
 answers with the K and V reconstruction error against the KV the prefill sent (bit for bit, raw KV), and with
 `--accuracy model`, the continuation scored over both caches. Nothing here waits on the loop: a request's reading
 is a task of its own, and `pending` says how many are still out (the load generator waits for them before its
-report, agents/loadgen/model_accuracy_report.py).
+report, agents/loadgen/model_accuracy_wait.py).
 
 The worker loads the model in the background from decode's start (about 20 s), so decode is ready at once, and the
 load generator starts the workload once it has loaded (`loaded` in /stats); were a hand-off to come first, it would
@@ -20,7 +20,9 @@ from typing import Any
 
 from kvtransit.agents.common.model_worker import ModelWorker
 from kvtransit.agents.decode.incoming import Incoming
-from kvtransit.model.scenario import Scenario
+from kvtransit.agents.decode.parts import DecodePart
+from kvtransit.agents.skeleton import AgentContext
+from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
 from kvtransit.realmodel import live
 from kvtransit.realmodel.errors import RealModelError
 from kvtransit.runtime.metrics import DecodeMetrics
@@ -28,10 +30,18 @@ from kvtransit.runtime.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
-class ModelAccuracy:
+def model_accuracy_parts(agent: Any) -> list[DecodePart]:
+    """Decode's real-model part with `--kv-sample real`, else none."""
+    return [ModelAccuracy(agent.scenario, agent.metrics)] if agent.scenario.kv_sample == REAL_MODEL_KV else []
+
+
+class ModelAccuracy(DecodePart):
     """Sums over the real-KV hand-offs read so far, the per-request figures, and what is still pending."""
 
+    name = "real model"
+
     def __init__(self, scenario: Scenario, metrics: DecodeMetrics) -> None:
+        self.scenario = scenario
         self.score_model = scenario.accuracy == "model"
         self._real_requests = scenario.real_kv_requests
         self._metrics = metrics
@@ -48,7 +58,16 @@ class ModelAccuracy:
         self.failed: dict[int, str] = {}
         self.raw_mismatches = 0  # raw real KV that arrived not bit for bit (corruption the CRCs missed)
 
-    async def start(self) -> None:
+    def reads_kv(self, request_id: int) -> bool:
+        return self.scenario.carries_real_kv(request_id)
+
+    def kv_ready(self, item: Incoming) -> None:
+        self.submit(item)  # a task of its own: the real model takes seconds
+
+    def kv_content_mismatches(self) -> int:
+        return self.raw_mismatches
+
+    async def start(self, ctx: AgentContext | None = None) -> None:
         await self._worker.start()
         self._loaded = asyncio.ensure_future(self._describe())
 
@@ -103,6 +122,9 @@ class ModelAccuracy:
 
     def stats(self) -> dict[str, Any]:
         """Sums (the load generator pools them over decode instances) and what they say on this instance."""
+        return {"accuracy_model": self.figures()}
+
+    def figures(self) -> dict[str, Any]:
         return {"scored_model": self.score_model, "model": self.model.get("name"), "failure": self.failure,
                 "loaded": bool(self.model or self.failure),
                 "pending": self.pending, "measured": len(self.per_request), "failed": dict(self.failed),

@@ -28,8 +28,7 @@ from pathlib import Path
 
 from kvtransit.agents.common.queue_waits import QUEUE_WAITS_PATH, parse_handoff_splits, parse_queue_waits
 from kvtransit.agents.loadgen.ledger_writer import LedgerWriter
-from kvtransit.agents.loadgen.model_accuracy_report import wait_for_models, wait_for_readings
-from kvtransit.agents.loadgen.workload_source import new_record, requests_for
+from kvtransit.agents.loadgen.model_accuracy_wait import wait_for_models, wait_for_readings
 from kvtransit.agents.process import Address, announce_ready, new_registry, start_http
 from kvtransit.model.judge.ledger_check import LEDGER_FILE
 from kvtransit.model.judge.ledger_check import read as ledger_check
@@ -47,6 +46,7 @@ from kvtransit.runtime.transport import Endpoint, open_greeted
 from kvtransit.wire.errors import ErrorCode, ProtocolError
 from kvtransit.wire.events import Bye, Error, FirstToken, Request, Role, Tokens
 from kvtransit.wire.limits import clip_message
+from kvtransit.workload.source import new_record, requests_for
 
 log = logging.getLogger(__name__)
 

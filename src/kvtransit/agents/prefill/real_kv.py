@@ -16,16 +16,27 @@ from typing import Any
 import numpy as np
 
 from kvtransit.agents.common.model_worker import ModelWorker
+from kvtransit.agents.prefill.handoff_frames import KvSource
+from kvtransit.agents.prefill.parts import PrefillPart
+from kvtransit.agents.skeleton import AgentContext
 from kvtransit.model.kv_scale import KvLayout
-from kvtransit.model.scenario import Scenario
+from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
 from kvtransit.realmodel import live
 from kvtransit.realmodel.errors import RealModelError
+from kvtransit.wire.events import Request
 
 log = logging.getLogger(__name__)
 
 
-class RealKv:
+def real_kv_parts(agent: Any) -> list[PrefillPart]:
+    """The prefill's real-KV part with `--kv-sample real`, else none."""
+    return [RealKv(agent.scenario)] if agent.scenario.kv_sample == REAL_MODEL_KV else []
+
+
+class RealKv(PrefillPart):
     """The windows' exact rows, and which tokens of them each real-KV request carries."""
+
+    name = "real KV"
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
@@ -34,6 +45,16 @@ class RealKv:
         self._rows: dict[str, list[np.ndarray]] = {}  # window name → per layer [2·kv_heads, CONTEXT_MAX, head_dim]
         self.carried: dict[int, live.RealTokens] = {}  # request id → the real tokens its hand-off carried
         self.start_s = 0.0
+
+    async def start(self, ctx: AgentContext) -> None:
+        await self.load()  # before we say we are ready: the launcher gives this start extra time
+
+    def kv_source(self, request: Request) -> tuple[KvSource, KvLayout, int] | None:
+        """A request that carries real KV: the real model's rows, as many tokens as its bytes at the run's scale."""
+        if not self.scenario.carries_real_kv(request.request_id):
+            return None
+        assert self.layout is not None  # loaded before we said we were ready
+        return self, self.layout, self.tokens_for(request.request_id, request.prompt_tokens).tokens
 
     async def load(self) -> None:
         """Load the model in a worker and make every window the sampled requests read; raises RealModelError."""
@@ -74,8 +95,8 @@ class RealKv:
         return np.ascontiguousarray(rows).reshape(2, self.layout.kv_heads, tokens, self.layout.head_dim)
 
     def stats(self) -> dict[str, Any]:
-        return {"model": self.model.get("name"), "load_s": self.start_s,
-                "windows": sorted(self._rows),
-                "requests": {str(rid): {"window": live.window_for(rid).name, "tokens": t.tokens, "wanted": t.wanted}
-                             for rid, t in sorted(self.carried.items())},
-                "capped": sorted(rid for rid, t in self.carried.items() if t.capped)}
+        return {"real_kv": {
+            "model": self.model.get("name"), "load_s": self.start_s, "windows": sorted(self._rows),
+            "requests": {str(rid): {"window": live.window_for(rid).name, "tokens": t.tokens, "wanted": t.wanted}
+                         for rid, t in sorted(self.carried.items())},
+            "capped": sorted(rid for rid, t in self.carried.items() if t.capped)}}

@@ -1,9 +1,10 @@
 """`kvtransit ring`: ring attention live, n rank processes passing real KV blocks round a shaped ring.
 
-    kvtransit ring --model llama3-8b --n 4 --context 32768 --ring-link eth-100g
-    kvtransit ring --n 8 --context 65536 --ring-link eth-25g --codec freq-keep-k --keep 0.5 --sinks 4
+    kvtransit ring --model llama3-8b --ring-ranks 4 --ring-prompt 32768 --ring-link eth-100g
+    kvtransit ring --ring-ranks 8 --ring-prompt 65536 --ring-link eth-25g --codec freq-keep-k --keep 0.5 --sinks 4
 
-A prompt of --context tokens is split into n blocks, one a rank (one OS process each). Per layer, every rank
+The flags it shares with `kvtransit up` are spelled as there (docs/flags.md). A prompt of --ring-prompt tokens is
+split into n blocks, one a rank (one OS process each). Per layer, every rank
 computes blockwise attention on the block it holds (the model's roofline time, held on the clock) while passing
 that block to the next rank over the ring link, n − 1 hops a layer; a step lasts whichever is longer (overlap),
 as measured. The blocks are the real-KV sample's (SmolLM2-135M, tests/data/smollm2_kv_sample.npz), so a hop's
@@ -26,26 +27,26 @@ MS = 1e3
 
 def register(subparsers) -> None:
     from kvtransit.cli._model_args import add_model_flags
+    from kvtransit.cli.scenario_flags import add_scenario_flag
     from kvtransit.model.catalog.codecs import CODEC_NAMES
     from kvtransit.model.catalog.devices import DEVICES
 
     p = subparsers.add_parser("ring", help="ring attention's KV blocks as real bytes round a shaped ring",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(p, default="llama3-8b")
-    p.add_argument("--gpu", choices=sorted(DEVICES), default="h100", help="GPU (default h100)")
-    p.add_argument("--n", type=int, default=4, help="ranks in the ring (default 4; 2, 4, 8 split the sample)")
-    p.add_argument("--context", type=int, default=32768, help="prompt tokens, a multiple of n (default 32768)")
-    p.add_argument("--ring-link", default="eth-100g", help="the link between neighbours (default eth-100g)")
-    p.add_argument("--codec", choices=CODEC_NAMES, default="none", help="the kernel on every hop (default none)")
-    p.add_argument("--keep", type=float, default=0.5, help="freq-keep-k: fraction kept (default 0.5)")
-    p.add_argument("--sinks", type=int, default=4, help="freq-keep-k: first tokens of a block kept exact (default 4)")
-    p.add_argument("--bits", type=int, default=None, help="freq-keep-k: the analogue path's precision_bits")
-    p.add_argument("--transform-charged", action="store_true",
-                   help="freq-keep-k: charge its FFT to the module's budget (default: passive optics, free)")
-    p.add_argument("--module-budget", choices=("low", "sim", "high"), default="sim",
-                   help="the module's ops per line byte (REFERENCE §5: low 0.40, sim 1.6, high 3.96; default sim)")
-    p.add_argument("--policy", choices=("reject", "host"), default="reject",
-                   help="a kernel the module cannot run (fp8 needs rounding): refuse it, or run it at the GPUs")
+    add_scenario_flag(p, "device", aliases=("--gpu",), choices=sorted(DEVICES))
+    add_scenario_flag(p, "ring_ranks", aliases=("--n",), help="ranks in the ring (2, 4, 8 split the sample)")
+    add_scenario_flag(p, "ring_prompt", aliases=("--context",), help="prompt tokens, a multiple of the ranks")
+    add_scenario_flag(p, "ring_link")
+    add_scenario_flag(p, "codec", default="none", choices=CODEC_NAMES, help="the kernel on every hop")
+    add_scenario_flag(p, "keep")
+    add_scenario_flag(p, "sinks")
+    add_scenario_flag(p, "precision_bits", aliases=("--bits",),
+                      help="freq-keep-k: bits the analogue path delivers (1..32), or none (exact)")
+    add_scenario_flag(p, "transform_charged")
+    add_scenario_flag(p, "module_budget")
+    add_scenario_flag(p, "policy", choices=("reject", "host"),
+                      help="a kernel the module cannot run (fp8 needs rounding): refuse it, or run it at the GPUs")
     p.add_argument("--prompts", type=int, default=4, help="prompts one after another (default 4; the first warms up)")
     p.add_argument("--dilation", type=number_or_auto, default="auto",
                    help="stretch every modelled duration (default auto: what this host can carry)")
@@ -60,13 +61,13 @@ def register(subparsers) -> None:
 
 def _codec_params(args: argparse.Namespace) -> dict:
     if args.codec != "freq-keep-k":
-        if args.bits is not None:
-            raise CliError(f"--bits is band-keep's analogue precision; codec {args.codec} has none "
+        if args.precision_bits is not None:
+            raise CliError(f"--precision-bits is band-keep's analogue precision; codec {args.codec} has none "
                            "(valid: --codec freq-keep-k)")
         return {}
     params: dict = {"keep": args.keep, "sinks": args.sinks}
-    if args.bits is not None:
-        params["precision_bits"] = args.bits
+    if args.precision_bits is not None:
+        params["precision_bits"] = args.precision_bits
     return params
 
 
@@ -78,12 +79,14 @@ def run(args: argparse.Namespace) -> int:
     from kvtransit.flows.ring.run import offline_errors, plan_ring, run_ring
     from kvtransit.model.catalog.devices import device_by_name
     from kvtransit.model.catalog.links import link_by_name
-    from kvtransit.model.module.budget import MODULE_BUDGETS, Module, Policy
+    from kvtransit.model.field_checks import module_budget
+    from kvtransit.model.module.budget import Module, Policy, budget_ops_per_byte
 
     sample = args.sample or str(default_sample_path())
-    plan = plan_ring(model_from_args(args), device_by_name(args.gpu), link_by_name(args.ring_link), n=args.n,
-                     context=args.context, sample=sample, text=args.text, codec=args.codec,
-                     codec_params=_codec_params(args), module=Module(ops_per_byte=MODULE_BUDGETS[args.module_budget]),
+    module = Module(ops_per_byte=budget_ops_per_byte(module_budget(args.module_budget)))
+    plan = plan_ring(model_from_args(args), device_by_name(args.device), link_by_name(args.ring_link),
+                     n=args.ring_ranks, context=args.ring_prompt, sample=sample, text=args.text, codec=args.codec,
+                     codec_params=_codec_params(args), module=module,
                      policy=Policy(args.policy), prompts=args.prompts, dilation=args.dilation,
                      wire_dtype=args.wire_dtype, transform_charged=args.transform_charged)
     report = asyncio.run(run_ring(plan))

@@ -17,23 +17,24 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from kvtransit.agents.process import announce_ready, announce_result, run_config_process, unless_stopped
+from kvtransit.agents.process import announce_ready, announce_result, unless_stopped
+from kvtransit.agents.run_to_end import run_config_process
 from kvtransit.flows.ring.group import RingFollowerConfig, rank_plan, read_order, ring_blocks
 from kvtransit.flows.ring.rank import RingFailed, RingRank
-from kvtransit.flows.tp.group.orders import LEADER_DIAL_S, read_go
-from kvtransit.flows.tp.rank.rank import RANK_SPIN_S
+from kvtransit.flows.ring.section import RingSection
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import MonotonicClock
 from kvtransit.runtime.group_link.channel import Channel, PeerGone
 from kvtransit.runtime.group_link.connect import PeerListener, RingMember
-from kvtransit.runtime.group_link.follow import follow_orders
+from kvtransit.runtime.group_link.follow import follow_orders, read_go
+from kvtransit.runtime.group_link.timing import LEADER_DIAL_S, RANK_SPIN_S
 from kvtransit.wire.group import Frame, abort
 
 
 async def follower_main(config: RingFollowerConfig, stop: asyncio.Event) -> dict[str, Any]:
-    scenario = Scenario(**config.scenario)
+    scenario = Scenario.build(**config.scenario)
     plan = rank_plan(scenario, config.index, config.rank)
-    link = scenario.scaled_ring_link
+    link = RingSection.of(scenario).scaled_link(scenario)
     # A hop's hold at the dilations this runs at is a millisecond or so, n ranks on 2 cores: the TP ranks' spin.
     clock = MonotonicClock(spin_s=RANK_SPIN_S)
     member = RingMember(plan, clock, rate_Bps=link.bandwidth_Bps, latency_s=link.latency_s)

@@ -27,12 +27,14 @@ from typing import Any
 
 from kvtransit.flows.ring.blocks import SyntheticRingKV
 from kvtransit.flows.ring.rank import RingFailed, RingRank, RingRankPlan
-from kvtransit.flows.tp.group.orders import COLLECTIVE_DEADLINE_S, go_frame
+from kvtransit.flows.ring.section import RingSection
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.group_link.answers import FollowerAnswers
 from kvtransit.runtime.group_link.channel import Channel, PeerGone
 from kvtransit.runtime.group_link.connect import RingMember, dial_member
+from kvtransit.runtime.group_link.follow import go_frame
+from kvtransit.runtime.group_link.timing import COLLECTIVE_DEADLINE_S
 from kvtransit.wire.group import Frame, Kind, abort
 
 # A prefill's ring group id: this + its index (TP groups take 1.. for decodes and 1001.. for prefills).
@@ -62,16 +64,18 @@ def ring_group_id(index: int) -> int:
 def rank_plan(scenario: Scenario, index: int, rank: int) -> RingRankPlan:
     """Rank `rank` of prefill `index`'s ring: the model's layers, each step's blockwise attention held for the
     model's time × dilation (flows/ring/model.py), no codec on the ring's links."""
-    model = scenario.ring_model
-    return RingRankPlan(group=ring_group_id(index), rank=rank, size=scenario.ring_ranks, layers=model.layers,
+    ring_section = RingSection.of(scenario)
+    model = ring_section.model(scenario)
+    return RingRankPlan(group=ring_group_id(index), rank=rank, size=ring_section.ring_ranks, layers=model.layers,
                         prompts=0, compute_s=scenario.wall_s(model.hop.compute_s), sample="", text="",
                         deadline_s=COLLECTIVE_DEADLINE_S)
 
 
 def ring_blocks(scenario: Scenario) -> SyntheticRingKV:
     """The ring's blocks at the ring's scale: ring_prompt / n tokens of `Scenario.ring_layout`'s channels."""
-    layout = scenario.ring_layout
-    return SyntheticRingKV(n=scenario.ring_ranks, block_tokens=scenario.ring_model.block_tokens,
+    ring_section = RingSection.of(scenario)
+    layout = ring_section.layout(scenario)
+    return SyntheticRingKV(n=ring_section.ring_ranks, block_tokens=ring_section.model(scenario).block_tokens,
                            kv_heads=layout.kv_heads, head_dim=layout.head_dim, seed=scenario.seed)
 
 
@@ -99,8 +103,9 @@ class RingGroupConfig:
     host: str = "127.0.0.1"  # where the leader's own ring port listens (rank n − 1 dials it)
 
     def check(self, scenario: Scenario) -> None:
-        if len(self.followers) != scenario.ring_ranks - 1:
-            raise ValueError(f"--ring-group: a ring of {scenario.ring_ranks} has {scenario.ring_ranks - 1} "
+        ring_section = RingSection.of(scenario)
+        if len(self.followers) != ring_section.ring_ranks - 1:
+            raise ValueError(f"--ring-group: a ring of {ring_section.ring_ranks} has {ring_section.ring_ranks - 1} "
                              f"followers, got {len(self.followers)}")
 
 
@@ -121,7 +126,7 @@ class RingGroupLeader:
         config.check(scenario)
         self.config, self.scenario, self.clock = config, scenario, clock
         self.plan = rank_plan(scenario, config.index, 0)
-        link = scenario.scaled_ring_link
+        link = RingSection.of(scenario).scaled_link(scenario)
         self.rate_Bps, self.latency_s = link.bandwidth_Bps, link.latency_s
         self.controls: list[Channel] = []
         self.rank: RingRank | None = None

@@ -29,7 +29,7 @@ import numpy as np
 from kvtransit.flows.ring.blocks import BlockError, LinkCodec, RingBlocks, RingKV
 from kvtransit.kernels.ring_attention import blockwise_attention, full_attention, relative_l2
 from kvtransit.runtime.clock import Clock
-from kvtransit.runtime.group_link.channel import Channel, PeerGone
+from kvtransit.runtime.group_link.channel import Channel
 from kvtransit.wire.group import Frame, Kind, abort
 
 
@@ -112,13 +112,7 @@ class _Kept:
 
 
 async def _receive_or_fail(channel: Channel, plan: RingRankPlan, what: str) -> Frame:
-    try:
-        frame = await channel.receive(plan.deadline_s, what)
-    except PeerGone as exc:
-        raise RingFailed(f"rank {plan.rank} found: {exc}") from None
-    if frame.kind is Kind.ABORT:
-        raise RingFailed(frame.reason)
-    return frame
+    return await channel.receive_or_fail(plan.deadline_s, what, RingFailed, f"rank {plan.rank}")
 
 
 class RingRank:

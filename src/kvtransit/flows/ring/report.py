@@ -11,10 +11,14 @@ attention is judged per prefill, the median of measured / model over its ring re
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
+from kvtransit.flows.ring.section import RingSection
+from kvtransit.model.judge import fidelity
 from kvtransit.model.judge.slo import Outcome, RequestRecord, distribution
 from kvtransit.model.scenario import Scenario
+from kvtransit.report.blocks import FlowReport, RunData, ms
 
 
 def _ttft_ms(records: list[RequestRecord]) -> dict[str, float] | None:
@@ -30,19 +34,20 @@ def ring_ratio_median(stats: dict) -> float | None:
 
 
 def ring_summary(scenario: Scenario, records: list[RequestRecord], prefills: list[dict]) -> dict[str, Any] | None:
-    if not scenario.ring:
+    ring_section = RingSection.of(scenario)
+    if not ring_section.on:
         return None
     stats = [p["ring"] for p in prefills if isinstance(p.get("ring"), dict)]
-    model = scenario.ring_model
+    model = ring_section.model(scenario)
     measured = [m for s in stats for m in s["measured_s"]]
-    ring = [r for r in records if scenario.is_ring_request(r.request_id)]
-    other = [r for r in records if not scenario.is_ring_request(r.request_id)]
+    ring = [r for r in records if ring_section.is_ring_request(scenario, r.request_id)]
+    other = [r for r in records if not ring_section.is_ring_request(scenario, r.request_id)]
     prompts = sum(len(s["measured_s"]) for s in stats)
     hops = sum(s["hops"] for s in stats)
     ratios = [x for x in (ring_ratio_median(s) for s in stats) if x is not None]
     return {
-        "ranks": scenario.ring_ranks, "link": scenario.ring_link, "prompt_tokens": scenario.ring_prompt,
-        "block_tokens": model.block_tokens, "share": scenario.ring_share,
+        "ranks": ring_section.ring_ranks, "link": ring_section.ring_link, "prompt_tokens": ring_section.ring_prompt,
+        "block_tokens": model.block_tokens, "share": ring_section.ring_share,
         "requests": {"ring": len(ring), "other": len(other),
                      "ring_finished": sum(1 for r in ring if r.finished),
                      "ring_failed": sum(1 for r in ring if r.outcome is Outcome.FAILED)},
@@ -57,8 +62,8 @@ def ring_summary(scenario: Scenario, records: list[RequestRecord], prefills: lis
         "ratio_median": max(ratios, key=lambda r: abs(r - 1)) if ratios else None,
         # Rank 0's hops a layer: n − 1 when every prompt ran whole.
         "hops_per_layer": hops / (prompts * model.layers) if prompts else None,
-        "hop_bytes": sum(s["raw_bytes"] for s in stats) / scenario.ring_scale,
-        "scale": scenario.ring_scale,
+        "hop_bytes": sum(s["raw_bytes"] for s in stats) / ring_section.scale(scenario),
+        "scale": ring_section.scale(scenario),
         "late_s": sum(s["late_s"] for s in stats),
         "failed_prompts": sum(s["failed"] for s in stats),
         "failures": sorted({s["failure"] for s in stats if s.get("failure")}),
@@ -85,3 +90,55 @@ def ring_line(block: dict | None) -> list[str]:
             f"{'-' if hops is None else f'{hops:g}'} hops a layer, blocks at scale {block['scale']:.4g}; TTFT p50 "
             f"ring {ring_p50} vs other {other_p50}")
     return [line, *(f"ring FAILED: {reason}" for reason in block["failures"])]
+
+
+def ring_gaps(prefills: list[dict], scenario: Scenario) -> dict[str, fidelity.Gap]:
+    """Each prefill's ring: the median of its ring requests' measured / model attention, within the live groups'
+    band; a ring that failed, or ran no ring request, is not a pass."""
+    what = "ring attention"
+    rings = {s.get("name", "prefill"): s["ring"] for s in prefills if isinstance(s.get("ring"), dict)}
+    if not rings:
+        return {"ring_prefill": fidelity.not_measured("no prefill reported its ring", fidelity.GROUP_TOLERANCE)}
+    gaps = {}
+    for name, ring in rings.items():
+        ratio = ring_ratio_median(ring)
+        if ring.get("failure"):
+            gaps[f"ring_{name}"] = fidelity.not_measured(f"{name}'s ring failed: {ring['failure']}",
+                                                         fidelity.GROUP_TOLERANCE)
+        elif ratio is None:
+            gaps[f"ring_{name}"] = fidelity.not_measured(f"{name} ran no ring request", fidelity.GROUP_TOLERANCE)
+        else:
+            gaps[f"ring_{name}"] = fidelity.model_gap(ratio, 1.0, scenario.effective_dilation, what)
+    return gaps
+
+
+
+
+class RingReport(FlowReport):
+    KEY = "ring"
+
+    def block(self, run: RunData) -> dict[str, Any] | None:
+        """The ring class's attention round its rings beside the model, its TTFT (None without a ring class)."""
+        return ring_summary(run.scenario, list(run.records), list(run.prefills))
+
+    def fidelity(self, run: RunData) -> dict[str, fidelity.Gap]:
+        return ring_gaps(list(run.prefills), run.scenario) if RingSection.of(run.scenario).on else {}
+
+    def lines(self, report: Mapping[str, Any]) -> list[str]:
+        return ring_line(report.get(self.KEY))
+
+    def columns(self, report: Mapping[str, Any]) -> dict[str, Any]:
+        """Ring attention's headline figures (extra CSV columns), for runs with --ring-share (the sweep axes
+        `--grid ring_ranks=2,4,8 --grid ring_link=eth-25g,eth-100g,nvlink4`)."""
+        block = report.get("ring")
+        if not block:
+            return {}
+        ttft = block["ttft_ms"]
+        return {"ring_ranks": block["ranks"], "ring_link": block["link"],
+                "ring_attention_ms": ms(block["attention_s"]["measured"]),
+                "model_ring_attention_ms": ms(block["attention_s"]["model"]),
+                "ring_ttft_p50_ms": ttft["ring"]["p50"] if ttft["ring"] else None,
+                "other_ttft_p50_ms": ttft["other"]["p50"] if ttft["other"] else None}
+
+
+REPORT = RingReport()

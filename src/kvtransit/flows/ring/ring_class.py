@@ -28,13 +28,15 @@ Pure: stdlib only.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from kvtransit.flows.ring.model import Hop, hop, hops_per_layer
-from kvtransit.flows.selection.remote_class import in_class
 from kvtransit.model.catalog.devices import Device
 from kvtransit.model.catalog.links import Link
 from kvtransit.model.catalog.models import ModelSpec
 from kvtransit.model.cost.roofline import STEP_OVERHEAD_S, StepWork, step_time
+from kvtransit.model.sections import StepExtra
+from kvtransit.model.serving.request_class import in_class
 from kvtransit.model.serving.workload import RequestSpec
 
 # The ring class's draw is its own: a request's membership of the remote-KV class says nothing of this one.
@@ -49,8 +51,11 @@ def in_ring_class(seed: int, request_id: int, share: float) -> bool:
 
 
 @dataclass(frozen=True)
-class RingPrefill:
-    """What the model says one ring request's prefill takes, model seconds (the module docstring)."""
+class RingPrefill(StepExtra):
+    """What the model says one ring request's prefill takes, model seconds (the module docstring); a ring request's
+    planned step carries it for the ring's ranks to run (its attention's part)."""
+
+    FLOW: ClassVar[str] = "ring"
 
     n: int
     prompt_tokens: int

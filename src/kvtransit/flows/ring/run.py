@@ -30,8 +30,8 @@ from typing import Any
 
 from kvtransit.flows.ring.blocks import BlockError, LinkCodec, RingKV
 from kvtransit.flows.ring.model import Hop, block_bytes, hop, hops_per_layer
-from kvtransit.flows.tp.run import HOST_HOP_S, PROCESSES_PER_CORE
-from kvtransit.harness.children import RunToEndChild, collect_results, reap, sorted_results, spawn
+from kvtransit.harness.children import Child, collect_results, reap, sorted_results, spawn
+from kvtransit.harness.host import HOST_HOP_S, PROCESSES_PER_CORE
 from kvtransit.kernels.errors import KernelInputError
 from kvtransit.kernels.ring_attention import error_after_hops, wire_codec
 from kvtransit.model.catalog.codecs import CODEC_NAMES, codec_declaration
@@ -258,12 +258,12 @@ async def run_ring(plan: RingPlan, *, kill_rank: int | None = None, kill_after_s
     """Start the ring, run its prompts, collect every result. `kill_rank` is SIGKILLed `kill_after_s` after the
     first prompt starts (the dead-rank test). Every child is gone when this returns."""
     report = RingReport(plan)
-    ranks: list[RunToEndChild] = []
+    ranks: list[Child] = []
     link = {"rate_Bps": plan.rate_Bps, "latency_s": plan.latency_s}
     try:
         for r in range(plan.n):
             ranks.append(await spawn(f"rank {r}", "kvtransit.flows.ring", {"plan": plan.rank_plan(r), **link}))
-        ports = [(await rank.read_ready())["listen_port"] for rank in ranks]
+        ports = [(await rank.wait_ready(one_line=True))["listen_port"] for rank in ranks]
         start_ns = time.monotonic_ns() + round(START_MARGIN_S * 1e9)
         for r, rank in enumerate(ranks):
             await rank.send_go({"start_ns": start_ns, "next": ["127.0.0.1", ports[(r + 1) % plan.n]]})

@@ -1,25 +1,18 @@
 """A selection role's process: `python -m kvtransit.flows.selection --config JSON` (flows/selection/run.py).
 
-The protocol of the other live groups (flows/tp/rank/__main__.py): the process binds what it serves (the pool:
-the module's connection; the module: decode's) and prints the readiness line, reads one JSON go line on stdin
-(the module: {"pool": [host, port]}; decode: {"scorer": [host, port], "start_ns": ...}), joins, runs, and prints
-one `KVTRANSIT-RESULT {json}` line, then exits 0 whether or not the run failed (a failure is a result, with its
-reason). Config: {"role": "pool" | "scorer" | "decode", "plan": SelectionPlan fields, "rate_Bps", "latency_s"}.
+A run-to-end process (agents/run_to_end.py): it binds what it serves (the pool: the module's connection; the
+module: decode's); its go line is {"pool": [host, port]} (the module) or {"scorer": [host, port], "start_ns": ...}
+(decode); it joins, runs, and prints its result line. Config: {"role": "pool" | "scorer" | "decode", "plan":
+SelectionPlan fields, "rate_Bps", "latency_s"}.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any, Protocol
+from typing import Any
 
-from kvtransit.agents.process import (
-    announce_ready,
-    announce_result,
-    read_go_line,
-    run_config_process,
-    unless_stopped,
-)
+from kvtransit.agents.run_to_end import Outcome, run_config_process, run_to_end
 from kvtransit.flows.selection.context import RemoteContext
 from kvtransit.flows.selection.roles import (
     GROUP,
@@ -35,22 +28,18 @@ from kvtransit.flows.selection.roles import (
     serve_pool,
     serve_scorer,
 )
-from kvtransit.flows.tp.rank.rank import RANK_SPIN_S
 from kvtransit.runtime.clock import Clock, MonotonicClock
-from kvtransit.runtime.group_link.channel import Channel, PeerGone
+from kvtransit.runtime.group_link.channel import Channel
 from kvtransit.runtime.group_link.connect import PeerListener, Seat, dial_member
+from kvtransit.runtime.group_link.timing import RANK_SPIN_S
 
 # The module sits at decode's end of the link (a pluggable in decode's NIC): their hop is local, unshaped in
 # effect (a rate no frame here notices, no latency), but stamped, so model time flows through it.
 LOCAL_RATE_BPS = 1e15
 
 
-class RoleResult(Protocol):
-    def to_json(self) -> dict[str, Any]: ...
-
-
 async def _play(rank: int, plan: SelectionPlan, ctx: RemoteContext, clock: Clock, go: dict[str, Any],
-                listener: PeerListener | None, channels: list[Channel], *, rate: float, latency: float) -> RoleResult:
+                listener: PeerListener | None, channels: list[Channel], *, rate: float, latency: float) -> Outcome:
     """Join the role's peers (each channel kept in `channels`, for the caller to close) and play the role."""
     seat = Seat(GROUP, rank, len(ROLE_NAMES), plan.deadline_s)
 
@@ -83,23 +72,19 @@ async def role_main(config: dict[str, Any], stop: asyncio.Event) -> None:
     rank = {"pool": ROLE_POOL, "scorer": ROLE_SCORER, "decode": ROLE_DECODE}[role]
     listener = PeerListener() if rank != ROLE_DECODE else None
     port = await listener.listen() if listener is not None else 0
-    announce_ready(f"selection-{role}", role, listen_port=port)
     channels: list[Channel] = []
-    result: RoleResult
-    empty = {ROLE_POOL: PoolResult, ROLE_SCORER: ScorerResult, ROLE_DECODE: DecodeResult}[rank]
-    try:
-        go = await read_go_line()
-        done = await unless_stopped(_play(rank, plan, ctx, clock, go, listener, channels,
-                                          rate=float(config["rate_Bps"]), latency=float(config["latency_s"])), stop)
-        result = done or empty(ok=False, reason=f"the {role} was stopped")
-    except (PeerGone, EOFError) as exc:
-        result = empty(ok=False, reason=f"the {role}: {exc}")
-    finally:
+
+    async def close() -> None:
         for channel in channels:
             await channel.close()
         if listener is not None:
             await listener.close()
-    announce_result({"role": role, **result.to_json()})
+
+    empty = {ROLE_POOL: PoolResult, ROLE_SCORER: ScorerResult, ROLE_DECODE: DecodeResult}[rank]
+    rate, latency = float(config["rate_Bps"]), float(config["latency_s"])
+    await run_to_end(stop, role=f"selection-{role}", name=role, who=f"the {role}", ports={"listen_port": port},
+                     play=lambda go: _play(rank, plan, ctx, clock, go, listener, channels, rate=rate, latency=latency),
+                     close=close, failed=lambda reason: empty(ok=False, reason=reason), labels={"role": role})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,10 @@
 """`kvtransit select`: query-aware KV selection live, a remote context's pages scored in transit and fetched by budget.
 
-    kvtransit select --context 32768 --link eth-100g --budget 1/16
-    kvtransit select --summary minmax --policy host --budget 1/8 --sink-pages 1
+    kvtransit select --remote-context 32768 --link eth-100g --select-budget 1/16
+    kvtransit select --select-summary minmax --policy host --select-budget 1/8 --sink-pages 1
     kvtransit select --select all
+
+The flags it shares with `kvtransit up` are spelled as there (docs/flags.md).
 
 Three processes over a shaped link (agents/selection): a pool holding the context's KV, the module at decode's
 end of the link, and decode. With `--select top-k` (the default) each decode step sends its query to the module,
@@ -11,8 +13,8 @@ MAC, checked against the module's budget; Quest's min/max bound needs a max, so 
 decode), decode ranks the scores and fetches the chosen pages through the same link, then holds its step's compute
 at the context it attends to. `--select all` fetches every token instead; by default it runs too, as the baseline,
 so the table shows the step's TPOT effect. The context is the real-KV sample's (SmolLM2-135M, 353-384 tokens a
-step, tests/data/smollm2_kv_sample.npz) standing for --context tokens of --model: the scale is their bytes' ratio,
-printed, and the model is shown at the bytes each step actually moved. The recall and attention-output error are
+step, tests/data/smollm2_kv_sample.npz) standing for --remote-context tokens of --model: the scale is their bytes'
+ratio, printed, and the model is shown at the bytes each step actually moved. The recall and attention-output error are
 measured on what arrived, next to the same selection measured offline.
 """
 
@@ -20,42 +22,36 @@ from __future__ import annotations
 
 import argparse
 import math
-from fractions import Fraction
 
 from kvtransit.cli._common import CliError, add_json_flag, number_or_auto, print_json, print_table
 
 MS = 1e3
 
 
-def _fraction(text: str) -> float:
-    try:
-        return float(Fraction(text))
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction (e.g. 1/16 or 0.0625)") from None
-
-
 def register(subparsers) -> None:
     from kvtransit.cli._model_args import add_model_flags
+    from kvtransit.cli.scenario_flags import add_scenario_flag
     from kvtransit.model.catalog.devices import DEVICES
 
     p = subparsers.add_parser("select", help="query-aware KV selection: pages scored in transit, fetched by budget",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(p, default="llama3-8b")
-    p.add_argument("--gpu", choices=sorted(DEVICES), default="h100", help="GPU (default h100)")
-    p.add_argument("--context", type=int, default=32768, help="remote context tokens (default 32768)")
-    p.add_argument("--link", default="eth-100g", help="the link to the KV pool (default eth-100g)")
-    p.add_argument("--select", choices=("top-k", "all"), default="top-k",
-                   help="fetch the top pages by score (default), or every token")
-    p.add_argument("--budget", type=_fraction, default=1 / 16, help="fraction of the pages fetched (default 1/16)")
-    p.add_argument("--summary", choices=("mean", "minmax"), default="mean",
-                   help="a page's summary: its mean key (MAC, default) or Quest's min/max (needs a max: host)")
-    p.add_argument("--page-size", type=int, default=16, help="tokens a page (default 16, Quest's)")
-    p.add_argument("--score-bits", type=int, default=None, help="the scores' precision_bits (default: exact)")
+    add_scenario_flag(p, "device", aliases=("--gpu",), choices=sorted(DEVICES))
+    add_scenario_flag(p, "remote_context", aliases=("--context",), help="remote context tokens")
+    add_scenario_flag(p, "link", default="eth-100g", help="the link to the KV pool")
+    add_scenario_flag(p, "select", default="top-k", choices=("top-k", "all"),
+                      help="fetch the top pages by score, or every token")
+    add_scenario_flag(p, "select_budget", aliases=("--budget",), help="fraction of the pages fetched (1/16 or 0.0625)")
+    add_scenario_flag(p, "select_summary", aliases=("--summary",), choices=("mean", "minmax"),
+                      help="a page's summary: its mean key (MAC) or Quest's min/max (needs a max: host)")
+    add_scenario_flag(p, "page_size", help="tokens a page (Quest's 16)")
+    add_scenario_flag(p, "precision_bits", aliases=("--score-bits",),
+                      help="the scores' precision: bits the analogue path delivers (1..32), or none (exact)")
     p.add_argument("--sink-pages", type=int, default=0, help="first pages always fetched (default 0)")
-    p.add_argument("--module-budget", choices=("low", "sim", "high"), default="sim",
-                   help="the module's ops per line byte (REFERENCE §5: low 0.40, sim 1.6, high 3.96; default sim)")
-    p.add_argument("--policy", choices=("reject", "host"), default="reject",
-                   help="a scoring kernel the module cannot run (min/max needs a max): refuse it, or score at decode")
+    add_scenario_flag(p, "module_budget")
+    add_scenario_flag(p, "policy", choices=("reject", "host"),
+                      help="a scoring kernel the module cannot run (min/max needs a max): refuse it, or score at "
+                           "decode")
     p.add_argument("--steps", type=int, default=8, help="decode steps (default 8; the first warms up)")
     p.add_argument("--dilation", type=number_or_auto, default="auto",
                    help="stretch every modelled duration (default auto: what this host can carry)")
@@ -74,16 +70,18 @@ def run(args: argparse.Namespace) -> int:
     from kvtransit.flows.selection.run import offline_selection, plan_selection, run_selection
     from kvtransit.model.catalog.devices import device_by_name
     from kvtransit.model.catalog.links import link_by_name
-    from kvtransit.model.module.budget import MODULE_BUDGETS, Module, Policy
+    from kvtransit.model.field_checks import module_budget
+    from kvtransit.model.module.budget import Module, Policy, budget_ops_per_byte
 
     if args.select == "all" and args.no_baseline:
         raise CliError("--no-baseline goes with --select top-k (--select all is the baseline)")
-    common = dict(context=args.context, sample=args.sample or str(default_sample_path()), text=args.text,
-                  kind=args.summary, page_size=args.page_size, precision_bits=args.score_bits,
-                  sink_pages=args.sink_pages, module=Module(ops_per_byte=MODULE_BUDGETS[args.module_budget]),
-                  policy=Policy(args.policy), steps=args.steps, dilation=args.dilation)
-    model, device, link = model_from_args(args), device_by_name(args.gpu), link_by_name(args.link)
-    budgets = [None] if args.select == "all" else [args.budget] + ([] if args.no_baseline else [None])
+    module = Module(ops_per_byte=budget_ops_per_byte(module_budget(args.module_budget)))
+    common = dict(context=args.remote_context, sample=args.sample or str(default_sample_path()), text=args.text,
+                  kind=args.select_summary, page_size=args.page_size, precision_bits=args.precision_bits,
+                  sink_pages=args.sink_pages, module=module, policy=Policy(args.policy), steps=args.steps,
+                  dilation=args.dilation)
+    model, device, link = model_from_args(args), device_by_name(args.device), link_by_name(args.link)
+    budgets = [None] if args.select == "all" else [args.select_budget] + ([] if args.no_baseline else [None])
     plans = [plan_selection(model, device, link, budget=b, **common) for b in budgets]  # all refused up front
     summaries = []
     for plan in plans:

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvtransit.flows.selection.metrics import RemoteKvMetrics
 from kvtransit.flows.selection.remote_class import SELECT_TOP_K, legs_model_s
 from kvtransit.flows.selection.remote_context import (
     BF16,
@@ -38,11 +39,11 @@ from kvtransit.flows.selection.remote_context import (
     step_queries,
     unpack_ids,
 )
+from kvtransit.flows.selection.section import SelectionSection
 from kvtransit.model.judge.slo import percentile
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.group_link.channel import Channel, PeerGone
-from kvtransit.runtime.metrics import RemoteKvMetrics
 from kvtransit.wire.group import Frame, Kind
 
 # How long a step waits for the middlebox's connection, or for an answer, before failing its remote requests: a
@@ -98,12 +99,15 @@ class RemoteKvRecord:
 class RemoteKvLegs:
     def __init__(self, scenario: Scenario, clock: Clock, metrics: RemoteKvMetrics, handoffs_on_link: HandoffsOnLink,
                  on_link_bytes: OnLinkBytes):
+        selection_section = SelectionSection.of(scenario)
+        selection = selection_section
         self.scenario = scenario
         self.clock = clock
         self.metrics = metrics
         self.shapes = RemoteShapes.of(scenario)
-        self.selects = scenario.select_mode == SELECT_TOP_K
-        self.host_scores = self.selects and scenario.scoring_occupancy == 0  # Quest's bound under --policy host
+        self.selects = selection.select_mode == SELECT_TOP_K
+        # Quest's bound under --policy host: the module does not score, decode does.
+        self.host_scores = self.selects and selection.scoring_occupancy(scenario) == 0
         link = scenario.scaled_link
         self._latency_ns = round(link.latency_s * 1e9)
         self.model_bytes_per_byte = 1.0 / scenario.effective_scale
@@ -228,11 +232,12 @@ class RemoteKvLegs:
     def _count(self, n: int, summary_bytes: int, page_bytes: int, start_ns: int, late_ns: int, *,
                shared: bool) -> None:
         scenario, r = self.scenario, self.record
+        selection = SelectionSection.of(scenario)
         model_summary, model_pages = summary_bytes * self.model_bytes_per_byte, page_bytes * self.model_bytes_per_byte
         measured_s = scenario.model_s((self.clock.now_ns() - start_ns) / 1e9)
         model_s = legs_model_s(scenario.link_spec, model_summary, model_pages,
                                module_latency_s=scenario.module.added_latency_s,
-                               occupancy=scenario.scoring_occupancy)
+                               occupancy=selection.scoring_occupancy(scenario))
         r.steps += 1
         r.requests += n
         r.summary_bytes += model_summary

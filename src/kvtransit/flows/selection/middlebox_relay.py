@@ -30,6 +30,7 @@ import logging
 from dataclasses import dataclass, field
 
 from kvtransit.agents.middlebox.app import Middlebox
+from kvtransit.flows.selection.metrics import RemoteKvMetrics
 from kvtransit.flows.selection.remote_class import occupy_bytes
 from kvtransit.flows.selection.remote_context import (
     BF16,
@@ -42,9 +43,9 @@ from kvtransit.flows.selection.remote_context import (
     score,
     unpack_ids,
 )
+from kvtransit.flows.selection.section import SelectionSection
 from kvtransit.runtime.group_link.channel import Channel, PeerGone, PeerSilent
 from kvtransit.runtime.group_link.connect import dial
-from kvtransit.runtime.metrics import RemoteKvMetrics
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.wire.group import Frame, Kind, abort
 
@@ -75,12 +76,13 @@ class RemoteKvRelay:
     def __init__(self, middlebox: Middlebox, decodes: list[tuple[str, int]], pool: tuple[str, int],
                  metrics: RemoteKvMetrics):
         scenario = middlebox.scenario
+        selection = SelectionSection.of(scenario)
         self.middlebox = middlebox
         self.shapes = RemoteShapes.of(scenario)
         self.decodes, self.pool = decodes, pool
         self.metrics = metrics
-        self.in_transit = scenario.scoring_occupancy > 0  # 0: every token, or Quest's bound scored on the host
-        self.occupancy = scenario.scoring_occupancy
+        self.occupancy = selection.scoring_occupancy(scenario)
+        self.in_transit = self.occupancy > 0  # 0: every token, or Quest's bound scored on the host
         self.precision_bits = scenario.precision_bits
         self.model_bytes_per_byte = middlebox.model_bytes_per_byte
         self.stats = RemoteKvStats()

@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from kvtransit.flows.tier.prefix import BLOCK_TOKENS
 from kvtransit.model.catalog.links import Link
 from kvtransit.model.catalog.models import ModelSpec
 from kvtransit.model.errors import ConfigError
@@ -43,6 +42,7 @@ from kvtransit.model.module.budget import (
     budget_check,
     transit_time,
 )
+from kvtransit.model.serving.traces import BLOCK_TOKENS
 
 SUMMARY_KINDS: tuple[str, ...] = ("mean", "minmax")
 DEFAULT_PAGE_SIZE = 16  # Quest's page (REFERENCE §7)

@@ -31,29 +31,11 @@ from dataclasses import dataclass
 
 from kvtransit.flows.selection.model import SelectionStep
 from kvtransit.model.catalog.links import Link
+from kvtransit.model.serving.request_class import in_class
 
 KV_PLACEMENTS = ("local", "remote")
 SELECT_TOP_K, SELECT_ALL = "top-k", "all"
 SELECT_MODES = (SELECT_TOP_K, SELECT_ALL)
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    """Sebastiano Vigna's SplitMix64 finaliser: a fixed, well-mixed hash of a 64-bit integer."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def in_class(seed: int, request_id: int, share: float, salt: int = 0) -> bool:
-    """Whether request `request_id` of a run seeded `seed` is in a request class of `share` of the ids; `salt` keeps
-    one class's draw apart from another's (0: the remote-KV class's)."""
-    if share >= 1:
-        return True
-    return _splitmix64(((seed & _MASK64) * 0x100000001B3 ^ request_id) ^ salt) / 2.0**64 < share
-
 
 def in_remote_class(seed: int, request_id: int, share: float) -> bool:
     """Whether request `request_id` of a run seeded `seed` attends to a remote context (a fraction `share` of ids)."""

@@ -30,6 +30,7 @@ import numpy as np
 from ml_dtypes import bfloat16
 
 from kvtransit.flows.selection.remote_class import SELECT_TOP_K
+from kvtransit.flows.selection.section import SelectionSection
 from kvtransit.kernels.selection import PageSummaries, group_scores, page_summaries, rank_pages
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.scenario import Scenario
@@ -89,12 +90,14 @@ class RemoteShapes:
 
     @classmethod
     def of(cls, scenario: Scenario) -> RemoteShapes:
+        selection_section = SelectionSection.of(scenario)
+        selection = selection_section
         layout, model = scenario.kv_layout, scenario.model_spec
-        step = scenario.selection_step
+        step = selection.selection_step(scenario)
         return cls(layers=layout.layers, kv_heads=layout.kv_heads,
                    q_heads=layout.kv_heads * (model.n_heads // model.kv_heads), head_dim=layout.head_dim,
-                   tokens=scenario.remote_context, page_size=scenario.page_size, kind=scenario.select_summary,
-                   budget=step.budget if scenario.select_mode == SELECT_TOP_K else None)
+                   tokens=selection.remote_context, page_size=selection.page_size, kind=selection.select_summary,
+                   budget=step.budget if selection.select_mode == SELECT_TOP_K else None)
 
     @property
     def pages(self) -> int:
@@ -148,7 +151,8 @@ class RemoteContexts:
         self.shapes = shapes = RemoteShapes.of(scenario)
         self.kv = SyntheticKv(shapes.layers, shapes.kv_heads, shapes.head_dim, scenario.seed ^ CONTEXT_SEED_SALT,
                               sample_path=scenario.kv_sample_path)
-        self._is_remote = scenario.is_remote_request
+        selection = SelectionSection.of(scenario)
+        self._is_remote = lambda request_id: selection.is_remote_request(scenario, request_id)
         context_bytes = shapes.layers * 2 * shapes.kv_heads * shapes.tokens * shapes.head_dim * BF16.itemsize
         self.capacity = max(MIN_CACHED, CONTEXT_CACHE_BYTES // context_bytes)
         self._made: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()

@@ -10,10 +10,17 @@ legs_model_s).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Any, ClassVar
 
+from kvtransit.flows.selection.section import SelectionSection
+from kvtransit.model.cost.energy import link_energy_j, module_energy_j
+from kvtransit.model.judge import fidelity
 from kvtransit.model.judge.slo import RequestRecord, distribution
 from kvtransit.model.scenario import Scenario
+from kvtransit.report.blocks import FlowReport, RunData, ms
+from kvtransit.report.peer_stats import stat_sum
 
 
 def _tpot_ms(records: list[RequestRecord]) -> dict[str, float] | None:
@@ -23,19 +30,21 @@ def _tpot_ms(records: list[RequestRecord]) -> dict[str, float] | None:
 
 def remote_kv_summary(scenario: Scenario, records: list[RequestRecord], decodes: list[dict],
                       middleboxes: list[dict], pools: list[dict]) -> dict[str, Any] | None:
-    if not scenario.remote_kv:
+    selection = SelectionSection.of(scenario)
+    if not selection.remote:
         return None
     stats = [d["remote_kv"] for d in decodes if isinstance(d.get("remote_kv"), dict)]
-    step = scenario.selection_step
-    check = scenario.scoring_check
+    step = selection.selection_step(scenario)
+    check = selection.scoring_check(scenario)
     request_steps = sum(s["request_steps"] for s in stats)
     steps = sum(s["steps"] for s in stats)
-    long = [r for r in records if scenario.is_remote_request(r.request_id)]
-    short = [r for r in records if not scenario.is_remote_request(r.request_id)]
+    long = [r for r in records if selection.is_remote_request(scenario, r.request_id)]
+    short = [r for r in records if not selection.is_remote_request(scenario, r.request_id)]
     ratios = [s["ratio_median"] for s in stats if s.get("ratio_median") is not None]
     return {
-        "select": scenario.select_mode, "budget": step.budget, "summary": scenario.select_summary,
-        "page_size": scenario.page_size, "context_tokens": scenario.remote_context, "share": scenario.remote_share,
+        "select": selection.select_mode, "budget": step.budget, "summary": selection.select_summary,
+        "page_size": selection.page_size, "context_tokens": selection.remote_context,
+        "share": selection.remote_share,
         "scoring": None if check is None else check.describe(),
         "requests": {"remote": len(long), "local": len(short)},
         "tpot_ms": {"remote": _tpot_ms(long), "local": _tpot_ms(short)},
@@ -86,3 +95,75 @@ def remote_kv_line(block: dict | None) -> list[str]:
              f"requests): a step's legs {ms(legs['measured'])} (model {ms(legs['model'])}; idle-link median "
              f"x{median}), per request-step {mb(summaries['measured'])} of summaries + {mb(pages['measured'])} of "
              f"pages; TPOT p50 remote {remote} ms vs local {local} ms")]
+
+
+def remote_kv_gaps(decodes: list[dict], scenario: Scenario) -> dict[str, fidelity.Gap]:
+    what = "remote KV legs on an idle link"
+    judged = {s.get("name", "decode"): s["remote_kv"] for s in decodes if isinstance(s.get("remote_kv"), dict)}
+    if not judged:
+        return {"remote_kv_decode": fidelity.not_measured("no decode reported its remote KV", fidelity.GROUP_TOLERANCE)}
+    # Under --scale auto a higher dilation buys bigger payloads, not time: a step's legs are a few ms of link
+    # whatever the dilation, and their host time (8 hops, the scoring, the ranking) grows with the bytes. A fixed
+    # scale turns the dilation into headroom (measured on this 2-core box with a slow page gather: at 1/256 x1.22 at
+    # dilation 1 and x1.005 at 2; under auto, dilation 2 made it 1/32 and still x1.2-1.4).
+    fixed_scale = (str(Fraction(scenario.kv_layout.channels, scenario.model_spec.kv_dim))
+                   if isinstance(scenario.scale, str) else None)
+    return {f"remote_kv_{name}": (fidelity.model_gap(r["ratio_median"], 1.0, scenario.effective_dilation, what,
+                                                     fixed_scale=fixed_scale)
+                                  if r.get("idle_link_steps") else
+                                  fidelity.not_measured(f"{name}: no step's remote legs had the link to themselves",
+                                                        fidelity.GROUP_TOLERANCE))
+            for name, r in judged.items()}
+
+
+def remote_kv_energy_j(scenario: Scenario, middleboxes: list[dict]) -> float | None:
+    """Remote KV's energy (--kv-placement remote): its summaries and pages over the decode link (its pJ per wire bit),
+    plus the module's for the summaries it scored (pJ per input bit). None without remote KV. Model bytes, from the
+    middlebox's relay (it stamped every byte onto the link)."""
+    relays = [m["remote_kv"] for m in middleboxes if isinstance(m.get("remote_kv"), dict)]
+    if not SelectionSection.of(scenario).remote or not relays:
+        return None
+    crossed = stat_sum(relays, "summary_bytes") + stat_sum(relays, "page_bytes")
+    return (link_energy_j(scenario.link_spec, crossed)
+            + module_energy_j(scenario.module, stat_sum(relays, "scored_bytes")))
+
+
+class SelectionReport(FlowReport):
+    KEY = "remote_kv"
+    ENERGY: ClassVar[Mapping[str, str]] = {"remote_kv": "remote KV"}
+
+    def block(self, run: RunData) -> dict[str, Any] | None:
+        """The long-context class's remote legs beside the model, its TPOT (None without remote KV)."""
+        return remote_kv_summary(run.scenario, list(run.records), list(run.decodes), list(run.middleboxes),
+                                 run.of_role("kvpool"))
+
+    def energy(self, run: RunData) -> dict[str, float | None]:
+        return {"remote_kv": remote_kv_energy_j(run.scenario, list(run.middleboxes))}
+
+    def fidelity(self, run: RunData) -> dict[str, fidelity.Gap]:
+        if not SelectionSection.of(run.scenario).remote:
+            return {}
+        return remote_kv_gaps(list(run.decodes), run.scenario)
+
+    def not_idle(self, run: RunData) -> set[int]:
+        return shared_handoffs(list(run.decodes))  # met remote KV's legs on the link
+
+    def lines(self, report: Mapping[str, Any]) -> list[str]:
+        return remote_kv_line(report.get(self.KEY))
+
+    def columns(self, report: Mapping[str, Any]) -> dict[str, Any]:
+        """Remote KV's headline figures (extra CSV columns), for runs with --kv-placement remote (the sweep axes
+        `--grid select=top-k,all --grid select_budget=0.25,0.125,0.0625`)."""
+        block = report.get("remote_kv")
+        if not block:
+            return {}
+        tpot = block["tpot_ms"]
+        return {"select": block["select"], "select_budget": block["budget"],
+                "remote_legs_ms": ms(block["legs_s"]["measured"]), "model_remote_legs_ms": ms(block["legs_s"]["model"]),
+                "remote_bytes_per_step": ((block["summary_bytes"]["measured"] or 0)
+                                          + (block["page_bytes"]["measured"] or 0)),
+                "remote_tpot_p50_ms": tpot["remote"]["p50"] if tpot["remote"] else None,
+                "local_tpot_p50_ms": tpot["local"]["p50"] if tpot["local"] else None}
+
+
+REPORT = SelectionReport()

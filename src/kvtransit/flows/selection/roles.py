@@ -75,12 +75,7 @@ class SelectionFailed(Exception):
 
 
 async def _receive(channel: Channel, plan: SelectionPlan, me: str, kind: Kind, step: int, what: str) -> Frame:
-    try:
-        frame = await channel.receive(plan.deadline_s, f"{what} of step {step}")
-    except PeerGone as exc:
-        raise SelectionFailed(f"{me} found: {exc}") from None
-    if frame.kind is Kind.ABORT:
-        raise SelectionFailed(frame.reason)
+    frame = await channel.receive_or_fail(plan.deadline_s, f"{what} of step {step}", SelectionFailed, me)
     if (frame.kind, frame.group, frame.step) != (kind, GROUP, step):
         raise SelectionFailed(f"{me}: at step {step} expected {kind.name}, got {frame.kind.name} of step {frame.step}")
     return frame

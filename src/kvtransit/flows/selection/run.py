@@ -32,8 +32,8 @@ from typing import Any
 from kvtransit.flows.selection.context import LegError, RemoteContext
 from kvtransit.flows.selection.model import DEFAULT_PAGE_SIZE, SelectionStep, check_budget, scoring_budget
 from kvtransit.flows.selection.roles import SCORING_HOST, SCORING_TRANSIT
-from kvtransit.flows.tp.run import HOST_HOP_S
-from kvtransit.harness.children import RunToEndChild, reap, run_roles, spawn
+from kvtransit.harness.children import Child, reap, run_roles, spawn
+from kvtransit.harness.host import HOST_HOP_S
 from kvtransit.kernels.errors import KernelInputError
 from kvtransit.kernels.selection import evaluate_selection, group_scores, rank_pages
 from kvtransit.model.catalog.devices import Device
@@ -240,12 +240,12 @@ async def run_selection(plan: SelectionRunPlan, *, kill_role: str | None = None,
     """Start the pool, the module and decode, run the steps, collect every result. `kill_role` is SIGKILLed
     `kill_after_s` after the first step starts (the dead-peer test). Every child is gone when this returns."""
     report = SelectionReport(plan)
-    children: dict[str, RunToEndChild] = {}
+    children: dict[str, Child] = {}
     link = {"rate_Bps": plan.rate_Bps, "latency_s": plan.latency_s, "plan": plan.role_plan()}
     try:
         for role in ("pool", "scorer", "decode"):
             children[role] = await spawn(role, "kvtransit.flows.selection", {"role": role, **link})
-        ports = {role: (await child.read_ready())["listen_port"] for role, child in children.items()}
+        ports = {role: (await child.wait_ready(one_line=True))["listen_port"] for role, child in children.items()}
         start_ns = time.monotonic_ns() + round(START_MARGIN_S * 1e9)
         await children["pool"].send_go({})
         await children["scorer"].send_go({"pool": ["127.0.0.1", ports["pool"]]})

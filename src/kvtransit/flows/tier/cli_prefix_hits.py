@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from kvtransit.cli._common import add_json_flag, print_json, print_table
 from kvtransit.cli.scenario_flags import add_scenario_args, scenario_from_args
+from kvtransit.flows.tier.section import TierSection
 
 
 def register(subparsers) -> None:
@@ -26,14 +27,15 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kvtransit.agents.loadgen.workload_source import requests_for
-    from kvtransit.flows.tier.prefix import BLOCK_TOKENS, capacity_blocks_for, implied_hit_rate
+    from kvtransit.flows.tier.prefix import capacity_blocks_for, implied_hit_rate
+    from kvtransit.model.serving.traces import BLOCK_TOKENS
+    from kvtransit.workload.source import requests_for
 
     scenario = scenario_from_args(args)
     requests = [(r.prompt_tokens, r.hash_ids) for r in requests_for(scenario)]
     block_bytes = scenario.model_spec.kv_bytes(BLOCK_TOKENS)
     rows = []
-    for capacity in args.capacity or [scenario.kv_pool_capacity]:
+    for capacity in args.capacity or [TierSection.of(scenario).kv_pool_capacity]:
         blocks = capacity_blocks_for(capacity, block_bytes)
         hits = implied_hit_rate(requests, blocks)
         rows.append({"capacity_bytes": capacity, "capacity_blocks": blocks, "hit_rate": hits.rate,

@@ -31,11 +31,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from kvtransit.agents.middlebox.accounting import PoolAccounting
 from kvtransit.agents.middlebox.app import Middlebox
 from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
 from kvtransit.agents.middlebox.pipeline import RUNS_ON_GPU, Abandoned, ByteBudget, Delivered, KvStream, Refused
 from kvtransit.agents.middlebox.stages.kernel import RUNS_ON_MODULE, RUNS_ON_NONE
+from kvtransit.flows.tier.metrics import pool_relay_metrics
+from kvtransit.flows.tier.pool_accounting import PoolAccounting
 from kvtransit.flows.tier.pool_stream import (
     OpenPut,
     PutAborted,
@@ -48,7 +49,6 @@ from kvtransit.flows.tier.pool_stream import (
 )
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.egress import EgressShaper
-from kvtransit.runtime.metrics import pool_relay_metrics
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint, open_greeted
 from kvtransit.wire import WIRE_VERSION, ErrorCode, clip_message, clip_reason

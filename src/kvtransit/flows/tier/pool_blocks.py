@@ -47,23 +47,11 @@ def write_back_chunks(kv, request_id: int, first: int, last: int, *, layers: int
     return chunks if codec is None else [encoded(c, codec, codec_name) for c in chunks]
 
 
-def transit_codec(codec: str, *, keep: float, block: int, sinks: int, variant: str, precision_bits: int | None):
-    """The module's codec object for a kernel's settings (None for "none"). `block` means a transform's tokens
-    (freq-keep-k) or a scale's values (fp8); fp4-block's is fixed by the format and the KIVI codecs' is their
-    group, so they are given none."""
-    from kvtransit.kernels.registry import get_codec
-
-    if codec == "none":
-        return None
-    return get_codec(codec, keep=keep, block=block if codec in ("freq-keep-k", "fp8") else None, sinks=sinks,
-                     variant=variant, precision_bits=precision_bits)
-
-
 def write_back_codec(scenario: Scenario):
     """The codec a write-back's blocks are stored with, wherever it runs (None: stored raw)."""
     if scenario.compress_at == "gpu":
         return kv_frames.codec_for(scenario)
-    return transit_codec(scenario.codec, keep=scenario.keep, block=scenario.block, sinks=scenario.sinks,
+    return kv_frames.transit_codec(scenario.codec, keep=scenario.keep, block=scenario.block, sinks=scenario.sinks,
                          variant=scenario.variant, precision_bits=scenario.precision_bits)
 
 

@@ -21,9 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.serving.traces import BLOCK_TOKENS
 
-# Tokens per KV block: the Mooncake traces' hash_ids are per 512-token block (kvtransit/data/traces/PROVENANCE.md).
-BLOCK_TOKENS = 512
 # Block ids travel as unsigned 64-bit integers on the wire (wire/_frames.py), trace ids are small integers.
 HASH_BITS = 63
 

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 
 from kvtransit.agents.process import Address
 from kvtransit.flows.tier import pool_blocks
-from kvtransit.flows.tier.prefix import BLOCK_TOKENS, PrefixIndex, cached_tokens, capacity_blocks_for, storable
+from kvtransit.flows.tier.metrics import prefix_cache_metrics
+from kvtransit.flows.tier.prefix import PrefixIndex, cached_tokens, capacity_blocks_for, storable
+from kvtransit.flows.tier.section import TierSection
 from kvtransit.model.scenario import Scenario
-from kvtransit.runtime import metrics as runtime_metrics
+from kvtransit.model.serving.traces import BLOCK_TOKENS
 from kvtransit.runtime.clock import Clock, sleep_for
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint, open_greeted
@@ -104,15 +106,17 @@ class PrefixTotals:
 class PrefixReuse:
     def __init__(self, scenario: Scenario, *, registry, kv, clock: Clock, pool_via: Address | None = None,
                  name: str = "prefill-0"):
+        tier_section = TierSection.of(scenario)
+        tier = tier_section
         self.scenario = scenario
-        self.mode = scenario.kv_pool
+        self.mode = tier.kv_pool
         self.layout = scenario.kv_layout
         self.kv = kv
         self.clock = clock
         self.pool_via = pool_via
         self.name = name
         self.block_tokens = BLOCK_TOKENS
-        self.metrics = runtime_metrics.prefix_cache_metrics(registry)
+        self.metrics = prefix_cache_metrics(registry)
         for outcome in OUTCOMES:
             self.metrics.lookups.labels(outcome=outcome)
         for stage in ("raw", "wire"):
@@ -120,7 +124,7 @@ class PrefixReuse:
         self.model_bytes_per_byte = 1.0 / scenario.effective_scale
         # local: the cache's capacity in blocks of the modelled KV.
         block_model_bytes = scenario.model_spec.kv_bytes(self.block_tokens)
-        self.local = PrefixIndex(capacity_blocks_for(scenario.kv_pool_capacity, block_model_bytes)) \
+        self.local = PrefixIndex(capacity_blocks_for(tier.kv_pool_capacity, block_model_bytes)) \
             if self.mode == "local" else None
         self.totals = PrefixTotals()
         # --compress-at gpu: write-backs leave compressed by the GPU's codec (the middlebox passes them through).

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvtransit.flows.tier.prefix import BLOCK_TOKENS, PrefixIndex, storable
+from kvtransit.flows.tier.prefix import PrefixIndex, storable
+from kvtransit.model.serving.traces import BLOCK_TOKENS
 
 POOL_WARM_MODES = ("off", "trace")
 

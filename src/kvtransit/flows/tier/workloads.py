@@ -25,11 +25,13 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvtransit.flows.tier.prefix import BLOCK_TOKENS, chain_hash
+from kvtransit.flows.tier.prefix import chain_hash
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.serving.traces import BLOCK_TOKENS
 from kvtransit.model.serving.workload import DEFAULT_MAX_TOKENS, LengthDist, RequestSpec
 
-if TYPE_CHECKING:  # scenario.py imports this module
+if TYPE_CHECKING:  # section.py imports this module
+    from kvtransit.flows.tier.section import TierSection
     from kvtransit.model.scenario import Scenario
 
 PREFIX_WORKLOADS = ("none", "system-prompts", "sessions")
@@ -131,16 +133,16 @@ def sessions(spec: SessionsSpec) -> list[RequestSpec]:
     return [RequestSpec(i, t, prompt, output, ids) for i, (t, prompt, output, ids) in enumerate(drafts)]
 
 
-def prefix_requests(scenario: Scenario) -> list[RequestSpec]:
+def prefix_requests(scenario: Scenario, tier: TierSection) -> list[RequestSpec]:
     """The requests of a scenario's `prefix_workload` ("system-prompts" or "sessions"); the user's part of each
     prompt is drawn from prompt_mean/prompt_cv, replies from output_mean/output_cv."""
     user = LengthDist(scenario.prompt_mean, scenario.prompt_cv)
     output = LengthDist(scenario.output_mean, scenario.output_cv)
-    if scenario.prefix_workload == "system-prompts":
-        return system_prompts(SystemPromptsSpec(scenario.rate, scenario.requests, scenario.system_prompts,
-                                                scenario.system_prompt_tokens, user, output, scenario.seed))
-    if scenario.prefix_workload == "sessions":
-        return sessions(SessionsSpec(scenario.rate, scenario.requests, scenario.session_turns, scenario.think_time,
+    if tier.prefix_workload == "system-prompts":
+        return system_prompts(SystemPromptsSpec(scenario.rate, scenario.requests, tier.system_prompts,
+                                                tier.system_prompt_tokens, user, output, scenario.seed))
+    if tier.prefix_workload == "sessions":
+        return sessions(SessionsSpec(scenario.rate, scenario.requests, tier.session_turns, tier.think_time,
                                      user, output, scenario.seed))
-    raise ConfigError(f"prefix_workload: {scenario.prefix_workload!r} names no shared prefixes "
+    raise ConfigError(f"prefix_workload: {tier.prefix_workload!r} names no shared prefixes "
                       f"(choose from: {', '.join(PREFIX_WORKLOADS[1:])})")

@@ -15,16 +15,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from kvtransit.flows.tp.model import ParallelStep, allreduce_s
-from kvtransit.model.scenario import Scenario
+from kvtransit.model.sections import StepExtra
+
+if TYPE_CHECKING:
+    from kvtransit.flows.tp.section import TpSection
+    from kvtransit.model.scenario import Scenario
 
 
 @dataclass(frozen=True)
-class GroupCollectives:
+class GroupCollectives(StepExtra):
     """One real all-reduce of `values` BF16 values (a multiple of the group size) and, with EP, one real all-to-all
     whose 2(n − 1) ring hops carry `alltoall_values` each; the model says they take `real_model_s`, and `held_s`
     more (the other collectives' latency terms), both model seconds."""
+
+    FLOW: ClassVar[str] = "tp"
 
     values: int
     real_model_s: float
@@ -32,10 +39,10 @@ class GroupCollectives:
     alltoall_values: int = 0
 
 
-def live_collectives(scenario: Scenario, n: int, step: ParallelStep) -> GroupCollectives:
+def live_collectives(scenario: Scenario, tp: TpSection, n: int, step: ParallelStep) -> GroupCollectives:
     """`step`'s collectives (the model's, of a group of `n` on the scenario's scale-up link) as the live group runs
     them: real at the run's scale, the rest held."""
-    model, link = scenario.model_spec, scenario.scaleup_link_spec
+    model, link = scenario.model_spec, tp.link_spec
     per_reduce = step.allreduce_bytes // model.bytes_per_value  # one all-reduce's values: tokens × d (REFERENCE §7)
     values = max(n, math.ceil(step.allreduces * per_reduce * scenario.effective_scale / n) * n)
     real_s = allreduce_s(step.allreduce_kind, step.allreduces * step.allreduce_bytes, n, link, scenario.module)

@@ -8,9 +8,13 @@ link's busy share is the time the real all-reduces took (compute held → sums b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from kvtransit.flows.tp.section import TpSection
+from kvtransit.model.judge import fidelity
 from kvtransit.model.scenario import Scenario
+from kvtransit.report.blocks import FlowReport, RunData, ms
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -27,6 +31,7 @@ def collectives_summary(scenario: Scenario, prefills: list[dict], decodes: list[
 
 def _role_summary(scenario: Scenario, role: str, size: int, leaders: list[dict],
                   run_model_s: float) -> dict[str, Any] | None:
+    tp_section = TpSection.of(scenario)
     if size == 1:
         return None
     groups = [s["tp_group"] | {"leader": s.get("name")} for s in leaders if isinstance(s.get("tp_group"), dict)]
@@ -34,8 +39,8 @@ def _role_summary(scenario: Scenario, role: str, size: int, leaders: list[dict],
     model = {k: sum(g["model"][k] for g in groups) for k in ("step_s", "collective_s", "allreduce_s")}
     steps = sum(g["steps"] for g in groups)
     return {
-        "size": size, "parallelism": "ep" if role == "decode" and scenario.decode_ep else "tp",
-        "allreduce": scenario.allreduce, "scaleup_link": scenario.scaleup_link,
+        "size": size, "parallelism": "ep" if role == "decode" and tp_section.decode_ep else "tp",
+        "allreduce": tp_section.allreduce, "scaleup_link": tp_section.scaleup_link,
         # flows/tp/group_step.py: live_collectives
         "granularity": "step: one real all-reduce a step carries the step's all-reduces' bytes (and with EP one "
                        "real all-to-all its all-to-alls'); the other latency terms are held (a 5 µs hop is under this "
@@ -85,3 +90,51 @@ def _line(role: str, block: dict) -> str:
     if block["failures"]:
         line += f"; FAILED: {'; '.join(block['failures'])}"
     return line
+
+
+def collective_gaps(role: str, leaders: list[dict], dilation: float) -> dict[str, fidelity.Gap]:
+    groups = {s.get("name", role): s["tp_group"] for s in leaders if isinstance(s.get("tp_group"), dict)}
+    if not groups:
+        return {f"collectives_{role}": fidelity.not_measured(f"no {role} reported its TP group",
+                                                             fidelity.COLLECTIVE_SHARE_TOLERANCE)}
+    return {f"collectives_{name}": fidelity.collective_gap(g.get("measured_collective_share"),
+                                                           g.get("model_collective_share"), dilation, g.get("failure"))
+            for name, g in groups.items()}
+
+
+
+
+class TpReport(FlowReport):
+    KEY = "collectives"
+
+    def block(self, run: RunData) -> dict[str, Any] | None:
+        """Each TP group's collective time beside the model's (None without one)."""
+        return collectives_summary(run.scenario, list(run.prefills), list(run.decodes), run.run_model_s)
+
+    def fidelity(self, run: RunData) -> dict[str, fidelity.Gap]:
+        scenario, gaps = run.scenario, {}
+        dilation = scenario.effective_dilation
+        if scenario.prefill_tp > 1:
+            gaps.update(collective_gaps("prefill", list(run.prefills), dilation))
+        if scenario.decode_tp > 1:
+            gaps.update(collective_gaps("decode", list(run.decodes), dilation))
+        return gaps
+
+    def lines(self, report: Mapping[str, Any]) -> list[str]:
+        return collectives_lines(report.get(self.KEY))
+
+    def columns(self, report: Mapping[str, Any]) -> dict[str, Any]:
+        """TP groups' headline figures (extra CSV columns, a role's prefixed by it), for runs with --prefill-tp or
+        --decode-tp > 1 (the sweep axes `--grid decode_tp=1,4,8 --grid allreduce=ring,switch`)."""
+        columns: dict = {}
+        for role, block in (report.get("collectives") or {}).items():
+            if block:
+                columns |= {f"{role}_tp": block["size"], "allreduce": block["allreduce"],
+                            f"{role}_collective_share": block["collective_share"]["measured"],
+                            f"{role}_model_collective_share": block["collective_share"]["model"],
+                            f"{role}_tp_step_ms": ms(block["step_s"]["measured"]),
+                            f"{role}_model_tp_step_ms": ms(block["step_s"]["model"])}
+        return columns
+
+
+REPORT = TpReport()

@@ -40,13 +40,14 @@ from kvtransit.flows.tp.model import (
 from kvtransit.flows.tp.moe_dispatch import AT_GPU, BF16_DISPATCH, DISPATCH_BF16, DispatchPlacement, place_dispatch
 from kvtransit.harness.children import (
     READY_TIMEOUT_S,
-    RunToEndChild,
+    Child,
     collect_results,
     reap,
     sorted_results,
     spawn,
     spawn_argv,
 )
+from kvtransit.harness.host import HOST_HOP_S, PROCESSES_PER_CORE
 from kvtransit.model.catalog.devices import Device
 from kvtransit.model.catalog.links import Link
 from kvtransit.model.catalog.models import ModelSpec
@@ -54,14 +55,6 @@ from kvtransit.model.errors import ConfigError
 from kvtransit.model.judge.fidelity import group_fidelity, model_gap
 from kvtransit.model.module.budget import Module, Policy
 
-# What one hop of a collective costs this host in Python (frame, write, loopback, read, parse, wake), per rank
-# process sharing a core. Measured on the 2-core dev box: llama3-70b TP4 ring per layer (960 hops a step a
-# rank) at dilation 100 (a modelled hop of 501 µs) came within 4.4 % of the model; 4 ranks on 2 cores is 2 a
-# core, so 250 µs a hop per rank a core.
-HOST_HOP_S = 250e-6
-# Rank processes this 2-core box carries beside a run's own, a core: a group of 8 (+ the switch) stepped within 2.6 %
-# of the model (benchmarks/RESULTS.md, "Collectives"). The ring attention ranks and `kvtransit up`'s TP groups too.
-PROCESSES_PER_CORE = 4
 GRANULARITIES = ("auto", "layer", "step")
 GROUP_ID = 1
 # The start of step 0 is this far after the last rank's readiness: time to dial the ring or the switch.
@@ -264,18 +257,18 @@ async def run_collective(plan: CollectivePlan, *, kill_rank: int | None = None, 
     """Start the group, run it, collect every result. `kill_rank` is SIGKILLed `kill_after_s` after step 0
     starts (the dead-rank test). Every child is gone when this returns."""
     report = CollectiveReport(plan)
-    children: list[RunToEndChild] = []
+    children: list[Child] = []
     link = {"rate_Bps": plan.rate_Bps, "latency_s": plan.latency_s}
     try:
-        switch: RunToEndChild | None = None
+        switch: Child | None = None
         if plan.allreduce == ALLREDUCE_SWITCH:
             switch = await spawn_argv("switch", switch_argv(plan))
             children.append(switch)
-            switch_port = (await switch.read_ready(READY_TIMEOUT_S))["listen_port"]
+            switch_port = (await switch.wait_ready(READY_TIMEOUT_S, one_line=True))["listen_port"]
         ranks = [await spawn(f"rank {r}", "kvtransit.flows.tp.rank", {"plan": plan.rank_plan(r), **link})
                  for r in range(plan.n)]
         children += ranks
-        ports = [(await rank.read_ready(READY_TIMEOUT_S))["listen_port"] for rank in ranks]
+        ports = [(await rank.wait_ready(READY_TIMEOUT_S, one_line=True))["listen_port"] for rank in ranks]
         start_ns = time.monotonic_ns() + round(START_MARGIN_S * 1e9)
         for r, rank in enumerate(ranks):
             go: dict[str, Any] = {"start_ns": start_ns}

@@ -1,8 +1,7 @@
 """A weight flow's role process: `python -m kvtransit.flows.weights --config JSON` (flows/weights/run.py).
 
-The protocol of the other live groups (flows/tp/rank/__main__.py): the store binds the instance's connection and
-prints the readiness line; both read one JSON go line on stdin (the instance: {"store": [host, port],
-"start_ns": ...}), join, run, print one `KVTRANSIT-RESULT {json}` line and exit 0 whether or not the run failed.
+A run-to-end process (agents/run_to_end.py): the store binds the instance's connection; the instance's go line is
+{"store": [host, port], "start_ns": ...}; both join, run, and print their result line.
 Config: {"role": "store" | "instance", "plan": WeightsPlan fields, "rate_Bps", "latency_s"}.
 """
 
@@ -12,14 +11,7 @@ import asyncio
 import sys
 from typing import Any
 
-from kvtransit.agents.process import (
-    announce_ready,
-    announce_result,
-    read_go_line,
-    run_config_process,
-    unless_stopped,
-)
-from kvtransit.flows.tp.rank.rank import RANK_SPIN_S
+from kvtransit.agents.run_to_end import run_config_process, run_to_end
 from kvtransit.flows.weights import content
 from kvtransit.flows.weights.roles import (
     GROUP,
@@ -34,8 +26,9 @@ from kvtransit.flows.weights.roles import (
     weights_at_rest,
 )
 from kvtransit.runtime.clock import MonotonicClock
-from kvtransit.runtime.group_link.channel import Channel, PeerGone
+from kvtransit.runtime.group_link.channel import Channel
 from kvtransit.runtime.group_link.connect import PeerListener, Seat, dial_member
+from kvtransit.runtime.group_link.timing import RANK_SPIN_S
 
 
 async def role_main(config: dict[str, Any], stop: asyncio.Event) -> None:
@@ -52,32 +45,27 @@ async def role_main(config: dict[str, Any], stop: asyncio.Event) -> None:
     # store's at rest, the instance's copy to check what arrives against.
     at_rest = weights_at_rest(plan) if rank == ROLE_STORE else {}
     expected = content.weights(plan.weights_bytes) if rank == ROLE_INSTANCE else b""
-    announce_ready(f"weights-{role}", role, listen_port=port)
     channels: list[Channel] = []
-    result: StoreResult | InstanceResult
-    try:
-        go = await read_go_line()
 
-        async def play() -> StoreResult | InstanceResult:
-            if listener is not None:
-                channels.append(await listener.channel(seat, clock, ROLE_INSTANCE, ROLE_NAMES[ROLE_INSTANCE],
-                                                       rate_Bps=rate, latency_s=latency))
-                return await serve_store(plan, channels[0], at_rest)
-            channels.append(await dial_member(seat, clock, go["store"], ROLE_STORE, ROLE_NAMES[ROLE_STORE],
-                                              rate_Bps=rate, latency_s=latency))
-            return await run_instance(plan, clock, channels[0], int(go["start_ns"]), expected)
+    async def play(go: dict[str, Any]) -> StoreResult | InstanceResult:
+        if listener is not None:
+            channels.append(await listener.channel(seat, clock, ROLE_INSTANCE, ROLE_NAMES[ROLE_INSTANCE],
+                                                   rate_Bps=rate, latency_s=latency))
+            return await serve_store(plan, channels[0], at_rest)
+        channels.append(await dial_member(seat, clock, go["store"], ROLE_STORE, ROLE_NAMES[ROLE_STORE],
+                                          rate_Bps=rate, latency_s=latency))
+        return await run_instance(plan, clock, channels[0], int(go["start_ns"]), expected)
 
-        done = await unless_stopped(play(), stop)
-        result = done or (StoreResult if rank == ROLE_STORE else InstanceResult)(ok=False,
-                                                                                 reason=f"the {role} was stopped")
-    except (PeerGone, EOFError) as exc:
-        result = (StoreResult if rank == ROLE_STORE else InstanceResult)(ok=False, reason=f"the {role}: {exc}")
-    finally:
+    async def close() -> None:
         for channel in channels:
             await channel.close()
         if listener is not None:
             await listener.close()
-    announce_result({"role": role, **result.to_json()})
+
+    empty = StoreResult if rank == ROLE_STORE else InstanceResult
+    await run_to_end(stop, role=f"weights-{role}", name=role, who=f"the {role}", ports={"listen_port": port},
+                     play=play, close=close, failed=lambda reason: empty(ok=False, reason=reason),
+                     labels={"role": role})
 
 
 def main(argv: list[str] | None = None) -> int:

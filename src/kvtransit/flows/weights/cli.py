@@ -1,7 +1,7 @@
 """`kvtransit weights`: weight streaming live, a cold start and LoRA adapters paged in on demand.
 
-    kvtransit weights --model llama3-8b --link eth-25g --adapters 100 --rank 16 --capacity 8 --requests 40
-    kvtransit weights --kernel zstd --policy host
+    kvtransit weights --model llama3-8b --link eth-25g --adapters 100 --rank 16 --adapter-capacity 8 --requests 40
+    kvtransit weights --codec zstd --policy host
 
 Two processes over a shaped link (agents/weights): a store, and an instance that is unavailable until its BF16
 weights have streamed in (the cold start, measured), then serves --requests (Poisson at --rate, each naming one of
@@ -10,7 +10,9 @@ is paged in over the link before the prefill, so the request's TTFT includes the
 lossless kernel: a lossy one is refused before anything runs; `zstd` (the lossless compressor a user would try)
 branches on the data, which the module does not publish, so it runs at the store and the instance with --policy
 host. Every byte that arrives is checked against what was sent. Printed: the cold start and the TTFTs (paged-in and
-resident) measured beside the model's for the same requests, the scale and the dilation.
+resident) measured beside the model's for the same requests, the scale and the dilation. The flags it shares with
+`kvtransit up` are spelled as there (docs/flags.md; `--kernel NAME` was this command's spelling of `--codec`, and
+`--kernel FILE` is a declared kernel everywhere else).
 """
 
 from __future__ import annotations
@@ -25,25 +27,28 @@ MS = 1e3
 
 def register(subparsers) -> None:
     from kvtransit.cli._model_args import add_model_flags
+    from kvtransit.cli.scenario_flags import add_scenario_flag
     from kvtransit.model.catalog.devices import DEVICES
 
     p = subparsers.add_parser("weights", help="weight streaming: a cold start and adapters paged in, live",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_flags(p, default="llama3-8b")
-    p.add_argument("--gpu", choices=sorted(DEVICES), default="h100", help="GPU (default h100)")
-    p.add_argument("--link", default="eth-25g", help="the link from the store (default eth-25g)")
-    p.add_argument("--kernel", default="none", help="the kernel on the flow: none (default), zstd, or a KV codec "
-                                                    "(refused: not lossless)")
-    p.add_argument("--policy", choices=("reject", "host"), default="reject",
-                   help="a kernel the module cannot run (zstd branches on the data): refuse it, or run it at the hosts")
+    add_scenario_flag(p, "device", aliases=("--gpu",), choices=sorted(DEVICES))
+    add_scenario_flag(p, "link", help="the link from the store")
+    add_scenario_flag(p, "codec", aliases=("--kernel",), default="none",
+                      help="the kernel on the flow: none, zstd, or a KV codec (refused: not lossless)")
+    add_scenario_flag(p, "policy", choices=("reject", "host"),
+                      help="a kernel the module cannot run (zstd branches on the data): refuse it, or run it at the "
+                           "hosts")
     p.add_argument("--adapters", type=int, default=100, help="LoRA adapters in the store (default 100)")
     p.add_argument("--rank", type=int, default=16, help="their rank (default 16)")
-    p.add_argument("--capacity", type=int, default=8, help="adapters resident on the instance (default 8)")
-    p.add_argument("--requests", type=int, default=40, help="requests (default 40)")
-    p.add_argument("--rate", type=float, default=2.0, help="their Poisson rate, req/s (default 2)")
+    p.add_argument("--adapter-capacity", "--capacity", dest="capacity", type=int, default=8,
+                   help="adapters resident on the instance (default 8; --capacity: the old spelling, for one release)")
+    add_scenario_flag(p, "requests", default=40, help="requests")
+    add_scenario_flag(p, "rate", default=2.0, help="their Poisson rate, req/s")
     p.add_argument("--prompt", type=int, default=2048, help="prompt tokens a request (default 2048)")
     p.add_argument("--zipf", type=float, default=1.0, help="the adapters' Zipf exponent (default 1; 0: uniform)")
-    p.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0)")
+    add_scenario_flag(p, "seed", default=0, help="the workload's seed")
     p.add_argument("--scale", type=number_or_auto, default="auto",
                    help="every byte and the link's rate at this scale (default auto: what this host carries)")
     p.add_argument("--dilation", type=number_or_auto, default="auto",
@@ -61,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from kvtransit.model.catalog.links import link_by_name
     from kvtransit.model.module.budget import Policy
 
-    plan = plan_weights(model_from_args(args), device_by_name(args.gpu), link_by_name(args.link),
-                        kernel=args.kernel, policy=Policy(args.policy), adapters=args.adapters, rank=args.rank,
+    plan = plan_weights(model_from_args(args), device_by_name(args.device), link_by_name(args.link),
+                        kernel=args.codec, policy=Policy(args.policy), adapters=args.adapters, rank=args.rank,
                         capacity=args.capacity, requests=args.requests, rate=args.rate, prompt_tokens=args.prompt,
                         zipf=args.zipf, seed=args.seed, scale=args.scale, dilation=args.dilation)
     report = asyncio.run(run_weights(plan))

@@ -143,12 +143,7 @@ async def _load(store: Channel, plan: WeightsPlan, kernel: LosslessKernel, step:
     name = "the weights" if what.get("weights") else f"adapter {what['adapter']} (request {step - 1})"
     await store.send(Frame(Kind.LOAD, GROUP, step, rank=ROLE_INSTANCE, payload=json.dumps(what).encode()),
                      at_ns=at_ns)
-    try:
-        frame = await store.receive(plan.deadline_s, name)
-    except PeerGone as exc:
-        raise WeightsFailed(f"the instance found: {exc}") from None
-    if frame.kind is Kind.ABORT:
-        raise WeightsFailed(frame.reason)
+    frame = await store.receive_or_fail(plan.deadline_s, name, WeightsFailed, "the instance")
     if (frame.kind, frame.step) != (Kind.BLOB, step):
         raise WeightsFailed(f"the instance: expected {name}, got {frame.kind.name} for request {frame.step}")
     kernel.decode(bytes(frame.payload), expected, name)

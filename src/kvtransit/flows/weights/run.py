@@ -25,12 +25,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtransit.flows.tp.run import HOST_HOP_S
 from kvtransit.flows.weights import content
 from kvtransit.flows.weights.content import LosslessKernel
 from kvtransit.flows.weights.model import AdapterShape, ZipfPopularity, page_adapters, pull_s, serve_adapter_requests
 from kvtransit.flows.weights.roles import WeightsPlan
-from kvtransit.harness.children import RunToEndChild, reap, run_roles, spawn
+from kvtransit.harness.children import Child, reap, run_roles, spawn
+from kvtransit.harness.host import HOST_HOP_S
 from kvtransit.model.catalog.codecs import CODEC_NAMES, codec_declaration
 from kvtransit.model.catalog.devices import Device
 from kvtransit.model.catalog.links import Link
@@ -237,13 +237,13 @@ async def run_weights(plan: WeightsRunPlan, *, kill_role: str | None = None, kil
     """Start the store and the instance, run the cold start and the requests, collect both results. `kill_role`
     is SIGKILLed `kill_after_s` after the start (the dead-peer test). Both are gone when this returns."""
     report = WeightsReport(plan)
-    children: dict[str, RunToEndChild] = {}
+    children: dict[str, Child] = {}
     link = {"rate_Bps": plan.rate_Bps, "latency_s": plan.latency_s, "plan": plan.role_plan()}
     try:
         for role in ("store", "instance"):
             children[role] = await spawn(role, "kvtransit.flows.weights", {"role": role, **link})
-        port = (await children["store"].read_ready())["listen_port"]
-        await children["instance"].read_ready()
+        port = (await children["store"].wait_ready(one_line=True))["listen_port"]
+        await children["instance"].wait_ready(one_line=True)
         start_ns = time.monotonic_ns() + round(START_MARGIN_S * 1e9)
         await children["store"].send_go({})
         await children["instance"].send_go({"store": ["127.0.0.1", port], "start_ns": start_ns})

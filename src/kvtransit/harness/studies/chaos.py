@@ -23,7 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtransit.harness.up.launcher import Child, Launcher, RunFailed
+from kvtransit.harness.children import Child
+from kvtransit.harness.up.launcher import Launcher, RunFailed
 from kvtransit.harness.up.placement import DECODE_NS, MIDDLEBOX_NS
 from kvtransit.harness.up.supervisor import RESTARTABLE_ROLES
 from kvtransit.model.judge import ledger_check as ledger_model
@@ -333,7 +334,7 @@ def chaos_scenario(requests: int = DEFAULT_REQUESTS, rate: float = DEFAULT_RATE,
     request's bytes against what the prefill made (the ledger's corrupted count)."""
     base = dict(codec="none", rate=rate, requests=requests, prompt_mean=512.0, prompt_cv=0.5, output_mean=16.0,
                 output_cv=0.5, seed=1)
-    return Scenario(**{**base, **fields})
+    return Scenario.build(**{**base, **fields})
 
 
 async def run_scenario(plan: FaultPlan, workdir: Path, scenario: Scenario, *, links: str = "loopback",

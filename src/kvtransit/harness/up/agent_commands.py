@@ -43,19 +43,16 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
                    report: str = "kvtransit-report.json", accuracy_sample: int = 8,
                    drain_timeout_s: float | None = None,
                    middlebox_command: list[str] | None = None, link_backend: str = "userspace",
-                   hosts: Callable[[str, str], str] | None = None, kvpool: str = "",
-                   pool_via: str = "", frontend: FrontendOptions | None = None, decode_remote_kv: str = "",
-                   kvpool_remote_kv: str = "") -> dict[str, list[str]]:
+                   hosts: Callable[[str, str], str] | None = None,
+                   frontend: FrontendOptions | None = None) -> dict[str, list[str]]:
     """The argv of each role's process (instance `index`), as the launcher runs them: the scenario's flags, then
     the role's own. Peer addresses are what is known so far (the launcher learns them from readiness lines);
     the compose file runs the very same commands (tests/unit/test_compose_config.py holds the two together).
     `link_backend` "tc": the kernel shapes the link's rate (middlebox and decode are told); `hosts(role,
     socket)` is where a role's sockets listen ("kv": decode's KV ingress, "front": the rest; default loopback).
-    With `--kv-pool pool`: `kvpool` is the pool's address as the middlebox reaches it (the pool runs beside the
-    middlebox, in its namespace), `pool_via` the middlebox's pool port as the prefills reach it. "frontend": the
-    OpenAI front end in the load generator's place (`frontend`: its flags; default FrontendOptions()).
-    With `--kv-placement remote`: `decode_remote_kv` the decodes' remote-KV ports as the middlebox reaches them,
-    `kvpool_remote_kv` the pool's (beside the middlebox)."""
+    "frontend": the OpenAI front end in the load generator's place (`frontend`: its flags; default
+    FrontendOptions()). A flow adds flags of its own to these, and processes of its own beside them (its LAUNCH,
+    harness/up/flow_launch.py)."""
     scenario_argv = scenario.to_argv()
     host: Callable[[str, str], str] = hosts or (lambda _role, _socket: LOOPBACK)
 
@@ -71,9 +68,6 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
     loadgen = agent("loadgen", *client_flags)
     backend = ["--link-backend", link_backend] if link_backend != "userspace" else []
     middlebox_host = host("middlebox", "front")
-    pool_flags = ["--kvpool", kvpool, "--pool-listen", _any_port(middlebox_host)] if kvpool else []
-    if decode_remote_kv:
-        pool_flags += ["--decode-remote-kv", decode_remote_kv, "--kvpool-remote-kv", kvpool_remote_kv]
     return {
         "decode": agent("decode", "--listen", _any_port(host("decode", "kv")),
                         "--client-listen", _any_port(host("decode", "front")),
@@ -81,13 +75,8 @@ def agent_commands(scenario: Scenario, *, index: int = 0, decode_kv: str = ANY_P
         "middlebox": [*(middlebox_command or [*AGENT_MODULE, "middlebox"]), *scenario_argv,
                       "--name", f"middlebox-{index}", "--listen", _any_port(middlebox_host), "--decode", decode_kv,
                       "--metrics-listen", _any_port(middlebox_host), "--control-listen", _any_port(middlebox_host),
-                      *backend, *pool_flags],
-        "prefill": agent("prefill", "--listen", ANY_PORT, "--kv-to", middlebox_kv,
-                         *(["--kv-pool-via", pool_via] if pool_via else [])),
-        # The KV pool lives where the middlebox does (its namespace, in netns mode): the middlebox reaches it on
-        # loopback there; its /metrics listens where the middlebox's does.
-        "kvpool": [*AGENT_MODULE, "kvpool", *scenario_argv, "--name", f"kvpool-{index}", "--listen", ANY_PORT,
-                   "--metrics-listen", _any_port(middlebox_host)],
+                      *backend],
+        "prefill": agent("prefill", "--listen", ANY_PORT, "--kv-to", middlebox_kv),
         "loadgen": loadgen,
         "frontend": agent("frontend", *client_flags, *(frontend or FrontendOptions()).to_argv()),
     }

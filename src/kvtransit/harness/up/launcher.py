@@ -31,19 +31,16 @@ import contextlib
 import os
 import signal
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvtransit.agents.process import SUPERVISED_ENV, parse_ready_line
-from kvtransit.flows.ring import processes as ring_groups
-from kvtransit.flows.tp.processes import check_host, follower_argv, group_size, leader_config, switch_argv
+from kvtransit.agents.process import SUPERVISED_ENV
+from kvtransit.harness.children import Child, ChildFailed
 from kvtransit.harness.up.agent_commands import AGENT_MODULE, FrontendOptions, agent_commands
-from kvtransit.harness.up.placement import LOOPBACK, LinkSetup, choose_links
+from kvtransit.harness.up.flow_launch import FlowLaunch, check_host_room, flow_launches
+from kvtransit.harness.up.placement import LinkSetup, choose_links
 from kvtransit.harness.up.supervisor import MAX_RESTARTS, pinned_argv
-from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import REAL_MODEL_KV, Scenario
 from kvtransit.runtime.http_client import get_json
 
@@ -54,70 +51,21 @@ READY_TIMEOUT_S = 60.0  # a cold start imports numpy, scipy, prometheus_client: 
 # `--kv-sample real`: the prefill loads the real model and prefills its windows before it is ready (22 s to load
 # and 1.4 s a 512-token window on this 2-core box, measured; several times that on a busy one).
 REAL_KV_READY_EXTRA_S = 180.0
-# `--pool-warm trace`: the pool makes and compresses the window's warm blocks before it is ready (the deck-scale
-# tier preset's ~1,000 llama3-70b blocks at 1/341 took ~10 s with band-keep here; room for a busy box).
-POOL_WARM_READY_EXTRA_S = 120.0
 STOP_GRACE_S = 5.0
-STDERR_TAIL_LINES = 12
 # After a normal end with --prometheus: keep agents and Prometheus up this many scrape intervals, so the
 # run's last figures are scraped (one interval may just have begun when the run ended; two cover it).
 PROMETHEUS_LINGER_SCRAPES = 2
 PROMETHEUS_SCRAPE_INTERVAL_S = 1.0  # prometheus/prometheus.yml: global.scrape_interval
 
 
-# Roles that run in another role's place (network namespace, addresses): the KV pool beside the middlebox. A TP
-# group's follower ranks and switch run beside their prefill or decode (tp_groups.py; `Launcher._child(place=)`).
-RUNS_WITH = {"kvpool": "middlebox"}
-# A TP group's processes (tp_groups.py) and a ring's (ring_groups.py): one that exits fails its group, not the run.
-GROUP_ROLES = ("tp-rank", "switch", "ring-rank")
+# The core's roles whose /stats join the run report (a flow's LAUNCH names its own: STATS_ROLES).
+STATS_ROLES = ("decode", "middlebox", "prefill")
 # The client roles: one of them per run, started last and stopped first (it writes the report).
 CLIENT_ROLES = ("loadgen", "frontend")
 
 
 class RunFailed(Exception):
     """A child process failed; the message names it and quotes its last error lines."""
-
-
-@dataclass
-class Child:
-    name: str
-    role: str
-    argv: list[str]
-    process: asyncio.subprocess.Process | None = None
-    ready: dict | None = None  # its readiness line, once it said it
-    ready_event: asyncio.Event = field(default_factory=asyncio.Event)
-    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
-    readers: list[asyncio.Task[None]] = field(default_factory=list)
-    host: str = "127.0.0.1"  # where the root namespace reaches its ports
-    kv_host: str = "127.0.0.1"  # decode: where its KV port listens (over the shaped link in netns mode)
-
-    @property
-    def started(self) -> asyncio.subprocess.Process:
-        """Its process: asked only of a child `Launcher._start` has started."""
-        assert self.process is not None, f"{self.name} was never started"
-        return self.process
-
-    @property
-    def ready_info(self) -> dict:
-        """Its readiness line: asked only of a child whose `Launcher._start` returned (it said it is ready)."""
-        assert self.ready is not None, f"{self.name} has not said it is ready"
-        return self.ready
-
-    def address(self, port_key: str) -> str:
-        # Decode's KV ingress and its remote-KV port are where the middlebox reaches it (over the shaped link).
-        host = self.kv_host if port_key in ("listen_port", "remote_kv_port") and self.role == "decode" else self.host
-        return f"{host}:{self.ready_info[port_key]}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    def describe_exit(self) -> str:
-        code = self.process.returncode if self.process else None
-        tail = "\n".join(f"    {line}" for line in self.stderr_tail) or "    (no stderr output)"
-        how = f"exited with status {code}" if code is not None and code >= 0 else f"was killed by signal {-code}" \
-            if code is not None else "did not start"
-        return f"{self.name} (pid {self.pid}) {how}; its last stderr lines:\n{tail}"
 
 
 class Launcher:
@@ -147,74 +95,32 @@ class Launcher:
         self.crashed: Child | None = None
         self.restart_roles = tuple(restart_roles)
         self.restarts: list[dict] = []  # {"name", "exited_at", "ready_at"}: monotonic seconds
-        self.group_losses: list[str] = []  # TP group processes that exited mid-run (their leader fails requests)
+        self.group_losses: list[str] = []  # a flow's group processes that exited mid-run (their leader fails requests)
         self.frontend = frontend
+        self.launches: list[FlowLaunch] = flow_launches(scenario)  # what the scenario's flows start beside ours
+        self.group_roles = {role for launch in self.launches for role in launch.GROUP_ROLES}
         self.frontend_url: str | None = None  # once the front end said it is ready
 
     # -- processes -----------------------------------------------------------------------------------------
 
     async def _start(self, child: Child) -> dict:
         self.children.append(child)
-        child.process = process = await asyncio.create_subprocess_exec(
-            *child.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            env={**os.environ, SUPERVISED_ENV: str(os.getpid())})
-        assert process.stdout is not None and process.stderr is not None  # both PIPE
-        child.readers = [asyncio.create_task(self._read_stdout(child, process.stdout)),
-                         asyncio.create_task(self._read_stderr(child, process.stderr))]
-        ready = asyncio.create_task(child.ready_event.wait())
-        exited = asyncio.create_task(process.wait())
-        timeout_s = READY_TIMEOUT_S + (REAL_KV_READY_EXTRA_S if child.role == "prefill"
-                                       and self.scenario.kv_sample == REAL_MODEL_KV else 0.0) \
-            + (POOL_WARM_READY_EXTRA_S if child.role == "kvpool" and self.scenario.pool_warm == "trace" else 0.0)
-        done, _ = await asyncio.wait([ready, exited], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        ready.cancel()
-        if child.ready is not None:
-            exited.cancel()
-            return child.ready
-        if exited in done:
-            await asyncio.gather(*child.readers, return_exceptions=True)
-            raise RunFailed(f"{child.name} failed to start: {child.describe_exit()}")
-        exited.cancel()
-        raise RunFailed(f"{child.name} (pid {child.pid}) was not ready after {timeout_s:.0f} s")
-
-    async def _read_stdout(self, child: Child, stdout: asyncio.StreamReader) -> None:
-        while line := await stdout.readline():
-            text = line.decode(errors="replace").rstrip()
-            info = parse_ready_line(text)
-            if info is not None and child.ready is None:
-                child.ready = info
-                child.ready_event.set()
-
-    async def _read_stderr(self, child: Child, stderr: asyncio.StreamReader) -> None:
-        while line := await stderr.readline():
-            child.stderr_tail.append(line.decode(errors="replace").rstrip())
-
-    async def _stop(self, child: Child) -> None:
-        """SIGTERM by pid, then SIGKILL after the grace period."""
-        process = child.process
-        if process is None or process.returncode is not None:
-            return
+        await child.start(env={**os.environ, SUPERVISED_ENV: str(os.getpid())}, new_session=True)
+        timeout_s = (READY_TIMEOUT_S + (REAL_KV_READY_EXTRA_S if child.role == "prefill"
+                                        and self.scenario.kv_sample == REAL_MODEL_KV else 0.0)
+                     + sum(launch.ready_extra_s(self.scenario, child.role) for launch in self.launches))
         try:
-            os.kill(process.pid, signal.SIGTERM)
-            async with asyncio.timeout(STOP_GRACE_S):
-                await process.wait()
-        except ProcessLookupError:
-            pass
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGKILL)
-            await process.wait()
+            return await child.wait_ready(timeout_s)
+        except ChildFailed as exc:
+            raise RunFailed(str(exc)) from None
 
     async def stop_all(self) -> None:
         """The load generator first (it writes the report), then the rest in reverse start order."""
         loadgens = [c for c in self.children if c.role in CLIENT_ROLES]
         for child in loadgens:
-            await self._stop(child)
+            await child.stop(STOP_GRACE_S)
         for child in reversed([c for c in self.children if c.role not in CLIENT_ROLES]):
-            await self._stop(child)
-        for child in self.children:
-            await asyncio.gather(*child.readers, return_exceptions=True)
+            await child.stop(STOP_GRACE_S)
 
     # -- the run -------------------------------------------------------------------------------------------
 
@@ -223,18 +129,52 @@ class Launcher:
         assert self.link_setup is not None, "run() chooses the links before it starts anything"
         return self.link_setup
 
-    def _command(self, role: str, index: int = 0, **known: str) -> list[str]:
+    def _command(self, role: str, index: int = 0, *flow_flags: str, **known: str) -> list[str]:
+        """A core role's argv (agent_commands), what the flows add to it, placed where it runs."""
         setup = self._links
         argv = agent_commands(self.scenario, index=index, report=str(self.report_path),
                               accuracy_sample=self.accuracy_sample, drain_timeout_s=self.drain_timeout_s,
                               middlebox_command=self.middlebox_command, link_backend=setup.link_backend,
                               hosts=setup.host, frontend=self.frontend, **known)[role]
-        return setup.wrap(RUNS_WITH.get(role, role), argv)
+        flags = [flag for launch in self.launches for flag in launch.flags(self, role, index)]
+        return setup.wrap(role, [*argv, *flags, *flow_flags])
 
     def _child(self, name: str, role: str, argv: list[str], place: str | None = None) -> Child:
-        """`place`: the role it runs beside (RUNS_WITH's, unless given: a TP group's processes run with theirs)."""
-        setup, place = self._links, place or RUNS_WITH.get(role, role)
+        """`place`: the role it runs beside (its own, unless given: a flow's processes run with a core role's)."""
+        setup, place = self._links, place or role
         return Child(name, role, argv, host=setup.host(place, "front"), kv_host=setup.host(place, "kv"))
+
+    # -- what a flow's LAUNCH sees of us (harness/up/flow_launch.py: LaunchContext) ----------------------------
+
+    async def start(self, name: str, role: str, argv: list[str], *, place: str) -> dict:
+        return await self._start(self._child(name, role, argv, place=place))
+
+    def wrap(self, place: str, argv: list[str]) -> list[str]:
+        return self._links.wrap(place, argv)
+
+    def host(self, place: str, socket: str = "front") -> str:
+        return self._links.host(place, socket)
+
+    def ready_lines(self, role: str) -> list[dict]:
+        return [child.ready_info for child in self.children if child.role == role]
+
+    def addresses(self, role: str, port_key: str) -> str:
+        return _addresses([child for child in self.children if child.role == role], port_key)
+
+    async def _before(self, role: str, index: int) -> list[str]:
+        """Every flow's processes beside instance `index` of `role`, started first; the flags that tell it."""
+        return [flag for launch in self.launches for flag in await launch.before(self, role, index)]
+
+    async def _after(self, role: str) -> None:
+        for launch in self.launches:
+            await launch.after(self, role)
+
+    def _check_flows(self) -> None:
+        """Every flow's refusals, and the host's room for their rank processes (harness/host.py), before anything
+        starts: one line each."""
+        for launch in self.launches:
+            launch.check(self)
+        check_host_room(self.scenario, self.launches)
 
     async def _start_prometheus(self, ready: list[Child]) -> None:
         from kvtransit.harness.up.prometheus import ScrapeTarget, start_prometheus
@@ -296,14 +236,7 @@ class Launcher:
 
             find_prometheus()  # missing: a one-line error with the install hint, before anything starts
             config_source_dir()
-        check_host(scenario)  # a TP group larger than this host can start: one line, before anything starts
-        ring_groups.check_host(scenario)  # so is a ring
-        if scenario.ring and self.frontend is not None:
-            raise ConfigError("ring_share: the ring class gives the load generator's requests their long prompt; the "
-                              "OpenAI front end's requests bring their own (give --ring-share 0 with the front end)")
-        if scenario.decode_tp > 1 and "decode" in self.restart_roles:
-            raise ConfigError("--restart decode: a decode that leads a TP group (--decode-tp > 1) cannot be restarted "
-                              "alone (its followers' ring is joined to it); restart: middlebox")
+        self._check_flows()  # every flow's refusals and the host's room: one line each, before anything starts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Blocking ip/tc calls (well under a second); nothing else runs yet.
         self.link_setup = choose_links(scenario, self.links_mode, manifest_path=self.run_dir / "links.json")
@@ -312,43 +245,34 @@ class Launcher:
             self.log(f"links: {note}")
         try:
             try:
+                # Downstream first, so every process knows its peers' ports before it dials them; each flow's
+                # processes beside an instance start before it, its own roles once the roles they follow are up.
                 decode_children = []
                 for i in range(scenario.decode):
-                    tp_group = await self._start_tp_group("decode", i)
-                    argv = self._command("decode", i)
-                    if tp_group:
-                        argv += ["--tp-group", tp_group]
-                    decode_children.append(self._child(f"decode-{i}", "decode", argv))
+                    decode_children.append(self._child(f"decode-{i}", "decode",
+                                                       self._command("decode", i, *await self._before("decode", i))))
                     await self._start(decode_children[-1])
-                pool_children = []  # --kv-pool pool: the KV pool, before the middlebox that reaches it
-                if scenario.kv_pool == "pool":
-                    pool_children.append(self._child("kvpool-0", "kvpool", self._command("kvpool")))
-                    await self._start(pool_children[0])
+                await self._after("decode")
                 middlebox_child = self._child("middlebox-0", "middlebox", self._command(
-                    "middlebox", 0, decode_kv=_addresses(decode_children, "listen_port"),
-                    kvpool=f"{LOOPBACK}:{pool_children[0].ready_info['listen_port']}" if pool_children else "",
-                    **_remote_kv_addresses(scenario, decode_children, pool_children)))
+                    "middlebox", 0, *await self._before("middlebox", 0),
+                    decode_kv=_addresses(decode_children, "listen_port")))
                 await self._start(middlebox_child)
+                await self._after("middlebox")
                 # A fault tool needs this while the run is on (toxiproxy clients, Chaos Toolkit: toxiproxy_api.py).
                 self.log(f"kvtransit up: middlebox control API at http://{middlebox_child.address('control_port')} "
                          "(also toxiproxy's API: /proxies, /reset)")
-                pool_via = middlebox_child.address("pool_port") if pool_children else ""
                 prefill_children = []
                 for i in range(scenario.prefill):
-                    tp_group = await self._start_tp_group("prefill", i)
-                    ring_group = await self._start_ring_group(i)
-                    argv = self._command("prefill", i, middlebox_kv=_addresses([middlebox_child], "listen_port"),
-                                         pool_via=pool_via)
-                    prefill_children.append(self._child(f"prefill-{i}", "prefill", argv
-                                                        + (["--tp-group", tp_group] if tp_group else [])
-                                                        + (["--ring-group", ring_group] if ring_group else [])))
+                    prefill_children.append(self._child(f"prefill-{i}", "prefill", self._command(
+                        "prefill", i, *await self._before("prefill", i),
+                        middlebox_kv=_addresses([middlebox_child], "listen_port"))))
                     await self._start(prefill_children[-1])
+                await self._after("prefill")
                 client = "frontend" if self.frontend is not None else "loadgen"
                 loadgen_child = self._child(f"{client}-0", client, self._command(
                     client, prefills=_addresses(prefill_children, "listen_port"),
                     decode_clients=_addresses(decode_children, "client_port"),
-                    stats=_addresses([*decode_children, *pool_children, middlebox_child, *prefill_children],
-                                     "metrics_port")))
+                    stats=_addresses(self._stats_children(), "metrics_port")))
                 await self._start(loadgen_child)
                 if self.frontend is not None:
                     self._announce_frontend(loadgen_child)
@@ -377,37 +301,10 @@ class Launcher:
             raise RunFailed(loadgen_child.describe_exit())
         return self.report_path if self.report_path.exists() else None
 
-    async def _start_tp_group(self, role: str, index: int) -> str:
-        """`--prefill-tp / --decode-tp N`: the follower ranks (and switch) of `role` instance `index`, started where
-        it will run; its `--tp-group` JSON (tp_groups.py), or "" without a group."""
-        scenario, setup = self.scenario, self._links
-        if group_size(scenario, role) == 1:
-            return ""
-        switch = None
-        if scenario.allreduce == "switch":
-            child = self._child(f"{role}-{index}-switch", "switch", setup.wrap(role, switch_argv(
-                scenario, role, index, setup.host(role, "front"))), place=role)
-            switch = await self._start(child)
-        followers = []
-        for rank in range(1, group_size(scenario, role)):
-            child = self._child(f"{role}-{index}-rank-{rank}", "tp-rank",
-                                setup.wrap(role, follower_argv(scenario, role, index, rank)), place=role)
-            followers.append(await self._start(child))
-        return leader_config(scenario, role, index, followers, switch)
-
-    async def _start_ring_group(self, index: int) -> str:
-        """`--ring-share`: the n − 1 follower ranks of prefill `index`'s ring, started where it will run; its
-        `--ring-group` JSON (ring_groups.py), or "" without a ring class."""
-        scenario, setup = self.scenario, self._links
-        if not scenario.ring:
-            return ""
-        followers = []
-        for rank in range(1, scenario.ring_ranks):
-            child = self._child(f"prefill-{index}-ring-{rank}", "ring-rank",
-                                setup.wrap("prefill", ring_groups.follower_argv(scenario, index, rank)),
-                                place="prefill")
-            followers.append(await self._start(child))
-        return ring_groups.leader_config(index, followers)
+    def _stats_children(self) -> list[Child]:
+        """The children whose /stats join the report: the core's serving roles', and those a flow names."""
+        roles = {*STATS_ROLES, *(role for launch in self.launches for role in launch.STATS_ROLES)}
+        return [child for child in self.children if child.role in roles]
 
     def _announce_frontend(self, child: Child) -> None:
         assert self.frontend is not None  # called only with a front end
@@ -469,12 +366,11 @@ class Launcher:
                     child = waits.pop(task)
                     if child is loadgen:
                         return
-                    if child.role in GROUP_ROLES and not stop.is_set():
-                        # A TP group's rank or switch: its leader finds the group failed and fails every request it
-                        # takes with the reason (flows/tp/group/leader.py), so the run goes on and ends accounted.
+                    if child.role in self.group_roles and not stop.is_set():
+                        # A flow's group process (a TP rank or switch, a ring rank): its leader finds the group
+                        # failed and fails every request it takes with the reason, so the run goes on, accounted.
                         self.group_losses.append(child.name)
-                        what = "ring" if child.role == "ring-rank" else "TP group"
-                        self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: its {what} has failed; its "
+                        self.log(f"kvtransit up: {child.describe_exit()}\nkvtransit up: its group has failed; its "
                                  "prefill or decode fails the requests it takes with the reason")
                         continue
                     restarted = sum(1 for r in self.restarts if r["name"] == child.name)
@@ -490,14 +386,6 @@ class Launcher:
             stopper.cancel()
             for task in waits:
                 task.cancel()
-
-
-def _remote_kv_addresses(scenario: Scenario, decodes: list[Child], pools: list[Child]) -> dict[str, str]:
-    """--kv-placement remote: the decodes' and the pool's remote-KV ports, as the middlebox reaches them."""
-    if not scenario.remote_kv:
-        return {}
-    return {"decode_remote_kv": _addresses(decodes, "remote_kv_port"),
-            "kvpool_remote_kv": f"{LOOPBACK}:{pools[0].ready_info['remote_kv_port']}"}
 
 
 def _addresses(children: list[Child], port_key: str) -> str:

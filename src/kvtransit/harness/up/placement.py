@@ -132,13 +132,9 @@ def _why_not_netns(scenario: Scenario, caps: Capabilities) -> str | None:
     if scenario.channels != 1:
         # tc shapes one aggregate queue; the scenario's channels each carry a hand-off at the full link rate.
         return f"--channels {scenario.channels}: tc shapes one queue, the user-space shaper has per-channel lanes"
-    if scenario.remote_kv:
-        # Measured (issue 18 part 4, 40 requests at 2 req/s, llama3-8b, 32k contexts, eth-100g): through tbf's short
-        # queue the remote legs' megabyte frames and the hand-offs lost packets to each other: legs 12x the model,
-        # the hand-offs at 45 % of the rate. The user-space link queues both flows on one bucket, as a link does.
-        return ("--kv-placement remote: its legs share the decode link on the middlebox's user-space bucket; through "
-                "tc's tbf (a short queue) they and the hand-offs lose packets to each other")
-    return None
+    from kvtransit.harness.up.flow_launch import flow_launches
+
+    return next((why for launch in flow_launches(scenario) if (why := launch.links_refusal(scenario))), None)
 
 
 def choose_links(scenario: Scenario, mode: str, *, manifest_path: Path | None,

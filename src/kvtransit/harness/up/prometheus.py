@@ -27,9 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtransit.paths import REPO
-
 from kvtransit.model.errors import ConfigError
+from kvtransit.paths import REPO
 
 INSTALL_HINT = "apt-get install prometheus"
 # Where the repository keeps the config and rules; an installed (non-editable) kvtransit has no checkout, so

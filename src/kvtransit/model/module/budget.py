@@ -280,6 +280,12 @@ MODULE_BUDGETS = {
 }
 
 
+def budget_ops_per_byte(budget: str | float) -> float:
+    """A module budget as every command takes it (`--module-budget`: a name above or a number of ops per line
+    byte, checked by model/field_checks.py: module_budget) in ops per line byte."""
+    return MODULE_BUDGETS[budget] if isinstance(budget, str) else float(budget)
+
+
 class Verdict(enum.Enum):
     FITS = "fits"
     TRANSIT_BOUND = "transit-bound"

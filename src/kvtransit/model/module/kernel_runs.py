@@ -167,5 +167,5 @@ def scenario_fields_for(decl: KernelDeclaration) -> dict[str, Any]:
     codec_fields = _band_keep_fields(decl) if band_keep else _transformless_fields(decl)
     fields = {**codec_fields, "compress_at": "transit", "transform_charged": decl.transform_charged,
               "precision_bits": decl.precision_bits, "placement": decl.placement}
-    _check_cost(decl, Scenario(**fields).codec_declaration)
+    _check_cost(decl, Scenario.build(**fields).codec_declaration)
     return fields

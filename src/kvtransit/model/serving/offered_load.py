@@ -7,7 +7,8 @@ lengths), per stage of REFERENCE §3–§4:
 
 - **prefill**: each request costs its share of a full batch of prompts of its own length (FIFO batches of at
   most `PREFILL_BATCH_TOKEN_LIMIT` tokens), held for the roofline step time (`cost.prefill_step_s`); a ring
-  request (`--ring-share`) its whole ring prefill, a step of its own (flows/ring/ring_class.py);
+  request a flow plans itself its own cost (model/sections.py: `Section.prefill_seconds`; a ring request, its
+  whole ring prefill);
 - **decode**: the tokens it must make (output − 1: the first comes from prefill) against the throughput of a
   full continuous batch (as many sequences as `MAX_DECODE_BATCH` and the KV capacity allow, each at the mean
   prompt plus half the mean output of context) on each instance;
@@ -32,6 +33,7 @@ from kvtransit.model.catalog.devices import Device
 from kvtransit.model.catalog.models import ModelSpec
 from kvtransit.model.cost.roofline import decode_step_s, prefill_step_s
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.sections import Section
 from kvtransit.model.serving.policies import MAX_DECODE_BATCH, PREFILL_BATCH_TOKEN_LIMIT
 from kvtransit.model.serving.workload import RequestSpec
 
@@ -90,6 +92,16 @@ def decode_tokens_per_s(model: ModelSpec, device: Device, gpus: int, kv_capacity
     return batch / decode_step_s(model, device, gpus, batch, context)
 
 
+def _prefill_seconds(scenario: Scenario, sections: Sequence[Section], request: RequestSpec) -> float:
+    """What `request` costs its prefill instance: a flow's own figure for it (a ring request holds its instance for
+    its whole ring prefill), else its share of a batch of prompts of its own length."""
+    for section in sections:
+        seconds = section.prefill_seconds(scenario, request)
+        if seconds is not None:
+            return seconds
+    return prefill_share_s(scenario.model_spec, scenario.device_spec, scenario.prefill_gpus, request.prompt_tokens)
+
+
 def offered_vs_capacity(scenario: Scenario, requests: Sequence[RequestSpec]) -> LoadCheck:
     """The load `requests` (the run's, in arrival order) offer the scenario's modelled system."""
     open_loop = scenario.max_concurrency == 0
@@ -101,11 +113,8 @@ def offered_vs_capacity(scenario: Scenario, requests: Sequence[RequestSpec]) -> 
     rate = (n - 1) / span
     # A TP group's instance on its own GPUs; its collectives are left out (a first-order check, said before a run).
     model, device = scenario.model_spec, scenario.device_spec
-    # A ring request holds its instance for its whole ring prefill (flows/ring/ring_class.py), in a step of its own.
-    ring_s = scenario.ring_model.total_s if scenario.ring else 0.0
-    prefill_s = math.fsum(ring_s if scenario.ring and scenario.is_ring_request(r.request_id)
-                          else prefill_share_s(model, device, scenario.prefill_gpus, r.prompt_tokens)
-                          for r in requests)
+    sections = scenario.enabled_sections
+    prefill_s = math.fsum(_prefill_seconds(scenario, sections, r) for r in requests)
     decode_tokens = sum(r.output_tokens - 1 for r in requests)
     decode_rate = decode_tokens_per_s(model, device, scenario.decode_gpus, scenario.decode_kv_capacity_tokens,
                                       sum(r.prompt_tokens for r in requests) / n,

@@ -12,9 +12,10 @@ holds and what it costs:
 - **hand-offs**: which requests go on to decode (output > 1 token) and which are done at their first token,
   as in the simulator.
 
-A ring request (`Scenario.is_ring_request`, flows/ring/ring_class.py) is a batch of its own (the queue keeps it alone):
-its plan is the ring's (`ring`): the rest of its prompt held by the prefill, then the ring's attention, which the
-ring's ranks run live (flows/ring/group.py); its energy is its whole prompt's work over the ring's GPUs.
+A flow may plan a step itself (model/sections.py: `Section.prefill_step`; ring attention plans a ring request's step,
+a batch of its own that the queue keeps alone), and an instance of more than one TP group GPU has its step held as
+the group holds it (`Section.group_step`: the shard's roofline and the step's collectives). Either way the plan
+carries what the flow's live part needs (`extra`), and the agent hands such a step to that flow's component.
 
 With chunked prefill (`Scenario.prefill_chunk`, issue 20) the batch is what `ChunkedPrefillQueue.take_batch`
 gave: the next chunk of each request it holds, in FIFO order (Sarathi-Serve's chunked prefill, as vLLM schedules
@@ -29,13 +30,11 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from kvtransit.flows.ring.ring_class import RingPrefill
-from kvtransit.flows.tp.group_step import GroupCollectives, live_collectives
-from kvtransit.flows.tp.model import parallel_step
-from kvtransit.model.cost.roofline import prefill_step_cached_s, prefill_work_cached, step_energy_j
+from kvtransit.model.cost.roofline import StepWork, prefill_step_cached_s, prefill_work_cached, step_energy_j
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import PREFILL_CHUNK_RANGE, Scenario
-from kvtransit.model.serving.policies import PREFILL_BATCH_TOKEN_LIMIT, PromptFifo, ServingRequest
+from kvtransit.model.sections import GroupStep, Section, StepExtra
+from kvtransit.model.serving.policies import PREFILL_BATCH_TOKEN_LIMIT, PrefillQueue, PromptFifo, ServingRequest
 
 
 @dataclass(frozen=True)
@@ -70,8 +69,7 @@ class PrefillStepPlan:
     wall_s: float  # as held: model_s × dilation
     energy_j: float  # GPU energy of the step, the GPU codec's included
     collective_s: float = 0.0  # of model_s, the TP group's all-reduces (0 without a group)
-    group: GroupCollectives | None = None  # what the live group carries (prefill_tp > 1)
-    ring: RingPrefill | None = None  # a ring request's step: its model (model_s is its total_s)
+    extra: StepExtra | None = None  # what a flow's live part runs in this step (its component holds the step)
 
     @property
     def compute_s(self) -> float:
@@ -87,6 +85,18 @@ class PrefillStepPlan:
         return tuple(e for e in self.entries if not e.hands_off)
 
 
+def prefill_queue(scenario: Scenario) -> PrefillQueue | ChunkedPrefillQueue:
+    """One prefill instance's queue for `scenario`: chunked with `prefill_chunk`, else FIFO batches in which a request
+    a flow says runs alone (model/sections.py: `Section.runs_alone`; a ring request) is a batch of its own."""
+    if scenario.prefill_chunk:
+        return ChunkedPrefillQueue(scenario.prefill_chunk)
+    sections = [s for s in scenario.enabled_sections if type(s).runs_alone is not Section.runs_alone]
+    if not sections:
+        return PrefillQueue()
+    return PrefillQueue(runs_alone=lambda r: isinstance(r.request_id, int)
+                        and any(s.runs_alone(scenario, r.request_id) for s in sections))
+
+
 def codec_on_gpu(scenario: Scenario) -> bool:
     """Whether the prefill GPU runs the codec (the all-GPU baseline): `compress_at="gpu"` with a real codec."""
     return scenario.compress_at == "gpu" and scenario.codec != "none"
@@ -94,32 +104,37 @@ def codec_on_gpu(scenario: Scenario) -> bool:
 
 def plan_prefill_step(scenario: Scenario, entries: Sequence[BatchEntry]) -> PrefillStepPlan:
     """The plan of a step over `entries` (at least one); the module docstring says what goes in."""
+    for section in scenario.enabled_sections:
+        planned = section.prefill_step(scenario, entries)
+        if planned is not None:
+            return planned
     model, device = scenario.model_spec, scenario.device_spec
-    if scenario.ring and any(isinstance(e.request_id, int) and scenario.is_ring_request(e.request_id)
-                             for e in entries):
-        if len(entries) != 1:
-            raise ConfigError(f"a ring request runs in a step of its own, got a batch of {len(entries)}")
-        if entries[0].prompt_tokens != scenario.ring_prompt:
-            raise ConfigError(f"request {entries[0].request_id}: a ring request's prompt is ring_prompt "
-                              f"({scenario.ring_prompt}) tokens, got {entries[0].prompt_tokens}")
-        ring = scenario.ring_model
-        energy_j = step_energy_j(device, prefill_work_cached(model, [(entries[0].prompt_tokens, 0)]))
-        return PrefillStepPlan(tuple(entries), ring.total_s, scenario.wall_s(ring.total_s), energy_j, ring=ring)
     prompts = [(e.prompt_tokens, e.cached_tokens) for e in entries]
     codec_s = sum(scenario.gpu_codec_s(e.kv_tokens) for e in entries)
-    energy_j = step_energy_j(device, prefill_work_cached(model, prompts))
+    work = prefill_work_cached(model, prompts)
+    energy_j = step_energy_j(device, work)
     if codec_on_gpu(scenario):
         energy_j += sum(step_energy_j(device, scenario.gpu_codec_work(e.kv_tokens)) for e in entries)
-    if scenario.prefill_tp == 1:
+    group = group_step(scenario, "prefill", work, sum(p - c for p, c in prompts))
+    if group is None:
         model_s = prefill_step_cached_s(model, device, scenario.gpus, prompts) + codec_s
         return PrefillStepPlan(tuple(entries), model_s, scenario.wall_s(model_s), energy_j)
-    # A TP group (issue 17 part 4): the shard's roofline, then 2·L all-reduces of every token the step computes.
-    computed = max(1, sum(p - c for p, c in prompts))
-    step = parallel_step(model, device, prefill_work_cached(model, prompts), computed, scenario.scaleup_link_spec,
-                         tp=scenario.prefill_tp, allreduce=scenario.allreduce, module=scenario.module)
-    model_s = step.total_s + codec_s
-    return PrefillStepPlan(tuple(entries), model_s, scenario.wall_s(model_s), energy_j, step.collective_s,
-                           live_collectives(scenario, scenario.prefill_tp, step))
+    model_s = group.total_s + codec_s
+    return PrefillStepPlan(tuple(entries), model_s, scenario.wall_s(model_s), energy_j, group.collective_s,
+                           group.extra)
+
+
+def group_step(scenario: Scenario, role: str, work: StepWork, tokens: int) -> GroupStep | None:
+    """`role`'s step as its instance's TP group holds it (model/sections.py: `Section.group_step`), or None for an
+    instance of one group of `gpus` GPUs. A group size with no flow to run it is refused, never held as one GPU."""
+    size = scenario.prefill_tp if role == "prefill" else scenario.decode_tp
+    if size == 1:
+        return None
+    for section in scenario.enabled_sections:
+        step = section.group_step(scenario, role, work, tokens)
+        if step is not None:
+            return step
+    raise ConfigError(f"{role}_tp: {size} needs a flow that runs TP groups (kvtransit/flows: tp); none answered")
 
 
 # --- chunked prefill ------------------------------------------------------------------------------------------

@@ -31,6 +31,9 @@ from typing import Any
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.serving.workload import DEFAULT_MAX_TOKENS, RequestSpec
 
+# Tokens per KV block: the Mooncake traces' hash_ids are per 512-token block (kvtransit/data/traces/PROVENANCE.md);
+# the prefix cache stores blocks of this size and a prefill chunk holds at least one.
+BLOCK_TOKENS = 512
 TRACE_FORMATS = ("auto", "mooncake", "azure")
 TRACE_SAMPLING = ("first", "random")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -149,7 +152,7 @@ def _in_time_order(records: list[TraceRecord], source: str) -> list[TraceRecord]
 
 
 # The traces kvtransit ships (kvtransit/data/traces/, PROVENANCE.md there: Mooncake's FAST'25 release, Apache 2.0),
-# by the name `--trace` takes for each; agents/common/trace_file.py finds the file.
+# by the name `--trace` takes for each; workload/trace_file.py finds the file.
 SHIPPED_TRACES = {
     "mooncake-conversation": "mooncake_conversation_trace.jsonl.gz",
     "mooncake-synthetic": "mooncake_synthetic_trace.jsonl.gz",

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.transport.tcp_options import keep_alive
 from kvtransit.shaping.userspace import DelayLine, TokenBucket
-from kvtransit.wire.group import CollectiveFrameError, Frame, FrameReader, encode
+from kvtransit.wire.group import CollectiveFrameError, Frame, FrameReader, Kind, encode
 
 READ_SIZE = 1 << 20
 # Drain the socket's write buffer past this many bytes (asyncio's default high-water mark is 64 KiB; a
@@ -125,6 +126,18 @@ class Channel:
             self._frames.put_nowait(item)
             raise PeerGone(f"{item}, waiting for {what}")
         return item
+
+    async def receive_or_fail(self, timeout_s: float, what: str, failed: Callable[[str], Exception],
+                              who: str) -> Frame:
+        """The next frame, a group's failure raised as `failed(reason)`: the peer gone or silent ("`who` found:
+        ..."), or the ABORT a peer sent (its reason, which every member then reports)."""
+        try:
+            frame = await self.receive(timeout_s, what)
+        except PeerGone as exc:
+            raise failed(f"{who} found: {exc}") from None
+        if frame.kind is Kind.ABORT:
+            raise failed(frame.reason)
+        return frame
 
     async def hold_until_due(self, frame: Frame) -> None:
         """Hold `frame` until its due time on the modelled link; count how late it came if it came late."""

@@ -10,11 +10,23 @@ back is runtime/group_link/answers.py.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from kvtransit.runtime.group_link.answers import IDLE_WAIT_S
 from kvtransit.runtime.group_link.channel import Channel, PeerGone
 from kvtransit.wire.group import Frame, Kind
+
+
+def go_frame(group: int, where: dict[str, Any]) -> Frame:
+    """GO, the leader's first word to a follower: where its next rank is (`{"next": [host, port]}`, a ring) or the
+    switch (`{"switch": [host, port]}`)."""
+    return Frame(Kind.GO, group, payload=json.dumps(where).encode())
+
+
+def read_go(frame: Frame) -> dict[str, Any]:
+    return dict(json.loads(bytes(frame.payload).decode()))
 
 
 async def follow_orders(control: Channel, group: int, rank: int, carry_out: Callable[[Frame], Awaitable[None]], *,

@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING
 import ml_dtypes
 import numpy as np
 
-from kvtransit.agents.common.kv_frames import IDENTITY_CODEC_ID, byte_view, codec_id
+from kvtransit.agents.common.kv_frames import IDENTITY_CODEC_ID, byte_view, codec_id, transit_codec
 from kvtransit.agents.middlebox.chunk_in_flight import ChunkInFlight
 from kvtransit.agents.middlebox.stages.base import Stage
-from kvtransit.flows.tier.pool_blocks import transit_codec
 from kvtransit.kernels.registry import Codec
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.module.budget import Action, BudgetResult, KernelDeclaration, Module, Policy, budget_check
@@ -80,7 +79,7 @@ def activate(config: KernelConfig, module: Module, policy: Policy) -> ActiveKern
     """Build and judge a kernel. A kernel the module may not run is refused here (ConfigError), by policy."""
     if config.codec == "none":
         return ActiveKernel(config, None, None, None, RUNS_ON_NONE)
-    # The one codec object for these settings: a warmed pool stores what this codec makes (pool_blocks.py).
+    # The one codec object for these settings: a warmed pool stores what this codec makes (flows/tier/pool_blocks.py).
     codec = transit_codec(config.codec, keep=config.keep, block=config.block, sinks=config.sinks,
                           variant=config.variant, precision_bits=config.precision_bits)
     # The run's (or the live API's) unknowns override the preset's: the same declaration Scenario.codec_declaration

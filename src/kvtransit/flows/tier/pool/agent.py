@@ -22,9 +22,10 @@ import asyncio
 import logging
 from functools import partial
 
-from kvtransit.agents.process import Address, announce_ready, listen, new_registry, start_http
-from kvtransit.flows.selection.pool_contexts import RemoteContextServer
-from kvtransit.flows.selection.remote_context import RemoteContexts
+from kvtransit.agents.plugins import flow_parts
+from kvtransit.agents.process import Address, new_registry
+from kvtransit.agents.skeleton import AgentContext, Part
+from kvtransit.flows.tier.metrics import KvPoolMetrics, kvpool_metrics
 from kvtransit.flows.tier.pool.store import BlockStore, StoredChunk, split_into_blocks
 from kvtransit.flows.tier.pool.warm import WarmReport, warm
 from kvtransit.flows.tier.pool_stream import (
@@ -37,9 +38,9 @@ from kvtransit.flows.tier.pool_stream import (
     PutStep,
     PutWithdrawn,
 )
-from kvtransit.flows.tier.prefix import BLOCK_TOKENS
+from kvtransit.flows.tier.section import TierSection
 from kvtransit.model.scenario import Scenario
-from kvtransit.runtime import metrics as runtime_metrics
+from kvtransit.model.serving.traces import BLOCK_TOKENS
 from kvtransit.runtime.transport import Endpoint
 from kvtransit.wire.errors import ErrorCode, ProtocolError
 from kvtransit.wire.events import Ack, AckStatus, Bye, Error, Hello, KvBegin, KvChunk, PoolFetch, PoolHit, Role
@@ -59,14 +60,14 @@ class KvPool:
         self.name = name
         self.block_tokens = block_tokens
         self.model_bytes_per_byte = model_bytes_per_byte
-        self.metrics = runtime_metrics.kvpool_metrics(registry) if registry is not None else None
+        self.metrics = kvpool_metrics(registry) if registry is not None else None
         self.lookups = {"hit": 0, "partial": 0, "miss": 0}
         self.served_bytes = 0
         self.served_raw_bytes = 0
         if self.metrics is not None:
             self._declare_series(self.metrics)
 
-    def _declare_series(self, m: runtime_metrics.KvPoolMetrics) -> None:
+    def _declare_series(self, m: KvPoolMetrics) -> None:
         for tier in TIERS:
             m.blocks.labels(stage=tier).set_function(partial(self._occupancy, tier, "blocks"))
             m.stored_bytes.labels(stage=tier).set_function(partial(self._occupancy_model_bytes, tier, "bytes"))
@@ -187,7 +188,10 @@ class KvPool:
 
 
 class KvPoolAgent:
-    """The pool as a process: listen for middleboxes, serve /metrics and /stats, print the readiness line."""
+    """The KV pool process: its store and its port on the skeleton's lifecycle (agents/skeleton.py); a flow built on
+    the tier plugs in parts of its own (selection's remote contexts, on a second port)."""
+
+    role = "kvpool"
 
     def __init__(self, scenario: Scenario, *, name: str, listen: Address, metrics_listen: Address,
                  capacity_bytes: float, disk_dir: str | None = None, disk_capacity_bytes: float = 0.0):
@@ -196,38 +200,27 @@ class KvPoolAgent:
         # Capacities are model bytes; the pool holds blocks at the run's payload scale.
         store = BlockStore(int(capacity_bytes * scale), disk_dir=disk_dir, disk_bytes=int(disk_capacity_bytes * scale))
         self.pool = KvPool(store, registry=self.registry, model_bytes_per_byte=1.0 / scale, name=name)
+        self.name = name
         self.listen_address, self.metrics_listen = listen, metrics_listen
         self.scale = scale
-        # --kv-placement remote: the long contexts, on a second port beside the hand-off one (remote_contexts.py).
-        self.remote = RemoteContextServer(RemoteContexts(scenario)) if scenario.remote_kv else None
         self.scenario = scenario
         self.warmed: WarmReport | None = None
+        self.parts: list[Part] = flow_parts("kvpool", self, {})
 
     def stats(self) -> dict:
-        remote = {"remote_kv": self.remote.stats(1.0 / self.scale)} if self.remote is not None else {}
         warmed = {"warm": self.warmed.as_dict(1.0 / self.scale)} if self.warmed is not None else {}
-        return {**self.pool.stats(), **remote, **warmed}
+        return {**self.pool.stats(), **warmed}
 
-    async def run(self, stop: asyncio.Event) -> None:
-        if self.scenario.pool_warm == "trace":  # before anything can reach the pool (warm.py says why)
+    async def start(self, ctx: AgentContext) -> None:
+        if TierSection.of(self.scenario).pool_warm == "trace":  # before anything can reach the pool (warm.py)
             self.warmed = await asyncio.to_thread(warm, self.scenario, self.pool.store)
             log.info("warmed with %d blocks of the trace's first %d requests in %.1f s", self.warmed.blocks,
                      self.warmed.earlier_requests, self.warmed.host_s)
-        server = await listen(self.listen_address, "--listen", self.pool.serve, Role.KVPOOL, Role.MIDDLEBOX)
-        remote_server = None
-        if self.remote is not None:
-            await self.remote.prepare()
-            remote_server = await asyncio.start_server(self.remote.serve, self.listen_address.host, 0)
-        http = await start_http(self.metrics_listen, self.registry, self.stats)
-        remote_port = ({"remote_kv_port": remote_server.sockets[0].getsockname()[1]} if remote_server is not None
-                       else {})
-        announce_ready("kvpool", self.pool.name, listen_port=server.port, metrics_port=http.port, **remote_port)
-        try:
-            await stop.wait()
-        finally:
-            await server.shutdown(1.0)
-            if remote_server is not None:
-                remote_server.close()
-            if self.remote is not None:
-                await self.remote.close()
-            await http.close()
+        await ctx.listen(self.listen_address, "--listen", self.pool.serve, Role.KVPOOL, Role.MIDDLEBOX,
+                         port_key="listen_port")
+
+    def main_loops(self) -> dict:
+        return {}
+
+    async def stopping(self) -> None:
+        pass

@@ -16,13 +16,15 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from kvtransit.agents.common.trace_file import load_trace
 from kvtransit.flows.tier import pool_blocks
 from kvtransit.flows.tier.pool.store import BlockStore, StoreCounters, StoredBlock, StoredChunk, split_into_blocks
-from kvtransit.flows.tier.prefix import BLOCK_TOKENS, capacity_blocks_for
+from kvtransit.flows.tier.prefix import capacity_blocks_for
 from kvtransit.flows.tier.prefix_warm import WarmPlan, WarmPut, warm_plan
+from kvtransit.flows.tier.section import TierSection
 from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.serving.traces import BLOCK_TOKENS
+from kvtransit.workload.trace_file import load_trace
 
 # Request ids the warm-up's blocks are made for: past any window's (the load generator numbers them from 0), so a
 # warmed block's content is never one a window request's own KV repeats.
@@ -50,9 +52,11 @@ class WarmReport:
 
 def plan_for(scenario: Scenario) -> WarmPlan:
     """The blocks the scenario's trace window starts with in the pool."""
+    tier_section = TierSection.of(scenario)
+    tier = tier_section
     replay = load_trace(scenario)
     window = [(spec.hash_ids, spec.prompt_tokens) for spec in replay.requests]
-    capacity = capacity_blocks_for(scenario.kv_pool_capacity, scenario.model_spec.kv_bytes(BLOCK_TOKENS))
+    capacity = capacity_blocks_for(tier.kv_pool_capacity, scenario.model_spec.kv_bytes(BLOCK_TOKENS))
     return warm_plan(replay.earlier, window, capacity_blocks=capacity, block_tokens=BLOCK_TOKENS)
 
 

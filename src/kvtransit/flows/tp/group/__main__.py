@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from kvtransit.agents.process import run_config_process
+from kvtransit.agents.run_to_end import run_config_process
 from kvtransit.flows.tp.group.follower import run
 
 

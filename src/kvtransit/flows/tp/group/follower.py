@@ -18,13 +18,14 @@ from typing import Any
 
 from kvtransit.agents.process import announce_ready, announce_result, unless_stopped
 from kvtransit.flows.tp.group.exact_step import ExactStep
-from kvtransit.flows.tp.group.orders import LEADER_DIAL_S, FollowerConfig, read_go, read_step
+from kvtransit.flows.tp.group.orders import FollowerConfig, read_step
 from kvtransit.flows.tp.rank.join import connect_ring, switch_member
-from kvtransit.flows.tp.rank.rank import MODE_RING, RANK_SPIN_S, CollectiveFailed
+from kvtransit.flows.tp.rank.rank import MODE_RING, CollectiveFailed
 from kvtransit.runtime.clock import MonotonicClock
 from kvtransit.runtime.group_link.channel import Channel, PeerGone
 from kvtransit.runtime.group_link.connect import PeerListener, RingMember, close_channels
-from kvtransit.runtime.group_link.follow import follow_orders
+from kvtransit.runtime.group_link.follow import follow_orders, read_go
+from kvtransit.runtime.group_link.timing import LEADER_DIAL_S, RANK_SPIN_S
 from kvtransit.wire.group import Frame, Kind, abort
 
 

@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtransit.flows.tp.group.exact_step import ExactStep
-from kvtransit.flows.tp.group.orders import COLLECTIVE_DEADLINE_S, go_frame, rank_plan, step_frame
+from kvtransit.flows.tp.group.orders import rank_plan, step_frame
 from kvtransit.flows.tp.rank.join import connect_ring, switch_member
 from kvtransit.flows.tp.rank.rank import MODE_RING, CollectiveFailed
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.group_link.answers import FollowerAnswers
 from kvtransit.runtime.group_link.channel import Channel, PeerGone
 from kvtransit.runtime.group_link.connect import RingMember, close_channels, dial_member
+from kvtransit.runtime.group_link.follow import go_frame
+from kvtransit.runtime.group_link.timing import COLLECTIVE_DEADLINE_S
 from kvtransit.wire.group import Frame, Kind, abort
 
 # At the end: how long the leader waits for its followers' answers to the last step (they come within a hop).

@@ -12,19 +12,13 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from kvtransit.flows.tp.rank.rank import RankPlan
 from kvtransit.runtime.group_link.answers import IDLE_WAIT_S as ANSWERS_IDLE_WAIT_S
+from kvtransit.runtime.group_link.timing import COLLECTIVE_DEADLINE_S
 from kvtransit.wire.group import Frame, Kind
 
 _ORDER = struct.Struct("!IIQ")  # all-reduce values, all-to-all values a hop (0: none), at_ns
-# How long a rank waits for a peer inside a collective before the step fails with a reason (not a hang); the
-# collective's own frames are due within milliseconds, so this bounds only a dead or stuck peer.
-COLLECTIVE_DEADLINE_S = 10.0
-# How long a follower waits for its leader to dial it: the launcher starts the decode right after its followers
-# (a cold start imports numpy and the rest: seconds on a busy box; the launcher's readiness timeout is 60 s).
-LEADER_DIAL_S = 120.0
 # Between steps the group waits for the next order (and the leader for answers) as long as the decode idles: the
 # run's length, not a fault (the answers' own wait, runtime/group_link/answers.py).
 IDLE_WAIT_S = ANSWERS_IDLE_WAIT_S
@@ -64,15 +58,6 @@ def rank_plan(group: int, rank: int, size: int, mode: str, deadline_s: float) ->
     """A rank of a serving group: no fixed step count or size (each step's order says), one all-reduce a step."""
     return RankPlan(group=group, rank=rank, size=size, mode=mode, steps=0, collectives=1, values=0, compute_s=0.0,
                     held_s=0.0, deadline_s=deadline_s)
-
-
-def go_frame(group: int, where: dict[str, Any]) -> Frame:
-    """GO: `{"next": [host, port]}` (ring) or `{"switch": [host, port]}`."""
-    return Frame(Kind.GO, group, payload=json.dumps(where).encode())
-
-
-def read_go(frame: Frame) -> dict[str, Any]:
-    return dict(json.loads(bytes(frame.payload).decode()))
 
 
 def step_frame(group: int, step: int, values: int, at_ns: int, alltoall_values: int = 0) -> Frame:

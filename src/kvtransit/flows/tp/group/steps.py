@@ -17,10 +17,11 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtransit.flows.tp.group_step import GroupCollectives
+from kvtransit.flows.tp.metrics import TpGroupMetrics, tp_group_metrics
+from kvtransit.flows.tp.section import TpSection
 from kvtransit.model.judge.slo import percentile
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.clock import Clock, wake_stamp_ns
-from kvtransit.runtime.metrics import TpGroupMetrics, tp_group_metrics
 
 if TYPE_CHECKING:
     from kvtransit.flows.tp.group.leader import GroupLeader
@@ -43,7 +44,7 @@ class StepTimes(Protocol):
     @property
     def collective_s(self) -> float: ...
     @property
-    def group(self) -> GroupCollectives | None: ...
+    def extra(self) -> Any: ...
 
 
 class TpSteps:
@@ -70,7 +71,8 @@ class TpSteps:
         """One step: `fresh_start_ns` when a new schedule began it after idling (None: it followed the last step),
         its compute's wake-up at `compute_end_ns`, the real all-reduce done at `reduced_ns`, the step's end stamped
         `end_ns` (due at `due_ns`); `late_ns` the group's running lateness of frames."""
-        assert plan.group is not None
+        group = plan.extra
+        assert isinstance(group, GroupCollectives)
         if fresh_start_ns is not None:
             start_ns = fresh_start_ns
         else:
@@ -87,8 +89,8 @@ class TpSteps:
         self.measured["allreduce_s"] += model_s((reduced_ns - compute_end_ns) / 1e9)
         self.model["step_s"] += plan.model_s
         self.model["collective_s"] += plan.collective_s
-        self.model["allreduce_s"] += plan.group.real_model_s
-        self.real_values += plan.group.values
+        self.model["allreduce_s"] += group.real_model_s
+        self.real_values += group.values
         self.overruns += reduced_ns > due_ns
         self._collective["measured"].inc(max(0.0, collective_s))
         self._collective["model"].inc(plan.collective_s)
@@ -103,8 +105,9 @@ class TpSteps:
         the real collectives (their hops held to the scale-up link's model), hold until `end_ns` (the rest of the
         collective time), record it; the lateness of the step's end (a real collective that outlasted its step
         shows here, as a late wake-up). Raises GroupFailed."""
-        assert plan.group is not None
-        step, values, alltoall = self.steps, plan.group.values, plan.group.alltoall_values
+        group_step = plan.extra
+        assert isinstance(group_step, GroupCollectives)
+        step, values, alltoall = self.steps, group_step.values, group_step.alltoall_values
         await group.order(step, values, compute_end_ns, alltoall)
         compute_late_ns = await clock.sleep_until(compute_end_ns)
         await group.allreduce(step, values, compute_end_ns, alltoall)
@@ -116,7 +119,7 @@ class TpSteps:
         return late_ns
 
     def stats(self, group: GroupLeader | None) -> dict[str, Any]:
-        scenario = self.scenario
+        tp_section = TpSection.of(self.scenario)
 
         def share(sums: dict[str, float]) -> float | None:
             return sums["collective_s"] / sums["step_s"] if sums["step_s"] > 0 else None
@@ -125,13 +128,13 @@ class TpSteps:
             "role": self.role,
             "size": self.size,
             "parallelism": self.parallelism,  # ep: EP = TP = size, all-to-alls too
-            "allreduce": scenario.allreduce,
-            "scaleup_link": scenario.scaleup_link,
+            "allreduce": tp_section.allreduce,
+            "scaleup_link": tp_section.scaleup_link,
             # flows/tp/group_step.py: one real all-reduce a step carries the step's all-reduces' bytes (with EP one real
             # all-to-all its all-to-alls'); the other latency terms are held (a 5 µs NVLink hop is under this host's
             # cost of a hop in Python).
             "granularity": "step",
-            "processes": self.size - 1 + (1 if scenario.allreduce == "switch" else 0),
+            "processes": self.size - 1 + (1 if tp_section.allreduce == "switch" else 0),
             "steps": self.steps,
             "measured": dict(self.measured),
             "model": dict(self.model),

@@ -27,15 +27,8 @@ from kvtransit.flows.tp.rank.payloads import BF16, CYCLE, Payloads
 from kvtransit.kernels.registry import Fp8Codec
 from kvtransit.kernels.stream_sum import sum_streams
 from kvtransit.runtime.clock import Clock
-from kvtransit.runtime.group_link.channel import Channel, PeerGone
+from kvtransit.runtime.group_link.channel import Channel
 from kvtransit.wire.group import Frame, Kind, abort
-
-# The clock's yield-spin before each deadline. A rank holds a short wait at every hop (a modelled hop at the
-# dilations that carry per-layer messages is ~0.5 ms), so the agents' 500 µs spin (runtime/clock.py) would
-# spin through nearly every wait, n ranks on 2 cores. Measured (llama3-70b TP4 ring, per layer, dilation 100,
-# 4 rank processes on the 2-core dev box): 500 µs spin, step 20 % over the model; 50 µs spin, 4.4 % over.
-RANK_SPIN_S = 50e-6
-
 
 MODE_RING = "ring"
 # An all-to-all hop's `chunk` field: after the all-reduce's 2(n − 1) hops (n ≤ 64), so the two never mix.
@@ -205,13 +198,7 @@ class _Ring:
 
 async def _receive_or_fail(channel: Channel, plan: RankPlan, what: str) -> Frame:
     """The next frame within the plan's deadline; a peer gone, a deadline missed or an ABORT fails the step."""
-    try:
-        frame = await channel.receive(plan.deadline_s, what)
-    except PeerGone as exc:
-        raise CollectiveFailed(f"rank {plan.rank} found: {exc}") from None
-    if frame.kind is Kind.ABORT:
-        raise CollectiveFailed(frame.reason)
-    return frame
+    return await channel.receive_or_fail(plan.deadline_s, what, CollectiveFailed, f"rank {plan.rank}")
 
 
 class _Switch:

@@ -4,6 +4,9 @@
 It binds the ranks' port and the HTTP side (/metrics with `switch_merged_streams_total`, /stats), prints the
 readiness line (listen_port, metrics_port), serves one group until every rank said BYE, the collective failed, or
 it is stopped, then prints one `KVTRANSIT-RESULT {json}` line (SwitchServer.stats) and exits.
+
+`kvtransit middlebox --placement switch --ranks N` is the core's middlebox command reaching this flow through the
+registry (flows/tp/components.py: `serve_stream_sum`, and the flags it adds).
 """
 
 from __future__ import annotations
@@ -13,20 +16,14 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from kvtransit.agents.process import (
-    Address,
-    announce_ready,
-    announce_result,
-    new_registry,
-    port_in_use_error,
-    start_http,
-)
-from kvtransit.flows.tp.rank.rank import RANK_SPIN_S
+from kvtransit.agents.process import Address, announce_result, new_registry, port_in_use_error
+from kvtransit.agents.skeleton import AgentContext
+from kvtransit.flows.tp.metrics import switch_metrics
 from kvtransit.flows.tp.switch.server import SwitchServer
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.module.budget import KernelDeclaration, Module
 from kvtransit.runtime.clock import MonotonicClock
-from kvtransit.runtime.metrics import switch_metrics
+from kvtransit.runtime.group_link.timing import RANK_SPIN_S
 from kvtransit.wire.group import U32
 
 # After the group is done: let the last ABORTs or BYEs flush before the connections close.
@@ -89,6 +86,12 @@ class SwitchConfig:
 
 
 class SwitchProcess:
+    """The switch on the skeleton's lifecycle (agents/skeleton.py): its one main loop is the group's, and it ends
+    when the group is done; the result line goes out once the switch has closed."""
+
+    role = "switch"
+    parts: tuple = ()
+
     def __init__(self, config: SwitchConfig, declaration: KernelDeclaration, *, name: str, listen: Address,
                  metrics_listen: Address):
         """`declaration`: the kernel the sum runs as, already checked (kernel_check.check_switch_kernel)."""
@@ -102,21 +105,20 @@ class SwitchProcess:
         self.listen_address = listen
         self.metrics_listen = metrics_listen
 
-    async def run(self, stop: asyncio.Event) -> None:
-        server = self.server
+    def stats(self) -> dict[str, Any]:
+        return self.server.stats()
+
+    async def start(self, ctx: AgentContext) -> None:
         try:
-            port = await server.start(self.listen_address.host, self.listen_address.port)
+            port = await self.server.start(self.listen_address.host, self.listen_address.port)
         except OSError as exc:
             raise port_in_use_error(self.listen_address, "--listen", exc) from None
-        http = await start_http(self.metrics_listen, self.registry, server.stats)
-        announce_ready("switch", self.name, listen_port=port, metrics_port=http.port, placement="switch")
-        done, stopped = asyncio.ensure_future(server.done.wait()), asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({done, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            done.cancel()
-            stopped.cancel()
-            await asyncio.sleep(FLUSH_S)
-            await server.close()
-            await http.close()
-        announce_result(server.stats())
+        ctx.announce(listen_port=port, placement="switch")
+
+    def main_loops(self) -> dict[str, Any]:
+        return {"group": self.server.done.wait()}  # every rank said BYE, or the collective failed
+
+    async def stopping(self) -> None:
+        await asyncio.sleep(FLUSH_S)  # the last ABORTs or BYEs flush before the connections close
+        await self.server.close()
+        announce_result(self.server.stats())

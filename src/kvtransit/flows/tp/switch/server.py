@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+from kvtransit.flows.tp.metrics import SwitchMetrics
 from kvtransit.flows.tp.model import switch_sum_s
 from kvtransit.flows.tp.switch.reducer import GroupReducer, Reduction, Rejected
 from kvtransit.model.catalog.links import Link
@@ -25,7 +26,6 @@ from kvtransit.model.judge.five_tests import placement_test
 from kvtransit.model.module.budget import KernelDeclaration, Module
 from kvtransit.runtime.clock import Clock
 from kvtransit.runtime.group_link.channel import Channel, PeerGone, PeerSilent
-from kvtransit.runtime.metrics import SwitchMetrics
 from kvtransit.wire.group import Frame, Kind, abort
 
 # How the placement test's streams were measured here (the report's words, as the hand-off's are in five_tests.py).

@@ -12,12 +12,10 @@ Pure: the dashboards' text is read by the caller (render.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
-
-from kvtransit.paths import REPO
 
 from kvtransit.harness.deploy.k8s.naming import COMPONENT, INSTANCE, PART_OF, Names
 from kvtransit.harness.deploy.k8s.yaml_text import dump
+from kvtransit.paths import REPO
 
 # The generated dashboards (dashboards/generate.py writes them here); an installed kvtransit has no checkout, so
 # `--dashboards DIR` names a copy.

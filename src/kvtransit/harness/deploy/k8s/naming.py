@@ -1,7 +1,8 @@
 """What every manifest of a kvtransit testbed agrees on: resource names, labels, container ports.
 
 Ports are the compose testbed's (docker-compose.yml), so a pod and a container run the very same command line:
-9000 ingress, 9001 decode's client port, 9100 /metrics, 9200 the middlebox's control API, 9300 its pool port.
+9000 ingress, 9001 decode's client port, 9100 /metrics, 9200 the middlebox's control API (a flow's own ports are its
+deploy face's: the tier's pool port, 9300).
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ INGRESS_PORT = 9000
 CLIENT_PORT = 9001  # decode: where the load generator reads the tokens
 METRICS_PORT = 9100
 CONTROL_PORT = 9200  # middlebox: the live control API (/chain, /kernel, /link, /faults/NAME)
-POOL_PORT = 9300  # middlebox: the KV pool port the prefills fetch through (--kv-pool pool)
 # The compose file's image (docker-compose.yml: kvtransit:${KVTRANSIT_IMAGE_TAG:-local}).
 DEFAULT_IMAGE = "kvtransit:local"
 DEFAULT_NAME = "kvtransit"
 DEFAULT_NAMESPACE = "kvtransit"
-# The testbed's roles, in the order the launcher starts them (harness/up/launcher.py); kvpool only with
-# --kv-pool pool.
-ROLES = ("decode", "kvpool", "middlebox", "prefill", "loadgen")
+# The testbed's core roles, in the order the launcher starts them (harness/up/launcher.py); a flow's roles go
+# among them (harness/deploy/flow_deploy.py: `ExtraRole.after`).
+ROLES = ("decode", "middlebox", "prefill", "loadgen")
 
 # Recommended labels (kubernetes.io/docs/concepts/overview/working-with-objects/common-labels).
 PART_OF = "app.kubernetes.io/part-of"

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kvtransit.harness.deploy import flow_deploy
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.scenario import REAL_MODEL_KV, SCENARIO_FIELDS, Scenario, flag_for
+from kvtransit.model.scenario import REAL_MODEL_KV, Scenario, field_names, flag_for
 from kvtransit.model.scenario_text import field_from_text
 
 ENV_PREFIX = "KVTRANSIT_SCENARIO_"
@@ -24,18 +25,18 @@ HOST_FILE_FIELDS = {"trace": "", "kv_sample": "synthetic"}
 def scenario_data(scenario: Scenario) -> dict[str, str]:
     """Field name → its text, in field order (`to_argv` pairs each flag with its value's text)."""
     values = scenario.to_argv()[1::2]
-    return dict(zip(SCENARIO_FIELDS, values, strict=True))
+    return dict(zip(field_names(), values, strict=True))
 
 
 def scenario_from_data(data: Mapping[str, str], where: str = "the scenario ConfigMap") -> Scenario:
     """The `Scenario` a ConfigMap's data describes; a missing or unknown key is a ConfigError naming it."""
-    missing = [name for name in SCENARIO_FIELDS if name not in data]
-    unknown = sorted(set(data) - set(SCENARIO_FIELDS))
+    missing = [name for name in field_names() if name not in data]
+    unknown = sorted(set(data) - set(field_names()))
     if missing or unknown:
         said = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
                                            f"unknown {', '.join(unknown)}" if unknown else "") if part)
         raise ConfigError(f"{where}: not a kvtransit scenario ({said})")
-    return Scenario(**{name: field_from_text(name, data[name]) for name in SCENARIO_FIELDS})
+    return Scenario.build(**{name: field_from_text(name, data[name]) for name in field_names()})
 
 
 def scenario_configmap(scenario: Scenario, name: str, labels: Mapping[str, str]) -> dict:
@@ -46,7 +47,7 @@ def scenario_configmap(scenario: Scenario, name: str, labels: Mapping[str, str])
 def scenario_args() -> list[str]:
     """Every scenario flag with its value from the pod's environment (`$(VAR)`, expanded by the kubelet)."""
     args: list[str] = []
-    for name in SCENARIO_FIELDS:
+    for name in field_names():
         args += [flag_for(name), f"$({ENV_PREFIX}{name})"]
     return args
 
@@ -73,19 +74,8 @@ def refuse_host_files(scenario: Scenario, what: str) -> None:
         raise ConfigError(f"--kv-sample {REAL_MODEL_KV}: {what} runs in pods, whose image has no real-model extra "
                           "(torch, transformers, the model file); run it with `kvtransit up` on a host with "
                           "pip install -e '.[realkv]', or leave --kv-sample at synthetic")
-    for field_name in ("prefill_tp", "decode_tp"):
-        if getattr(scenario, field_name) > 1:
-            raise ConfigError(f"{flag_for(field_name)} {getattr(scenario, field_name)}: {what} runs one process an "
-                              "instance, a pod, with no TP group's follower ranks beside it; run it with `kvtransit "
-                              f"up`, or leave {flag_for(field_name)} at 1")
-    if scenario.ring:
-        raise ConfigError(f"--ring-share {scenario.ring_share:g}: {what} runs one process a prefill instance, a pod, "
-                          "with no ring's follower ranks beside it; run it with `kvtransit up`, or leave --ring-share "
-                          "at 0")
-    if scenario.remote_kv:
-        raise ConfigError(f"--kv-placement remote: {what} has no wiring for remote KV's legs (decode's and the pool's "
-                          "remote-KV ports, which the middlebox relays between); run it with `kvtransit up`, or "
-                          "leave --kv-placement at local")
+    if why := flow_deploy.refusal(scenario, "k8s", what):  # a flow the pods do not carry yet
+        raise ConfigError(why)
     for field_name, default in HOST_FILE_FIELDS.items():
         value = getattr(scenario, field_name)
         if value != default:

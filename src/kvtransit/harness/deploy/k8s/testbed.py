@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kvtransit.harness.deploy.flow_deploy import extra_roles, flow_deploys
 from kvtransit.harness.deploy.k8s.naming import (
     CLIENT_PORT,
     CONTROL_PORT,
@@ -33,7 +34,7 @@ from kvtransit.harness.deploy.k8s.naming import (
     METRICS_PORT,
     NODE_GROUP,
     POD_NAME_ENV,
-    POOL_PORT,
+    ROLES,
     Names,
 )
 from kvtransit.harness.deploy.k8s.placement import check_nodes, node_group, node_selector, pod_affinity
@@ -71,6 +72,9 @@ for url in sys.argv[2:]:
 """
 
 
+TARGET = "k8s"  # the flows' name for this target (harness/deploy/flow_deploy.py)
+
+
 @dataclass(frozen=True)
 class TestbedOptions:
     """How a scenario is put on a cluster (`kvtransit k8s render`'s flags beside the scenario's)."""
@@ -103,13 +107,14 @@ def _dns_label(text: str) -> bool:
 
 
 def roles(scenario: Scenario) -> list[str]:
-    """The roles this scenario runs, in the launcher's start order.
-
-    Extension point (issue 17, tensor-parallel collectives): the TP ranks of a decode group become a role here once
-    `agents/` has one, rendered as a StatefulSet of `scenario.gpus` ranks per decode instance behind a headless
-    Service (ranks address each other) in decode's node group. Until then nothing is rendered for them.
-    """
-    return ["decode", *(["kvpool"] if scenario.kv_pool == "pool" else []), "middlebox", "prefill", "loadgen"]
+    """The roles this scenario runs, in the launcher's start order: the core's, each flow's role after the core role
+    it follows (harness/deploy/flow_deploy.py: the tier's KV pool after the decodes)."""
+    extra = extra_roles(scenario, TARGET)
+    out: list[str] = []
+    for role in ROLES:
+        out.append(role)
+        out += [r.name for r in extra if r.after == role]
+    return out
 
 
 def render_testbed(scenario: Scenario, options: TestbedOptions) -> dict[str, list[dict]]:
@@ -117,7 +122,8 @@ def render_testbed(scenario: Scenario, options: TestbedOptions) -> dict[str, lis
     run in pods or cannot be placed on `options.nodes` nodes."""
     refuse_host_files(scenario, "the k8s testbed")
     present = roles(scenario)
-    check_nodes(present, options.nodes, preferred=options.preferred_affinity)
+    runs_with = {r.name: r.runs_with for r in extra_roles(scenario, TARGET)}
+    check_nodes(present, options.nodes, preferred=options.preferred_affinity, runs_with=runs_with)
     names = Names(options.name)
     builder = _Builder(scenario, options, names, present)
     parts: dict[str, list[dict]] = {
@@ -133,26 +139,46 @@ def render_testbed(scenario: Scenario, options: TestbedOptions) -> dict[str, lis
 class _Builder:
     def __init__(self, scenario: Scenario, options: TestbedOptions, names: Names, present: list[str]):
         self.scenario, self.options, self.names, self.present = scenario, options, names, present
+        self.extra = {r.name: r for r in extra_roles(scenario, TARGET)}  # the flows' roles
+        self.runs_with = {name: r.runs_with for name, r in self.extra.items()}
+        self.deploys = flow_deploys(scenario)
 
     # --- addresses --------------------------------------------------------------------------------------------
     def _each(self, role: str, count: int, port: int) -> str:
         return ",".join(self.names.pod_address(role, i, port) for i in range(count))
 
-    @property
-    def _pool(self) -> bool:
-        return "kvpool" in self.present
-
     def _metrics_addresses(self) -> str:
         """Every peer's /stats for the load generator's report, in the launcher's order."""
-        out = [self._each("decode", self.scenario.decode, METRICS_PORT)]
-        if self._pool:
-            out.append(self.names.service_address("kvpool", METRICS_PORT))
-        out += [self.names.service_address("middlebox", METRICS_PORT),
-                self._each("prefill", self.scenario.prefill, METRICS_PORT)]
-        return ",".join(out)
+        counts = {"decode": self.scenario.decode, "prefill": self.scenario.prefill}
+        return ",".join(self._each(role, counts[role], METRICS_PORT) if role in counts
+                        else self.names.service_address(role, METRICS_PORT)
+                        for role in self.present if role != "loadgen")
+
+    def _named_ports(self, role: str) -> dict[str, int]:
+        """The ports a role opens, by name: the core's, and what the flows add to it."""
+        ports = {} if role == "loadgen" else {"ingress": INGRESS_PORT}
+        if role == "decode":
+            ports["client"] = CLIENT_PORT
+        if role == "middlebox":
+            ports["control"] = CONTROL_PORT
+        for deploy in self.deploys:
+            ports.update(deploy.ports(self.scenario, TARGET, role))
+        return ports
+
+    def _flow_flags(self, role: str) -> list[str]:
+        """What the flows add to a role's command: their wiring, at the Services' addresses."""
+        def address(target_role: str, port: str) -> str:
+            return self.names.service_address(target_role, self._named_ports(target_role)[port])
+
+        def listen(port: str) -> str:
+            return f"{ANY_ADDRESS}:{self._named_ports(role)[port]}"
+
+        return [flag for deploy in self.deploys for flag in deploy.flags(self.scenario, TARGET, role, address, listen)]
 
     # --- each role ---------------------------------------------------------------------------------------------
     def role(self, role: str) -> list[dict]:
+        if role in self.extra:  # a flow's role: one per run, behind a ClusterIP Service (the tier's KV pool)
+            return [self.deployment(role), self.service(role, headless=False)]
         return getattr(self, f"_{role}")()
 
     def _own_flags(self, role: str) -> list[str]:
@@ -162,30 +188,21 @@ class _Builder:
         if role == "decode":
             return ["--listen", listen, "--client-listen", f"{ANY_ADDRESS}:{CLIENT_PORT}", *metrics, *tc]
         if role == "middlebox":
-            pool = (["--kvpool", self.names.service_address("kvpool", INGRESS_PORT),
-                     "--pool-listen", f"{ANY_ADDRESS}:{POOL_PORT}"] if self._pool else [])
             return ["--listen", listen, "--decode", self._each("decode", self.scenario.decode, INGRESS_PORT),
-                    "--control-listen", f"{ANY_ADDRESS}:{CONTROL_PORT}", *metrics, *tc, *pool]
+                    "--control-listen", f"{ANY_ADDRESS}:{CONTROL_PORT}", *metrics, *tc, *self._flow_flags(role)]
         if role == "prefill":
-            pool = ["--kv-pool-via", self.names.service_address("middlebox", POOL_PORT)] if self._pool else []
             return ["--listen", listen, "--kv-to", self.names.service_address("middlebox", INGRESS_PORT), *metrics,
-                    *pool]
-        if role == "kvpool":
-            return ["--listen", listen, *metrics]
+                    *self._flow_flags(role)]
+        if role in self.extra:
+            return ["--listen", listen, *metrics, *self._flow_flags(role)]
         assert role == "loadgen", role
         return ["--prefill", self._each("prefill", self.scenario.prefill, INGRESS_PORT),
                 "--decode-clients", self._each("decode", self.scenario.decode, CLIENT_PORT),
                 "--stats", self._metrics_addresses(), "--report", REPORT_PATH, *metrics]
 
     def _ports(self, role: str) -> list[dict]:
-        ports = {"loadgen": []}.get(role, [{"name": "ingress", "containerPort": INGRESS_PORT}])
-        if role == "decode":
-            ports.append({"name": "client", "containerPort": CLIENT_PORT})
-        if role == "middlebox":
-            ports.append({"name": "control", "containerPort": CONTROL_PORT})
-            if self._pool:
-                ports.append({"name": "pool", "containerPort": POOL_PORT})
-        return [*ports, {"name": "metrics", "containerPort": METRICS_PORT}]
+        return [*({"name": name, "containerPort": port} for name, port in self._named_ports(role).items()),
+                {"name": "metrics", "containerPort": METRICS_PORT}]
 
     def container(self, role: str) -> dict:
         env: list[dict] = [{"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
@@ -210,12 +227,14 @@ class _Builder:
         return container
 
     def pod_template(self, role: str, spec_extra: dict | None = None) -> dict:
-        labels = {**self.names.labels(role), NODE_GROUP: node_group(role)}
+        labels = {**self.names.labels(role), NODE_GROUP: node_group(role, self.runs_with)}
         spec: dict = {
             "enableServiceLinks": False,  # no *_SERVICE_HOST variables beside the scenario's
-            "affinity": pod_affinity(self.options.name, role, preferred=self.options.preferred_affinity),
+            "affinity": pod_affinity(self.options.name, role, preferred=self.options.preferred_affinity,
+                                     runs_with=self.runs_with),
         }
-        selector = node_selector(role, self.options.node_selector, role_nodes=self.options.role_nodes)
+        selector = node_selector(role, self.options.node_selector, role_nodes=self.options.role_nodes,
+                                 runs_with=self.runs_with)
         if selector:
             spec["nodeSelector"] = selector
         spec.update(spec_extra or {})
@@ -257,9 +276,6 @@ class _Builder:
 
     def _middlebox(self) -> list[dict]:
         return [self.deployment("middlebox"), self.service("middlebox", headless=False)]
-
-    def _kvpool(self) -> list[dict]:
-        return [self.deployment("kvpool"), self.service("kvpool", headless=False)]
 
     def _loadgen(self) -> list[dict]:
         peers = [f"http://{address}/metrics" for address in self._metrics_addresses().split(",")]

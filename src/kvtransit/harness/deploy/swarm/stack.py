@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtransit.harness.deploy import flow_deploy
 from kvtransit.model.scenario import Scenario
 
 DEFAULT_STACK_FILE = Path("docker-stack.yml")
@@ -67,15 +68,8 @@ def network_names(stack: str) -> list[str]:
 
 def refusal(scenario: Scenario) -> str | None:
     """Why docker-stack.yml cannot run this scenario as it is (None: it can)."""
-    if scenario.kv_pool == "pool":
-        return ("the stack has no KV pool (kvpool is a compose profile, and a stack has no profiles): run --kv-pool "
-                "pool with `kvtransit up` or `docker-compose --profile kvpool up`")
-    if scenario.decode_tp > 1 or scenario.prefill_tp > 1:
-        return ("docker-stack.yml's prefill and decode are one process each: --prefill-tp / --decode-tp > 1 (a TP "
-                "group of follower ranks beside it) needs `kvtransit up`")
-    if scenario.ring:
-        return ("docker-stack.yml's prefill is one process: --ring-share > 0 (a ring of follower ranks beside it) "
-                "needs `kvtransit up`")
+    if why := flow_deploy.refusal(scenario, "swarm", "docker-stack.yml"):  # a flow the stack does not carry
+        return why
     if (scenario.prefill, scenario.decode) != (1, 1):
         return (f"docker-stack.yml runs one prefill and one decode, as docker-compose.yml does: "
                 f"{scenario.prefill}P{scenario.decode}D needs `kvtransit up` or `kvtransit k8s render`")

@@ -12,8 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kvtransit.harness.studies.candidates.rows import all_rows
 from kvtransit.harness.studies.candidates.run import RowRun
-from kvtransit.harness.studies.candidates.table import CANDIDATES, Unknowns
+from kvtransit.harness.studies.candidates.table import Unknowns
 from kvtransit.harness.studies.candidates.verdicts import RowVerdict
 from kvtransit.model.judge.five_tests import TEST_NAMES, Judgement
 from kvtransit.report.finite import finite_json
@@ -65,8 +66,8 @@ def unknowns_text(u: Unknowns) -> str:
 def table_json(verdicts: list[RowVerdict], runs: list[RowRun], u: Unknowns, command: str) -> dict[str, Any]:
     rows = []
     for verdict, run in zip(verdicts, runs, strict=True):
-        rows.append({**verdict.as_dict(), "link": verdict.row.link, "flow": CANDIDATES[verdict.row.name].flow,
-                     "tolerance": CANDIDATES[verdict.row.name].tolerance, "run": run.as_dict()})
+        rows.append({**verdict.as_dict(), "link": verdict.row.link, "flow": all_rows()[verdict.row.name].candidate.flow,
+                     "tolerance": all_rows()[verdict.row.name].candidate.tolerance, "run": run.as_dict()})
     unknowns = {"module_budget": u.module_budget, "transform_charged": u.transform_charged,
                 "precision_bits": u.precision_bits, "link": u.link}
     return finite_json({"command": command, "unknowns": unknowns,
@@ -100,8 +101,9 @@ def table_markdown(verdicts: list[RowVerdict], runs: list[RowRun], u: Unknowns, 
                      f"{verdict.row.link or '-'} | {run.faithful.split(' (')[0]} | {where} |")
     lines += ["", FAITHFUL_NOTE, "", png_note, "", "## Why each verdict", ""]
     for verdict, run in zip(verdicts, runs, strict=True):
+        candidate = all_rows()[verdict.row.name].candidate
         lines += [f"### {_heading(verdict)}", "", f"{_md_escape(verdict.why)}.", "",
-                  f"- flow: {CANDIDATES[verdict.row.name].flow}; kernel: {CANDIDATES[verdict.row.name].kernel}",
+                  f"- flow: {candidate.flow}; kernel: {candidate.kernel}",
                   f"- measured: {run.measured_what}", f"- modelled: {run.modelled_what}",
                   (f"- scale {_num(run.scale, '.4g')}, dilation {_num(run.dilation, 'g')}, faithful: {run.faithful}; "
                   f"{run.elapsed_s:.0f} s"),

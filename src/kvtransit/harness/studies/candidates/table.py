@@ -1,7 +1,8 @@
 """The candidate table (REFERENCE §8): every flow with a kernel on its link, its five tests, one verdict rule, and
 what would flip each verdict.
 
-The rows (`CANDIDATES`, REFERENCE §8's list, in its order) say what moves, which kernel is declared on it (the
+The rows (harness/studies/candidates/rows.py: REFERENCE §8's list, in its order; each flow's row is its own) say what
+moves, which kernel is declared on it (the
 declaration comes from the existing declarations, built by the harness because some live in `kernels/`:
 `model/catalog/codecs.py`, `flows/selection/model.py`, `kernels/stream_sum.py`, `kernels/ntt.py`) and what the precision
 test holds it to. A harness (`harness/studies/candidates/run.py`) measures each row into a `RowMeasured`; this module
@@ -37,7 +38,7 @@ import math
 from dataclasses import dataclass, replace
 
 from kvtransit.model.catalog.links import Link, link_by_name
-from kvtransit.model.errors import ConfigError, unknown_name
+from kvtransit.model.errors import ConfigError
 from kvtransit.model.judge.fidelity import NOT_MEASURED
 from kvtransit.model.judge.five_tests import (
     MAX_COMPUTE_OVER_WIRE,
@@ -68,50 +69,6 @@ class Candidate:
     flow: str
     kernel: str
     tolerance: str
-
-
-# REFERENCE §8's candidates, in its order.
-CANDIDATES: dict[str, Candidate] = {c.name: c for c in (
-    Candidate("kv-tier-fetch", "a cached prefix's KV fetched from the KV pool through the middlebox (--kv-pool pool)",
-              "band-keep (freq-keep-k, DCT, keep 0.5; model/catalog/codecs.py)",
-              "K and V error no worse than the equal-bytes baseline's on the same sampled tensors (five_tests)"),
-    Candidate("kv-handoff", "a request's KV from prefill to decode through the middlebox",
-              "band-keep (freq-keep-k, DCT, keep 0.5; model/catalog/codecs.py)",
-              "K and V error no worse than the equal-bytes baseline's on the same sampled tensors (five_tests)"),
-    Candidate("query-aware-selection", "per decode step, page summaries scored in transit, the chosen pages fetched",
-              "page scoring by MAC, mean key (flows/selection/model.py: scoring_declaration), host top-k",
-              "attention-output error no worse than the equal-bytes quantiser's on the same real KV"),
-    Candidate("ring-attention", "KV blocks passed round a ring of n ranks, a codec on every hop",
-              "band-keep (freq-keep-k, DCT, keep 0.5; model/catalog/codecs.py), once per hop",
-              "attention-output error after the ring's hops no worse than the equal-bytes baseline's (fp8)"),
-    Candidate("moe-all-to-all", "an EP group's token dispatch and combine between ranks",
-              "FP8 dispatch (fp8; model/catalog/codecs.py)",
-              "activation error no worse than an FP8 rounding's own bound (e4m3: 2^-4 relative)"),
-    Candidate("tp-all-reduce", "a TP group's all-reduce, summed by a switch that sees every rank's stream",
-              "stream sum (kernels/stream_sum.py: declaration(n), 0.50 op/B, placement switch)",
-              "every sum exact against the reference sum (BF16 out, float32 accumulation)"),
-    Candidate("weight-streaming", "BF16 weights or a LoRA adapter paged to an instance",
-              "none (lossless; model/module/budget.py: flow_check refuses a lossy kernel)",
-              "bit-exact (lossless only, REFERENCE §7)"),
-    Candidate("fhe-inference", "CKKS ciphertexts of an encrypted layer, client to server and back",
-              "NTT and modular arithmetic (kernels/ntt.py: declaration, as the module's FHE demonstration)",
-              "the decrypted result within CKKS's own error (agents/fhe: ERROR_TOLERANCE) of float64"),
-    Candidate("pq-key-exchange", "ML-KEM-768 handshakes: the encapsulation key out, the ciphertext back",
-              "NTT and modular arithmetic (kernels/ntt.py: declaration)",
-              "both sides' shared secrets equal and the module's NTT equal to the library's arithmetic"),
-)}
-CANDIDATE_NAMES = tuple(CANDIDATES)
-
-
-def candidate_names(text: str | None) -> tuple[str, ...]:
-    """`a,b` → the named candidates in table order (None or empty: all); an unknown name lists the valid ones."""
-    if not text:
-        return CANDIDATE_NAMES
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    for name in names:
-        if name not in CANDIDATES:
-            raise unknown_name("candidate", name, CANDIDATE_NAMES)
-    return tuple(n for n in CANDIDATE_NAMES if n in names)
 
 
 @dataclass(frozen=True)
@@ -306,6 +263,6 @@ def judge_row(row: RowMeasured, u: Unknowns) -> FiveTests:
     return FiveTests(row.name, decl.name, (bottleneck, operations_test(decl), budget, precision, placement))
 
 
-__all__ = ["CANDIDATES", "CANDIDATE_NAMES", "TEST_NAMES", "Candidate", "PrecisionFigure", "RowMeasured", "Unknowns",
-           "candidate_names", "decl_under", "declared_budget_test", "figure_precision_test", "judge_row",
+__all__ = ["TEST_NAMES", "Candidate", "PrecisionFigure", "RowMeasured", "Unknowns",
+           "decl_under", "declared_budget_test", "figure_precision_test", "judge_row",
            "rescaled_share"]

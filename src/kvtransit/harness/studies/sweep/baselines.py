@@ -17,7 +17,6 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 from kvtransit.model.catalog.links import LINKS, link_by_name
@@ -80,9 +79,9 @@ def baseline_scenarios(scenario: Scenario, *, emulation: dict[str, float] | None
         emulation = preset_emulation(faster, scenario.model)
     faster_fields: dict[str, Any] = dict(emulation) if emulation is not None else {}
     return {
-        IN_TRANSIT: replace(scenario, compress_at="transit"),
-        AT_GPU: replace(scenario, compress_at="gpu"),
-        FASTER_LINK: replace(scenario, codec="none", compress_at="transit", link=faster, **faster_fields),
+        IN_TRANSIT: scenario.replace(compress_at="transit"),
+        AT_GPU: scenario.replace(compress_at="gpu"),
+        FASTER_LINK: scenario.replace(codec="none", compress_at="transit", link=faster, **faster_fields),
     }
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvtransit.harness.studies.sweep.baselines import faster_link_or_error
@@ -26,18 +26,14 @@ from kvtransit.model.catalog.links import link_by_name
 from kvtransit.model.catalog.models import model_by_name
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.kv_scale import auto_channels_and_dilation
-from kvtransit.model.scenario import Scenario
+from kvtransit.model.scenario import Scenario, scenario_fields
 from kvtransit.model.scenario_text import FieldTextError, field_from_text
 
 DEFAULT_GOODPUT_TARGET = 0.9  # DistServe's attainment target (Zhong et al., OSDI '24, §2.2: "90% SLO attainment")
 
 
 def _field_types() -> dict[str, type]:
-    types = {}
-    for f in fields(Scenario):
-        default = f.default
-        types[f.name] = str if f.name == "scale" else type(default)
-    return types
+    return {f.name: str if f.name == "scale" else type(f.default) for f in scenario_fields()}
 
 
 SCENARIO_TYPES = _field_types()
@@ -135,7 +131,7 @@ class Grid:
 
     def scenario(self, point: Overrides) -> Scenario:
         merged = {**self.base, **point}
-        return Scenario(**_resolved(merged, merged))
+        return Scenario.build(**_resolved(merged, merged))
 
 
 # --- presets (the deck's hand-off study) -----------------------------------------------------------------
@@ -228,55 +224,26 @@ PRESETS["baselines"] = (
      Grid(dict(BASELINES_BASE),
           {"codec": ["none"], "compress_at": [_kernel_at("transit")], "link": [NEXT_FASTER_LINK]})])
 
-# The KV tier (issue 10): 4 shared 2,048-token system prompts (+ ~256-token user parts), light load, over the
-# slow eth-25g; no cache, a local cache (no fetch cost), and the pool behind the middlebox without and with
-# the band-keep kernel. TTFT excludes the hand-off (REFERENCE §4), so the codec moves only the fetch's share.
-KVPOOL_WORKLOAD = dict(model="llama3-8b", device="h100", gpus=1, prefill=1, decode=1,
-                       prefix_workload="system-prompts", system_prompts=4, system_prompt_tokens=2048,
-                       prompt_mean=256.0, prompt_cv=0.5, output_mean=64.0, output_cv=0.5, requests=60, rate=2.0,
-                       seed=1, link="eth-25g")
-PRESETS["kvpool"] = (
-    ("prefix reuse over eth-25g, 4 shared 2,048-token system prompts: no cache, local cache, pool without and "
-     "with freq-keep-k"),
-    [Grid({**KVPOOL_WORKLOAD, **preset_emulation("eth-25g")}, {"kv_pool": ["off", "local", "pool"], "codec": ["none"]}),
-     Grid({**KVPOOL_WORKLOAD, **preset_emulation("eth-25g")}, {"kv_pool": ["pool"], "codec": ["freq-keep-k"]})])
-
-# The tier at the deck's size (issue 19 part 4): llama3-70b on 8 H100s an instance, prefixes up to 32,768 tokens over
-# eth-100g, the Mooncake conversation trace's own reuse (its hash_ids). The window is 60 requests from the trace's
-# request 5,000, the pool warmed with what the 5,000 before left in it: an 8 TB pool (model bytes: a Mooncake-like
-# DRAM pool over several nodes, an assumption) then serves 51 % of the window's prompt tokens
-# (flows/tier/prefix_warm.py; from a cold pool the same window would find 4 %; measured live, 2026-12-02: 51.2 %).
-# Arrivals at 1/1.5 of the trace's ~3.3 req/s: at its own rate the modelled prefill is 136 % busy (before reuse), and
-# the run measures a queue, not the tier. Band-keep on the tier's link in transit and at the GPU, and no codec on
-# eth-100g and on the next faster link. Half the KV channels the other presets give a link (PRESET_HOST_BUDGET_BPS at
-# dilation 2: 6 of 1,024 on eth-100g, so 3; at least one), at dilation 3: measured here (2026-12-02), at 6 channels the
-# no-codec point's prefill stalled 150-226 ms at a time (timers 37-45 % of its shortest step late, guard 3 %) and at
-# dilation 2 the band-keep point's timers ran 4.1 % late; at 3 channels and dilation 3 every point was faithful, with
-# the same figures in model time.
-TIER_DECK_DILATION = 3.0
-TIER_DECK_SCALE = Derived("tier-deck scale", lambda f: max(1, round(PRESET_SCALE.rule(f) * _kv_dim(f)) // 2)
-                          / _kv_dim(f))
-def _kv_dim(fields: Overrides) -> int:
-    return model_by_name(fields.get("model", "llama3-8b")).kv_dim
+def kernel_at(where: str) -> Derived:
+    return _kernel_at(where)
 
 
-MOONCAKE_TRACE = "mooncake-conversation"  # shipped: kvtransit/data/traces/ (PROVENANCE.md there)
-TIER_DECK_BASE = dict(model="llama3-70b", device="h100", gpus=8, prefill=1, decode=1, trace=MOONCAKE_TRACE,
-                      trace_start=5000, requests=60, time_scale=1.5, context_cap=32768, kv_pool="pool",
-                      kv_pool_capacity=8e12, pool_warm="trace", link="eth-100g", codec="freq-keep-k", seed=1,
-                      scale=TIER_DECK_SCALE, dilation=TIER_DECK_DILATION)
-PRESETS["tier-deck"] = (
-    ("the KV tier at the deck's size: llama3-70b, prefixes up to 32k tokens, eth-100g, the Mooncake trace's reuse "
-     "(a warmed 8 TB pool): freq-keep-k in transit and at the GPU, no codec, and no codec on the next faster link"),
-    [Grid(dict(TIER_DECK_BASE), {"compress_at": [_kernel_at("transit"), _kernel_at("gpu")]}),
-     Grid(dict(TIER_DECK_BASE),
-          {"codec": ["none"], "compress_at": ["transit"], "link": ["eth-100g", NEXT_FASTER_LINK]})])
+def presets() -> dict[str, tuple[str, list[Grid]]]:
+    """Every preset: the core's (the hand-off's studies) and each flow's (a flow's `presets.py`: PRESETS, reached
+    through the registry; the tier's `kvpool` and `tier-deck`)."""
+    from kvtransit import flows  # the registry only: the core reaches a flow through it, by a string
+
+    out = dict(PRESETS)
+    for _name, flow_presets in flows.attribute("presets", "PRESETS"):
+        out.update(flow_presets)
+    return out
 
 
 def preset(name: str) -> list[Grid]:
-    if name not in PRESETS:
-        raise ConfigError(f"preset: unknown value {name!r} (choose from: {', '.join(PRESETS)})")
-    return PRESETS[name][1]
+    known = presets()
+    if name not in known:
+        raise ConfigError(f"preset: unknown value {name!r} (choose from: {', '.join(known)})")
+    return known[name][1]
 
 
 # --- goodput search ----------------------------------------------------------------------------------------

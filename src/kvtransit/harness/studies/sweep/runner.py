@@ -20,16 +20,17 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtransit.agents.loadgen.workload_source import load_trace
 from kvtransit.harness.studies.sweep.plan import GoodputSearch, Grid, bisect_goodput, canonical_key, codec_label
 from kvtransit.harness.up.launcher import Launcher, RunFailed
 from kvtransit.model.errors import ConfigError
-from kvtransit.model.scenario import Scenario
+from kvtransit.model.scenario import Scenario, scenario_fields
 from kvtransit.model.serving.layerwise import HANDOFF_WHOLE
+from kvtransit.report.blocks import flow_reports
 from kvtransit.runtime.signals import run_until_signalled
+from kvtransit.workload.source import load_trace
 
 # What a row says about its run, in the order the CSV lists them (model terms, milliseconds where "_ms"). New
 # columns go at the end: a results file is read by name, but a spreadsheet of an older one by position.
@@ -68,10 +69,8 @@ def row_from_report(key: str, scenario: Scenario, report: dict, *, wall_s: float
         # first token (None for a report written before the split existed).
         "exposed_share": (report.get("handoff_split") or {}).get("exposed_share"),
         "hidden_bytes_share": (report.get("handoff_split") or {}).get("hidden_bytes_share"),
-        **_kv_pool_columns(report),
-        **_collectives_columns(report),
-        **_remote_kv_columns(report),
-        **_ring_columns(report),
+        # Each flow's headline figures (report/blocks.py: `columns`), for runs that turn it on.
+        **{key: value for flow in flow_reports() for key, value in flow.columns(report).items()},
     }
 
 
@@ -82,58 +81,6 @@ def placement(report: dict) -> str | None:
     if not links:
         return None
     return f"{links['mode']} ({links['backends']['rate']})"
-
-
-def _kv_pool_columns(report: dict) -> dict:
-    """Prefix reuse's headline figures (extra CSV columns), for runs with --kv-pool local|pool."""
-    pool = report.get("kv_pool")
-    if not pool:
-        return {}
-    return {"kv_pool": pool["mode"], "hit_rate": pool["hit_rate"], "ttft_mean_ms": _ms(report["ttft_s"]["mean"]),
-            "ttft_p50_ms": _ms(report["ttft_s"]["p50"]), "fetch_mean_ms": _ms(pool["fetch_s_mean"]),
-            "fetch_wire_bytes": pool["fetch_wire_bytes"]}
-
-
-def _collectives_columns(report: dict) -> dict:
-    """TP groups' headline figures (extra CSV columns, a role's prefixed by it), for runs with --prefill-tp or
-    --decode-tp > 1 (the sweep axes `--grid decode_tp=1,4,8 --grid allreduce=ring,switch`)."""
-    columns: dict = {}
-    for role, block in (report.get("collectives") or {}).items():
-        if block:
-            columns |= {f"{role}_tp": block["size"], "allreduce": block["allreduce"],
-                        f"{role}_collective_share": block["collective_share"]["measured"],
-                        f"{role}_model_collective_share": block["collective_share"]["model"],
-                        f"{role}_tp_step_ms": _ms(block["step_s"]["measured"]),
-                        f"{role}_model_tp_step_ms": _ms(block["step_s"]["model"])}
-    return columns
-
-
-def _remote_kv_columns(report: dict) -> dict:
-    """Remote KV's headline figures (extra CSV columns), for runs with --kv-placement remote (the sweep axes
-    `--grid select=top-k,all --grid select_budget=0.25,0.125,0.0625`)."""
-    block = report.get("remote_kv")
-    if not block:
-        return {}
-    tpot = block["tpot_ms"]
-    return {"select": block["select"], "select_budget": block["budget"],
-            "remote_legs_ms": _ms(block["legs_s"]["measured"]), "model_remote_legs_ms": _ms(block["legs_s"]["model"]),
-            "remote_bytes_per_step": (block["summary_bytes"]["measured"] or 0) + (block["page_bytes"]["measured"] or 0),
-            "remote_tpot_p50_ms": tpot["remote"]["p50"] if tpot["remote"] else None,
-            "local_tpot_p50_ms": tpot["local"]["p50"] if tpot["local"] else None}
-
-
-def _ring_columns(report: dict) -> dict:
-    """Ring attention's headline figures (extra CSV columns), for runs with --ring-share (the sweep axes
-    `--grid ring_ranks=2,4,8 --grid ring_link=eth-25g,eth-100g,nvlink4`)."""
-    block = report.get("ring")
-    if not block:
-        return {}
-    ttft = block["ttft_ms"]
-    return {"ring_ranks": block["ranks"], "ring_link": block["link"],
-            "ring_attention_ms": _ms(block["attention_s"]["measured"]),
-            "model_ring_attention_ms": _ms(block["attention_s"]["model"]),
-            "ring_ttft_p50_ms": ttft["ring"]["p50"] if ttft["ring"] else None,
-            "other_ttft_p50_ms": ttft["other"]["p50"] if ttft["other"] else None}
 
 
 def failed_row(key: str, scenario: Scenario, error: str, *, wall_s: float) -> dict:
@@ -211,7 +158,7 @@ class ResultsStore:
 
 
 def _field_defaults() -> dict:
-    return {f.name: f.default for f in fields(Scenario) if f.default is not MISSING}
+    return {f.name: f.default for f in scenario_fields()}
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -313,12 +260,11 @@ def search_goodput(base: Scenario, store: ResultsStore, run_point: Callable[[str
                    hi: float, target: float, iterations: int, rerun: bool = False,
                    on_start: Callable[[int, str, Scenario, bool], None] | None = None) -> GoodputSearch:
     """Bisection over live runs at `base` with only the rate changed; every run lands in `store`."""
-    from dataclasses import replace
 
     counter = {"n": 0}
 
     def key_of(rate: float) -> tuple[str, Scenario]:
-        scenario = replace(base, rate=round(rate, 4))  # keys stay readable; a resumed search finds the same points
+        scenario = base.replace(rate=round(rate, 4))  # keys stay readable; a resumed search finds the same points
         return canonical_key(scenario, {}), scenario
 
     def attainment_at(rate: float) -> float:

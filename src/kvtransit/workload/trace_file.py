@@ -2,7 +2,7 @@
 
 `scenario.trace` is a shipped trace's name (`mooncake-conversation`, `mooncake-synthetic`: kvtransit/data/traces/,
 with their provenance and licence) or any path; a `.gz` file is decompressed as it is read. The load generator
-replays the window it gives (agents/loadgen/workload_source.py); the pool warms from the requests before it
+replays the window it gives (workload/source.py); the pool warms from the requests before it
 (flows/tier/pool/warm.py, --pool-warm trace).
 """
 

@@ -10,13 +10,12 @@ channels, as a TP group's scale-up link is), on its loopback; the launcher start
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from kvtransit.flows.ring.group import RingFollowerConfig, RingGroupConfig
-from kvtransit.flows.tp.processes import ROLES, extra_processes
-from kvtransit.flows.tp.run import PROCESSES_PER_CORE
+from kvtransit.flows.ring.section import RingSection
 from kvtransit.harness.up.agent_commands import AGENT_MODULE
+from kvtransit.harness.up.flow_launch import FlowLaunch, LaunchContext
 from kvtransit.harness.up.placement import LOOPBACK
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.scenario import Scenario
@@ -26,22 +25,8 @@ RING_LOOPBACK = LOOPBACK  # the prefill's own loopback (its namespace's, in netn
 
 def ring_processes(scenario: Scenario) -> int:
     """Processes the rings add: n − 1 followers for each prefill instance (0 without a ring class)."""
-    return (scenario.ring_ranks - 1) * scenario.prefill if scenario.ring else 0
-
-
-def check_host(scenario: Scenario, cores: int | None = None) -> None:
-    """Rings (with any TP groups) larger than this host can start are a one-line error with the sizes it can."""
-    if not scenario.ring:
-        return
-    cores = cores or os.cpu_count() or 1
-    room = PROCESSES_PER_CORE * cores
-    groups = sum(extra_processes(scenario, role) * (scenario.prefill if role == "prefill" else scenario.decode)
-                 for role in ROLES)
-    if ring_processes(scenario) + groups > room:
-        valid = [n for n in (2, 4, 8) if (n - 1) * scenario.prefill + groups <= room]
-        raise ConfigError(f"ring_ranks: {scenario.prefill} prefill instance(s) with rings of {scenario.ring_ranks} "
-                          f"need {ring_processes(scenario)} more processes ({groups} more for TP groups); this host "
-                          f"has {cores} cores, room for {room} (valid: {', '.join(map(str, valid)) or 'none'})")
+    ring_section = RingSection.of(scenario)
+    return (ring_section.ring_ranks - 1) * scenario.prefill if ring_section.on else 0
 
 
 def follower_argv(scenario: Scenario, index: int, rank: int) -> list[str]:
@@ -56,3 +41,38 @@ def leader_config(index: int, followers: list[dict[str, Any]]) -> str:
                              followers=[{"control": [RING_LOOPBACK, f["control_port"]],
                                          "ring": [RING_LOOPBACK, f["ring_port"]]} for f in followers])
     return json.dumps({"index": config.index, "followers": config.followers, "host": config.host})
+
+
+class RingLaunch(FlowLaunch):
+    """Each prefill's ring: its n − 1 follower ranks beside it, before it, on its loopback."""
+
+    GROUP_ROLES = ("ring-rank",)
+
+    def check(self, ctx: LaunchContext) -> None:
+        if ctx.frontend is not None:
+            raise ConfigError("ring_share: the ring class gives the load generator's requests their long prompt; the "
+                              "OpenAI front end's requests bring their own (give --ring-share 0 with the front end)")
+
+    def extra_processes(self, scenario: Scenario) -> int:
+        return ring_processes(scenario)
+
+    def too_many(self, scenario: Scenario, room: int, others: int, cores: int) -> str:
+        ring = RingSection.of(scenario)
+        valid = [n for n in (2, 4, 8) if (n - 1) * scenario.prefill <= room]
+        return (f"ring_ranks: {scenario.prefill} prefill instance(s) with rings of {ring.ring_ranks} need "
+                f"{ring_processes(scenario)} more processes ({others} more for TP groups); this host has {cores} "
+                f"cores, room for {room + others} (valid: {', '.join(map(str, valid)) or 'none'})")
+
+    async def before(self, ctx: LaunchContext, role: str, index: int) -> list[str]:
+        """`--ring-share`: the n − 1 follower ranks of prefill `index`'s ring, started where it will run; its
+        `--ring-group` JSON."""
+        if role != "prefill":
+            return []
+        scenario = ctx.scenario
+        followers = [await ctx.start(f"prefill-{index}-ring-{rank}", "ring-rank",
+                                     ctx.wrap("prefill", follower_argv(scenario, index, rank)), place="prefill")
+                     for rank in range(1, RingSection.of(scenario).ring_ranks)]
+        return ["--ring-group", leader_config(index, followers)]
+
+
+LAUNCH = RingLaunch()
