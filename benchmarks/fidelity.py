@@ -5,8 +5,8 @@
 
 Part 1, isolated figures: for each link and payload scale, a light run (nothing queues: 1 request/s,
 short outputs, codec none) through the real testbed (`kvtransit up`'s Launcher, loopback). Per request:
-  hand-off error = measured hand-off / (latency + bytes / bandwidth)              (REFERENCE §2)
-  TPOT error     = measured TPOT / ((hand-off + Σ roofline decode steps) / (n - 1)) (REFERENCE §3-4)
+  hand-off error = measured hand-off / (latency + bytes / bandwidth)              (docs/reference.md §2)
+  TPOT error     = measured TPOT / ((hand-off + Σ roofline decode steps) / (n - 1)) (docs/reference.md §3-4)
 printed as the median ratio and the share of requests within the issue's targets (2 % or 1 ms; 3 %).
 
 Part 2, the highest request rate each scale sustains faithfully: runs at rising rates (default

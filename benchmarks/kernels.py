@@ -180,7 +180,8 @@ def bench_ntt(args: argparse.Namespace) -> None:
 
 
 def bench_stream_sum(args: argparse.Namespace) -> None:
-    # Activations of one all-reduce: tokens × d_model (Llama-3-8B's d_model 4096) in BF16 per rank (REFERENCE §7).
+    # Activations of one all-reduce: tokens × d_model (Llama-3-8B's d_model 4096) in BF16 per rank (docs/reference.md
+    # §7).
     tokens, d_model = (256, 4096) if args.quick else (1024, 4096)
     counts = (2,) if args.quick else (2, 4, 8)
     rng = np.random.default_rng(0)

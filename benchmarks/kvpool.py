@@ -33,7 +33,7 @@ from kvtransit.wire.events import DType, Hello, KvBegin, KvChunk, KvEnd, PoolFet
 from kvtransit.wire.limits import WIRE_VERSION
 
 CLI = [sys.executable, "-m", "kvtransit.cli"]
-# nvlink4 at scale 1: 450 GB/s (REFERENCE §2), far above loopback, so the middlebox's shaper never binds.
+# nvlink4 at scale 1: 450 GB/s (docs/reference.md §2), far above loopback, so the middlebox's shaper never binds.
 FAST = ["--link", "nvlink4", "--scale", "1", "--codec", "none", "--kv-pool", "pool"]
 
 

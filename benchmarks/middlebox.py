@@ -32,7 +32,7 @@ from kvtransit.runtime.transport import open_endpoint, serve
 from kvtransit.wire import WIRE_VERSION
 from kvtransit.wire.events import Ack, AckStatus, DType, Hello, KvBegin, KvChunk, KvEnd, Role
 
-HEAD_DIM = 128  # one llama3-8b head (REFERENCE §1)
+HEAD_DIM = 128  # one llama3-8b head (docs/reference.md §1)
 
 
 def bare_relay(listen_port_out: list, dest: tuple[str, int]) -> None:

@@ -42,7 +42,7 @@ def arrivals_span_s(scenario: Scenario) -> float:
 
 def link_backlog_s(scenario: Scenario) -> float:
     """Model seconds the hand-off link still owes after the last arrival when the load exceeds it: its total
-    work (latency + wire bytes / bandwidth per request, REFERENCE §2) less the arrivals' span, if positive."""
+    work (latency + wire bytes / bandwidth per request, docs/reference.md §2) less the arrivals' span, if positive."""
     link, ratio = scenario.link_spec, scenario.codec_declaration.ratio
     work = sum(link.latency_s + scenario.model_spec.kv_bytes(r.prompt_tokens) / ratio / link.bandwidth_Bps
                for r in generate(scenario.workload))

@@ -120,12 +120,12 @@ KV_WAIT_SHARE_EXPR = (f"({_rate(_CLIENT_HANDOFF_SUM)} + {_rate('kvtransit_decode
 def slo_overview():
     return _dashboard(
         "kvtransit-slo-overview", "kvtransit / SLO overview",
-        "What the client sees (REFERENCE §4): TTFT and TPOT against the SLO, attainment, goodput, outcomes.",
+        "What the client sees (docs/reference.md §4): TTFT and TPOT against the SLO, attainment, goodput, outcomes.",
         [("SLO", [
             PanelSpec("SLO attainment (run)", "Share of requests that met TTFT and TPOT, since the run started.",
                       (Query("kvtransit:slo_attainment:ratio"),), unit="percentunit", kind="stat",
                       line=None, width=6),
-            PanelSpec("Goodput", "SLO-met requests per second (REFERENCE §4).",
+            PanelSpec("Goodput", "SLO-met requests per second (docs/reference.md §4).",
                       (Query("kvtransit:goodput:requests_per_second"),), unit="reqps", kind="stat", width=6),
             PanelSpec("SLO attainment (30 s)", f"Red line: the {SLO_ATTAINMENT_TARGET:.0%} target the alert uses.",
                       (Query("kvtransit:slo_attainment:ratio_rate30s", "attainment"),
@@ -159,13 +159,13 @@ def slo_overview():
 def link_and_module():
     return _dashboard(
         "kvtransit-link-module", "kvtransit / Link and module",
-        "The shaped hand-off link and the compute-in-transit module on it (REFERENCE §2, §5).",
+        "The shaped hand-off link and the compute-in-transit module on it (docs/reference.md §2, §5).",
         [("Link", [
             PanelSpec("Configured vs achieved rate", "Bytes/s the link is shaped to, and what it delivered.",
                       (Query("kvtransit_link_configured_rate_bytes_per_second", "{{link}} configured"),
                        Query("kvtransit_link_achieved_rate_bytes_per_second", "{{link}} achieved")),
                       unit="Bps"),
-            PanelSpec("Link busy", "Occupancy over wall time (REFERENCE §2); red line: the saturation alert.",
+            PanelSpec("Link busy", "Occupancy over wall time (docs/reference.md §2); red line: the saturation alert.",
                       (Query("kvtransit_link_busy_ratio", "{{link}}"),), unit="percentunit", line=0.95),
             PanelSpec("Raw vs wire bytes", "KV bytes into the module and onto the link, per second.",
                       (Query(_rate("kvtransit_middlebox_kv_in_bytes_total", "link"), "{{link}} raw"),
@@ -174,7 +174,7 @@ def link_and_module():
             PanelSpec("Hand-off p99 by phase", "At the middlebox: queue for a channel, transfer, total.",
                       (Query("kvtransit:handoff_seconds:p99", "{{phase}}"),), unit="s"),
         ]), ("Module", [
-            PanelSpec("Compression ratio", "Input bytes / output bytes (REFERENCE §5).",
+            PanelSpec("Compression ratio", "Input bytes / output bytes (docs/reference.md §5).",
                       (Query("kvtransit:module_compression:ratio", "{{codec}}"),), unit="none", kind="stat",
                       width=6),
             PanelSpec("Module energy per request", "Modelled module energy (input bits x pJ/bit) per hand-off.",
@@ -199,8 +199,8 @@ def link_and_module():
 def agents():
     return _dashboard(
         "kvtransit-agents", "kvtransit / Agents",
-        "Prefill and decode instances: batches, queues, step times, KV occupancy (REFERENCE §3, §4); the shared KV "
-        "pool, with --kv-pool pool.",
+        "Prefill and decode instances: batches, queues, step times, KV occupancy (docs/reference.md §3, §4); the "
+        "shared KV pool, with --kv-pool pool.",
         [("Prefill", [
             PanelSpec("Prefill batch size", "Requests per prefill step (finished requests / steps).",
                       (Query(f"{_rate('kvtransit_prefill_requests_total')} / "
@@ -238,8 +238,8 @@ def collectives_panels() -> list[PanelSpec]:
     return [
         PanelSpec("Collective share of the step", "A TP group's collective time over its step time, last 30 s, by "
                   "role: measured (compute held -> step end, the real all-reduce over the scale-up link included) "
-                  "next to the model's (REFERENCE §7); the run is not faithful when they are more than 3 points "
-                  "apart.",
+                  "next to the model's (docs/reference.md §7); the run is not faithful when they are more than 3 "
+                  "points apart.",
                   (Query(f"{_rate('kvtransit_tp_collective_seconds_total', 'role, source')} / "
                          f"{_rate('kvtransit_tp_step_seconds_total', 'role, source')}", "{{role}} {{source}}"),),
                   unit="percentunit"),
@@ -272,8 +272,8 @@ def remote_kv_panels() -> list[PanelSpec]:
                   "contexts, by phase: the pages' summaries (top-k) and the chosen pages (or every token).",
                   (Query(f"{_rate('kvtransit_remote_kv_bytes_total', 'phase')} / scalar({steps})", "{{phase}}"),),
                   unit="bytes"),
-        PanelSpec("Module: summaries scored", "Page summaries the module scored in transit (its MAC, REFERENCE §7), "
-                  "model bytes per second.",
+        PanelSpec("Module: summaries scored", "Page summaries the module scored in transit (its MAC, "
+                  "docs/reference.md §7), model bytes per second.",
                   (Query(_rate("kvtransit_remote_kv_scored_bytes_total"), "scored"),), unit="Bps"),
         PanelSpec("Remote steps", "Decode steps per second that fetched remote KV.",
                   (Query(steps, "steps"),), unit="ops"),
@@ -334,7 +334,8 @@ def kv_pool_panels() -> list[PanelSpec]:
 def fidelity():
     return _dashboard(
         "kvtransit-fidelity", "kvtransit / Fidelity",
-        "Did the host emulate what the scenario asked (DESIGN §2, model/judge/fidelity.py)? Red lines: tolerances.",
+        "Did the host emulate what the scenario asked (ARCHITECTURE.md, time and scale; model/judge/fidelity.py)? "
+        "Red lines: tolerances.",
         [("Fidelity", [
             PanelSpec("Link: achieved / configured", f"1 is exact; below {1 - LINK_RATE_TOLERANCE:g} the run "
                       "is not faithful.",

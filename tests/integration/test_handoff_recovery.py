@@ -11,6 +11,7 @@ import pytest
 
 from kvtransit.agents.decode.agent import DecodeAgent
 from kvtransit.agents.process import Address, parse_ready_line
+from kvtransit.agents.skeleton import serve
 from kvtransit.model.scenario import Scenario
 from kvtransit.runtime.transport import open_endpoint
 from kvtransit.wire.events import Ack, AckStatus, Error, Hello, Role, Tokens
@@ -24,7 +25,7 @@ async def start_decode(capsys) -> tuple[DecodeAgent, asyncio.Event, asyncio.Task
     agent = DecodeAgent(Scenario(codec="none"), name="decode-0", listen=ANY, client_listen=ANY, metrics_listen=ANY,
                         accuracy_sample=0)
     stop = asyncio.Event()
-    task = asyncio.create_task(agent.run(stop))
+    task = asyncio.create_task(serve(agent, stop))
     while True:
         await asyncio.sleep(0.01)
         lines = [parse_ready_line(line) for line in capsys.readouterr().out.splitlines()]
@@ -75,7 +76,7 @@ async def test_a_retried_hand_off_is_acked_again_and_decoded_once(capsys):
         again = await retry.next_event()
         assert isinstance(again, Ack) and again.status == AckStatus.OK and again.detail == "duplicate"
         assert await ready_entries(client, 5) == 1
-        assert agent.handoffs == {"taken": 1, "duplicate": 1, "aborted": 0}
+        assert agent.ingress.handoffs == {"taken": 1, "duplicate": 1, "aborted": 0}
         retry.abort()
         client.abort()
     finally:
@@ -91,7 +92,7 @@ async def test_a_stream_broken_mid_way_is_dropped_without_failing_the_request(ca
         await send_kv(link, 9, complete=False)
         link.abort()
         assert await ready_entries(client, 9) == 0  # no Error reached the client either (checked inside)
-        assert agent.handoffs["aborted"] == 1 and agent.outcomes["failed"] == 0
+        assert agent.ingress.handoffs["aborted"] == 1 and agent.outcomes["failed"] == 0
         fresh = await connect(ready["listen_port"], Role.MIDDLEBOX)  # the sender's retry then gets through
         await send_kv(fresh, 9)
         assert (await fresh.next_event()).status == AckStatus.OK

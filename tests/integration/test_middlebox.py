@@ -159,7 +159,7 @@ async def test_band_keep_runs_on_every_chunk_and_decode_gets_the_kernels_output(
     codec = get_codec("freq-keep-k", keep=0.5, block=64, sinks=4, variant="dct")
     first_rows = as_rows(kv[0])[0:2]
     assert stub.chunks[11][0][1] == codec.encode(first_rows).payload.tobytes()
-    # Error on white noise: sqrt(1 - kept/N) with 4 exact sinks (REFERENCE §6 sanity check), ≈ 0.70.
+    # Error on white noise: sqrt(1 - kept/N) with 4 exact sinks (docs/reference.md §6 sanity check), ≈ 0.70.
     out = stub.reassemble(11).astype(np.float32)
     ref = kv.astype(np.float32)
     rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
@@ -360,7 +360,7 @@ def test_middlebox_process_relays_and_exports_metrics(tmp_path):
 
 async def test_a_transit_bound_kernel_holds_the_link_for_its_modelled_compute_time(testbed):
     """FFT length 64 with the transform charged costs 7.5 ops/B against the simulator's 1.6 ops per line
-    byte (REFERENCE §5): the hand-off takes ops / (1.6 x bw), not wire / bw, and is counted transit-bound."""
+    byte (docs/reference.md §5): the hand-off takes ops / (1.6 x bw), not wire / bw, and is counted transit-bound."""
     import time as _time
 
     from kvtransit.model.module.budget import fft_ops_per_byte

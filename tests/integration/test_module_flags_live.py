@@ -1,8 +1,8 @@
 """The module's unknowns as scenario fields, live: a run honours them from its start, no `PUT /kernel`.
 
 Real processes on loopback, as in test_serving_loop.py. freq-keep-k on blocks of 64 tokens is an FFT of length
-64: 1.25 · log2 64 = 7.50 ops per byte (REFERENCE §5 kernel table). Charged against the low budget (0.40 ops
-per line byte), the module's compute outlasts the wire, so each hand-off takes REFERENCE §5's
+64: 1.25 · log2 64 = 7.50 ops per byte (docs/reference.md §5 kernel table). Charged against the low budget (0.40 ops
+per line byte), the module's compute outlasts the wire, so each hand-off takes docs/reference.md §5's
 `latency + module latency + max(wire / bw, ops / (budget × bw))`, ops over the KV (input) bytes, instead of the
 wire's time. Light load: hand-offs rarely meet, so each can be held against the formula.
 """
@@ -53,7 +53,7 @@ def free_run(tmp_path_factory):
 
 
 def _prescribed_s(scenario: Scenario, prompt_tokens: int, wire_per_kv_byte: float) -> float:
-    """REFERENCE §5, written out again here: link latency + 1 µs + max(wire / bw, ops / (budget × bw))."""
+    """docs/reference.md §5, written out again here: link latency + 1 µs + max(wire / bw, ops / (budget × bw))."""
     link = scenario.link_spec
     kv_bytes = scenario.model_spec.kv_bytes(prompt_tokens)
     wire_s = kv_bytes * wire_per_kv_byte / link.bandwidth_Bps

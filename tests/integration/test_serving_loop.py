@@ -61,7 +61,7 @@ def light_run(tmp_path_factory):
 
 
 def _simulator_stream(seed: int, rate: float, n: int, prompt=(1024.0, 0.5), output=(32.0, 0.5)):
-    """REFERENCE §4's generator, written out again here independently of model.workload."""
+    """docs/reference.md §4's generator, written out again here independently of model.workload."""
     rng = random.Random(seed)
 
     def lognormal(mean, cv):

@@ -1,7 +1,7 @@
 """Fidelity of the user-space egress shaper on loopback TCP (mininet's achieved-vs-configured check).
 
 A 100 MB hand-off through the shaper must reach the receiver within 2 % of bytes / rate + latency
-(REFERENCE §2's transfer time), on the loop agents use (uvloop). Each case is measured five times and the
+(docs/reference.md §2's transfer time), on the loop agents use (uvloop). Each case is measured five times and the
 median must be within tolerance: on a shared 2-core box one run in a few is CPU-starved (seen: +29 % at
 400 MB/s with the load average at 2.6), which says nothing about the shaper. Two ends are checked: when the
 shaper handed the last byte to the kernel (what it controls), and when the receiver, in the same process,
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120),
 
 TOTAL_BYTES = 100_000_000
 CHUNK_BYTES = 4 * 1024 * 1024
-LATENCY_S = 20e-6  # eth-25g / eth-100g one-way latency (REFERENCE §2)
+LATENCY_S = 20e-6  # eth-25g / eth-100g one-way latency (docs/reference.md §2)
 RUNS = 5
 TOLERANCE = 0.02  # the brief's bound on |measured / modelled - 1|
 
@@ -60,7 +60,7 @@ async def one_transfer(rate_Bps: float) -> tuple[float, float]:
         payload = bytes(CHUNK_BYTES)
         sizes = [CHUNK_BYTES] * (TOTAL_BYTES // CHUNK_BYTES) + [TOTAL_BYTES % CHUNK_BYTES]
         async with shaper.transfer(downstream, "fidelity") as tx:
-            # A hand-off's KV is all ready when it starts (REFERENCE §4: handed off whole, after prefill), so
+            # A hand-off's KV is all ready when it starts (docs/reference.md §4: handed off whole, after prefill), so
             # every frame carries that time: a late wake-up of this producer must not cost link time.
             ready = tx.record.started_ns
             await tx.send(KvBegin(request_id=1, prompt_tokens=1, output_tokens=1, n_layers=len(sizes),

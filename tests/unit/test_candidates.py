@@ -174,7 +174,7 @@ def test_the_bottleneck_threshold_is_five_tests_own():
 def test_candidate_names_keep_table_order_and_an_unknown_one_lists_the_valid():
     assert candidate_names(None) == ("kv-tier-fetch", "kv-handoff", "query-aware-selection", "ring-attention",
                                      "moe-all-to-all", "tp-all-reduce", "weight-streaming", "fhe-inference",
-                                     "pq-key-exchange")  # REFERENCE §8's order, whichever flow brings the row
+                                     "pq-key-exchange")  # docs/reference.md §8's order, whichever flow brings the row
     assert candidate_names("weight-streaming,pq-key-exchange") == ("weight-streaming", "pq-key-exchange")
     with pytest.raises(ConfigError, match=r"unknown candidate 'kv-handof' \(choose from: .*kv-handoff"):
         candidate_names("kv-handof")

@@ -1,4 +1,4 @@
-"""`kvtransit calc`, `kernels` and `cost`: REFERENCE tables through the CLI (text and --json), bad input."""
+"""`kvtransit calc`, `kernels` and `cost`: docs/reference.md tables through the CLI (text and --json), bad input."""
 
 import json
 
@@ -6,14 +6,14 @@ import pytest
 
 from kvtransit.cli import main
 
-HANDOFF_TABLE = [  # REFERENCE §2, as printed
+HANDOFF_TABLE = [  # docs/reference.md §2, as printed
     ("llama3-8b", "2,048", "268.4", "0.60", "5.38", "21.49", "85.92"),
     ("llama3-8b", "32,768", "4,295.0", "9.55", "85.91", "343.62", "1,374.41"),
     ("llama3-70b", "2,048", "671.1", "1.50", "13.43", "53.71", "214.77"),
     ("llama3-70b", "32,768", "10,737.4", "23.87", "214.76", "859.01", "3,435.99"),
 ]
 LINK_COLUMNS = ("nvlink4", "ib-ndr", "eth-100g", "eth-25g")
-KERNEL_TABLE = [  # REFERENCE §5, as printed
+KERNEL_TABLE = [  # docs/reference.md §5, as printed
     ("FFT length 8, keep a fixed band", "3.75", "0.00", "yes", "yes", "yes"),
     ("FFT length 64, keep a fixed band", "7.50", "0.00", "yes", "no", "yes"),
     ("FFT length 1024, keep a fixed band", "12.50", "0.00", "yes", "no", "yes"),

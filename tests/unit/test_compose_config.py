@@ -49,6 +49,7 @@ def _meaning(argv: list[str]) -> dict:
     return {k: v for k, v in args.items() if k not in PLACE_DEPENDENT and k != "func"}
 
 
+@pytest.mark.slow  # starts a process
 def test_docker_compose_accepts_the_file():
     if shutil.which("docker-compose") is None:
         pytest.skip("docker-compose not on PATH (apt-get install docker-compose)")

@@ -95,6 +95,7 @@ def test_each_compose_file_follows_the_compose_spec_schema(name):
     assert _schema_errors(yaml.safe_load((ROOT / name).read_text())) == []
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("files", [[DEFAULT_FILE], [DEFAULT_FILE, OFFLINE_FILE]], ids=["default", "offline"])
 def test_each_path_is_accepted_by_compose_v1_and_its_merged_model_by_the_v2_schema(files):
     merged = _docker_compose_config(files)
@@ -102,6 +103,7 @@ def test_each_path_is_accepted_by_compose_v1_and_its_merged_model_by_the_v2_sche
     assert _schema_errors(merged) == []
 
 
+@pytest.mark.slow  # starts a process
 def test_the_default_path_builds_from_the_package_index_and_pulls_official_pinned_images():
     services = _docker_compose_config([DEFAULT_FILE])["services"]
     for role in AGENTS:
@@ -117,6 +119,7 @@ def test_the_default_path_builds_from_the_package_index_and_pulls_official_pinne
         assert image == repository and tag and tag != "latest", f"{name}: pin a tag of {repository}"
 
 
+@pytest.mark.slow  # starts a process
 def test_the_default_path_starts_grafana_provisioned_from_the_repository():
     services = _docker_compose_config([DEFAULT_FILE])["services"]
     assert all("profiles" not in services[name] for name in ("decode", "middlebox", "prefill", "loadgen",
@@ -130,6 +133,7 @@ def test_the_default_path_starts_grafana_provisioned_from_the_repository():
     assert (ROOT / "dashboards" / "json" / Path(home).name).is_file(), home
 
 
+@pytest.mark.slow  # starts a process
 def test_prometheus_runs_the_same_command_on_both_paths():
     default = _docker_compose_config([DEFAULT_FILE])["services"]["prometheus"]
     offline = _docker_compose_config([DEFAULT_FILE, OFFLINE_FILE])["services"]["prometheus"]
@@ -140,6 +144,7 @@ def test_prometheus_runs_the_same_command_on_both_paths():
     assert offline["healthcheck"]["test"][1] == "python3"
 
 
+@pytest.mark.slow  # starts a process
 def test_the_offline_path_builds_everything_from_the_host_and_pulls_nothing_by_default():
     services = _docker_compose_config([DEFAULT_FILE, OFFLINE_FILE])["services"]
     for role in AGENTS:
@@ -197,6 +202,7 @@ class _StartedLauncher:
         return "127.0.0.1:2"
 
 
+@pytest.mark.slow  # starts a process
 def test_the_kvpool_profile_wires_the_pool_in_as_kvtransit_up_does():
     """With the .env lines docker/scenario_env.py prints for a `--kv-pool pool` scenario, the middlebox dials the
     pool, the prefill reaches it through the middlebox's pool port and the load generator reads its /stats: the

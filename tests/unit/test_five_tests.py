@@ -1,4 +1,4 @@
-"""The five tests (REFERENCE §8) on made-up measurements: each passes and fails by its rule, a test not measured
+"""The five tests (docs/reference.md §8) on made-up measurements: each passes and fails by its rule, a test not measured
 fails closed, and a flow without a kernel is "no kernel"."""
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ ALLOWED_THIRD_PARTY = {
     "shaping": set(),
     "runtime": None,  # any declared dependency
     # The realkv extra's torch and transformers, imported only inside realmodel (never on the default install's
-    # paths: tests/integration/test_realmodel_offline.py checks `import kvtransit.cli` loads neither).
+    # paths: tests/unit/test_realmodel_offline.py checks `import kvtransit.cli` loads neither).
     "realmodel": {"numpy", "ml_dtypes", "torch", "transformers"},
     "workload": set(),
     "report": None,  # its figures draw with matplotlib (the plots extra)

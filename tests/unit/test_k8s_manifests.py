@@ -192,6 +192,7 @@ def test_the_committed_base_is_what_render_writes_for_the_default_scenario():
     assert committed == expected
 
 
+@pytest.mark.slow  # starts a process
 def test_kustomize_builds_the_committed_base():
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl not on PATH (it carries kustomize)")

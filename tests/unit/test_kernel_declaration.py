@@ -1,4 +1,4 @@
-"""A kernel declared on a link (REFERENCE §5, the deck's sketch): its fields, its file, its checks, its CLI."""
+"""A kernel declared on a link (docs/reference.md §5, the deck's sketch): its fields, its file, its checks, its CLI."""
 
 import json
 from dataclasses import replace
@@ -31,7 +31,7 @@ LOW, SIM = Module(ops_per_byte=MODULE_BUDGETS["low"]), Module(ops_per_byte=MODUL
 
 
 def deck_sketch():
-    """REFERENCE §5's sketch, verbatim but for the class name's alias."""
+    """docs/reference.md §5's sketch, verbatim but for the class name's alias."""
     return LinkKernel(
         name="freq-keep-half",
         ops_per_byte=0.0,
@@ -103,7 +103,7 @@ def test_a_two_stream_sum_on_a_pluggable_is_refused_with_the_reason_whatever_the
 
 def test_a_two_stream_sum_on_a_switch_is_judged_on_its_arithmetic():
     decl = load_kernel_declaration(SUM_FILE)
-    assert (decl.streams, decl.placement, decl.ops_per_byte) == (2, "switch", 0.5)  # REFERENCE §5: 0.50 op/B
+    assert (decl.streams, decl.placement, decl.ops_per_byte) == (2, "switch", 0.5)  # docs/reference.md §5: 0.50 op/B
     assert placement_check(decl).ok
     assert budget_check(decl, SIM).verdict is Verdict.FITS
     assert budget_check(decl, LOW).slowdown == pytest.approx(0.5 / 0.4)

@@ -106,7 +106,7 @@ def test_ratio_1_with_no_ops_runs_codec_none_and_may_say_lossless():
 def test_the_unknowns_become_the_same_named_scenario_fields():
     fields = scenario_fields_for(band_keep(transform_charged=True, precision_bits=10, placement="switch"))
     assert (fields["transform_charged"], fields["precision_bits"], fields["placement"]) == (True, 10, "switch")
-    assert "sinks" not in fields  # a declaration has no sinks: the scenario's (REFERENCE §6: 4) stay
+    assert "sinks" not in fields  # a declaration has no sinks: the scenario's (docs/reference.md §6: 4) stay
 
 
 def test_a_published_op_beyond_what_runs_is_accepted_at_the_same_cost():
@@ -115,7 +115,7 @@ def test_a_published_op_beyond_what_runs_is_accepted_at_the_same_cost():
 
 
 def test_the_kernel_tables_requantise_row_runs_as_fp8_its_ops_never_charged_in_the_module():
-    # REFERENCE §5's table prices requantise at 1.00 op/B, the fp8 preset at 0.50: the op needs rounding, so the
+    # docs/reference.md §5's table prices requantise at 1.00 op/B, the fp8 preset at 0.50: the op needs rounding, so the
     # module refuses it or the host runs it, and neither charges ops.
     assert scenario_fields_for(rounding(2.0, ops_per_byte=1.0))["codec"] == "fp8"
 

@@ -70,4 +70,4 @@ def test_real_smollm2_sample_runs_and_sinks_matter():
     with_sinks = {r.method: r for r in accuracy_table(sample, keep=0.5, sinks=4)}
     without = accuracy_table(sample, keep=0.5, sinks=0, baselines=False)[0]
     assert 0 < with_sinks["freq-keep-k"].k_err < 1 and 0 < with_sinks["freq-keep-k"].v_err < 1
-    assert with_sinks["freq-keep-k"].attn_err < without.attn_err  # REFERENCE §6: the first token holds the mass
+    assert with_sinks["freq-keep-k"].attn_err < without.attn_err  # docs/reference.md §6: the first token holds the mass

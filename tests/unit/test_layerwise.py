@@ -102,7 +102,7 @@ def test_the_fidelity_model_reads_the_step_off_the_first_layers_release():
     assert prescribed_exposed_s(scenario, chunks, layers) == pytest.approx(expected)
     chunked = Scenario(codec="none", handoff="layerwise", prefill_chunk=4096)  # one chunk: the same schedule
     assert prescribed_exposed_s(chunked, chunks, layers) == pytest.approx(expected)
-    # 2,048 tokens on eth-25g take 85.9 ms (REFERENCE §2), a 59 ms step hides (31/32) of 59 ms of it.
+    # 2,048 tokens on eth-25g take 85.9 ms (docs/reference.md §2), a 59 ms step hides (31/32) of 59 ms of it.
     assert expected == pytest.approx(0.08592 - 31 / 32 * 0.059, abs=1e-4)
 
 

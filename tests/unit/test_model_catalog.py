@@ -1,4 +1,4 @@
-"""Model shapes, links and devices: REFERENCE §1-§3 catalogues and the bytes derived from them."""
+"""Model shapes, links and devices: docs/reference.md §1-§3 catalogues and the bytes derived from them."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Codec presets, the kernel table of REFERENCE §5 and the hand-off calculator (REFERENCE §2, §5)."""
+"""Codec presets, the kernel table of docs/reference.md §5 and the hand-off calculator (docs/reference.md §2, §5)."""
 
 import pytest
 from hypothesis import given
@@ -96,7 +96,7 @@ def test_bare_handoff_is_latency_plus_bytes_over_bandwidth():
     est = handoff(L8B, 2048, LINKS["eth-25g"])
     assert est.placement == "none" and est.budget is None
     assert est.transfer_s == pytest.approx(20e-6 + 268_435_456 / 3.125e9)
-    assert f"{est.handoffs_per_s_to_fill:.1f}" == "11.6"  # REFERENCE §2
+    assert f"{est.handoffs_per_s_to_fill:.1f}" == "11.6"  # docs/reference.md §2
     assert est.link_energy_j == pytest.approx(268_435_456 * 8 * 15e-12)
     assert est.module_energy_j == 0.0
 
@@ -106,7 +106,7 @@ def test_band_keep_in_transit_halves_the_wire_and_pays_the_module_latency_and_en
     assert est.placement == "module" and est.budget.verdict is Verdict.FITS
     assert est.wire_bytes == 268_435_456 / 2
     assert est.transfer_s == pytest.approx(20e-6 + 1e-6 + 134_217_728 / 3.125e9)
-    # input bits × 1 pJ (REFERENCE §5's stage) + the far end's decoding module on the wire bits (issue 14)
+    # input bits × 1 pJ (docs/reference.md §5's stage) + the far end's decoding module on the wire bits (issue 14)
     assert est.module_energy_j == pytest.approx((268_435_456 + 134_217_728) * 8 * 1e-12)
 
 

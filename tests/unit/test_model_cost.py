@@ -1,4 +1,4 @@
-"""The roofline of REFERENCE §3, pinned to its closed-form checks, and its monotonicity."""
+"""The roofline of docs/reference.md §3, pinned to its closed-form checks, and its monotonicity."""
 
 import pytest
 from hypothesis import given

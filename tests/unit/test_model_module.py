@@ -1,4 +1,4 @@
-"""The module's budget check and transit time (REFERENCE §5)."""
+"""The module's budget check and transit time (docs/reference.md §5)."""
 
 import pytest
 from hypothesis import given

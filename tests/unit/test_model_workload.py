@@ -1,4 +1,4 @@
-"""The request stream reproduces the simulator's draws (REFERENCE §4) exactly."""
+"""The request stream reproduces the simulator's draws (docs/reference.md §4) exactly."""
 
 import itertools
 import math
@@ -13,7 +13,7 @@ from kvtransit.model.serving.workload import LengthDist, RequestSpec, WorkloadSp
 
 
 def _lognormal_length(rng: random.Random, mean: float, cv: float) -> int:
-    """REFERENCE §4 written out independently of the library."""
+    """docs/reference.md §4 written out independently of the library."""
     sigma2 = math.log(1 + cv**2)
     mu = math.log(mean) - sigma2 / 2
     return int(min(32768, max(1, round(rng.lognormvariate(mu, math.sqrt(sigma2))))))

@@ -143,6 +143,7 @@ def test_a_reading_that_failed_or_is_still_pending_is_an_error_in_the_report_nev
     assert model_accuracy_errors(nothing) == ["accuracy model: not measured: no real-KV hand-off reached decode"]
 
 
+@pytest.mark.slow  # starts a process
 def test_up_without_the_extra_says_what_to_install_before_starting_anything(tmp_path):
     # The extra hidden (find_spec, which the check uses, finds neither torch nor transformers): one line, exit 2.
     code = ("import importlib.util, sys\n"

@@ -2,7 +2,7 @@
 
 Other code reads this file by its schema (tests/data/README.md); these tests pin that schema and check that the
 arrays behave like real KV from SmolLM2-135M, not like noise: K is smoother along tokens than V, K is RoPE of
-the stored pre-RoPE K, and late layers' decode queries sink their attention on the first token (REFERENCE §6).
+the stored pre-RoPE K, and late layers' decode queries sink their attention on the first token (docs/reference.md §6).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ SCRIPT = ROOT / "scripts" / "extract_real_kv.py"
 TEXTS = ("prose", "code")
 MAX_BYTES = 6_000_000  # kept small enough to commit (task brief: < 6 MB)
 
-# SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64, 30 layers (REFERENCE §1, smollm2-135m row).
+# SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64, 30 layers (docs/reference.md §1, smollm2-135m row).
 Q_HEADS, KV_HEADS, HEAD_DIM, MODEL_LAYERS = 9, 3, 64, 30
 
 
@@ -47,7 +47,7 @@ def extractor():
 
 
 def dct_keep_half_error(x: np.ndarray, block: int = 64) -> float:
-    """Orthonormal DCT-II along tokens (axis -2) in blocks, low half kept: REFERENCE §6's measure."""
+    """Orthonormal DCT-II along tokens (axis -2) in blocks, low half kept: docs/reference.md §6's measure."""
     t = x.shape[-2] // block * block
     blocks = x[..., :t, :].astype(np.float64).reshape(*x.shape[:-2], t // block, block, x.shape[-1])
     coeffs = dct(blocks, type=2, norm="ortho", axis=-2)
@@ -143,12 +143,12 @@ def test_real_k_is_smoother_along_tokens_than_v(sample):
     for t in TEXTS:
         k_err = dct_keep_half_error(sample[f"{t}.k"])
         v_err = dct_keep_half_error(sample[f"{t}.v"])
-        assert 0.1 < k_err < 0.4 and 0.4 < v_err < 0.7, (t, k_err, v_err)  # REFERENCE §6: ≈ 0.27 K, 0.57 V
+        assert 0.1 < k_err < 0.4 and 0.4 < v_err < 0.7, (t, k_err, v_err)  # docs/reference.md §6: ≈ 0.27 K, 0.57 V
         assert k_err < v_err - 0.1, (t, k_err, v_err)  # white noise would give √0.5 ≈ 0.71 for both
 
 
 def test_late_layers_sink_attention_on_the_first_token(sample, meta):
-    """REFERENCE §6: the first token holds a large share of the attention mass (uniform would be 1/T)."""
+    """docs/reference.md §6: the first token holds a large share of the attention mass (uniform would be 1/T)."""
     layers = sample["layers"].tolist()
     late = [i for i, layer in enumerate(layers) if layer >= MODEL_LAYERS // 2]
     assert late, "the sample holds no layer from the model's second half"

@@ -25,6 +25,7 @@ def _run_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # starts a process
 def test_the_agents_that_carry_and_read_real_kv_import_neither_torch_nor_transformers():
     # The model runs in a worker process of its own (agents/common/model_worker.py), never in an agent.
     done = _run_python("""
@@ -37,6 +38,7 @@ def test_the_agents_that_carry_and_read_real_kv_import_neither_torch_nor_transfo
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # starts a process
 def test_importing_the_cli_and_the_models_pure_parts_loads_neither_torch_nor_transformers():
     done = _run_python("""
         import contextlib, io, sys
@@ -51,6 +53,7 @@ def test_importing_the_cli_and_the_models_pure_parts_loads_neither_torch_nor_tra
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("mode", ["--end-to-end", "--needle"])
 def test_without_the_extra_the_command_names_the_packages_to_install_and_exits_2(mode):
     # torch and transformers made unimportable in a real process (a None in sys.modules is what Python itself

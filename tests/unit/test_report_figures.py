@@ -38,7 +38,7 @@ def test_a_cdf_is_sorted_and_climbs_to_one_in_steps_of_one_over_n():
 def test_the_slo_lines_are_the_runs_own_thresholds_and_reference_4s_by_default():
     rows = [_row(i, i * 0.1, 0.2 + i * 0.01, 0.05, 1.0) for i in range(10)]
     default = {c.name: c for c in series.latency_cdfs({"config": {}, "per_request": rows})}
-    assert default["ttft_cdf"].line_s == 1.0 and default["tpot_cdf"].line_s == 0.025  # REFERENCE §4
+    assert default["ttft_cdf"].line_s == 1.0 and default["tpot_cdf"].line_s == 0.025  # docs/reference.md §4
     assert default["handoff_cdf"].line_s is None  # no SLO on the hand-off
     own = {c.name: c for c in series.latency_cdfs({"config": {"ttft_slo_ms": 500.0, "tpot_slo_ms": 40.0},
                                                    "per_request": rows})}

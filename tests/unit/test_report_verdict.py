@@ -1,4 +1,5 @@
-"""The run report's `verdict` block (the KV hand-off's five tests, REFERENCE §8) and `kvtransit verdict` on saved
+"""The run report's `verdict` block (the KV hand-off's five tests, docs/reference.md §8) and `kvtransit verdict` on
+saved
 reports: built from per-request records and agent /stats, recomputed from the report's own fields, bad input."""
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def test_explicit_scale_shrinks_channels_never_tokens_and_effective_scale_is_exa
 def test_full_scale_is_the_models_own_layout():
     layout = Scenario(scale=1.0).kv_layout
     assert (layout.kv_heads, layout.head_dim) == (8, 128)
-    assert layout.request_bytes(2048) == 268_435_456  # REFERENCE §1: the 2,048-token hand-off
+    assert layout.request_bytes(2048) == 268_435_456  # docs/reference.md §1: the 2,048-token hand-off
 
 
 def test_auto_scale_is_largest_under_host_budget_keeping_heads():
@@ -148,19 +148,20 @@ def test_the_smallest_allowed_scale_as_printed_is_one_channel():
 
 
 def test_real_size_dilation_brings_the_full_link_within_the_host_budget():
-    s = Scenario(link="eth-25g")  # 3.125 GB/s (REFERENCE §2) / 50 MB/s
+    s = Scenario(link="eth-25g")  # 3.125 GB/s (docs/reference.md §2) / 50 MB/s
     assert s.real_size_dilation == pytest.approx(62.5)
     at_real_size = Scenario(link="eth-25g", scale=1.0, dilation=s.real_size_dilation)
     assert at_real_size.scaled_link.bandwidth_Bps <= HOST_BUDGET_BPS * (1 + 1e-9)
 
 
-# --- the module's unknowns as scenario fields (REFERENCE §5) ---------------------------------------------------
+# --- the module's unknowns as scenario fields (docs/reference.md §5)
+# ---------------------------------------------------
 
 def test_the_module_defaults_are_the_simulators_stage_with_passive_optics():
     s = Scenario()
     assert (s.module_budget, s.module_pj_per_bit, s.module_latency_us, s.transform_charged, s.precision_bits,
             s.placement) == ("sim", 1.0, 1.0, False, None, "pluggable")
-    assert s.module == Module()  # 1.6 ops per line byte, 1 pJ per input bit, 1 µs (REFERENCE §5)
+    assert s.module == Module()  # 1.6 ops per line byte, 1 pJ per input bit, 1 µs (docs/reference.md §5)
     assert s.codec_declaration.charged_ops_per_byte == 0.0  # the FFT is free
 
 
@@ -181,7 +182,7 @@ def test_module_budget_is_a_name_or_a_number_of_ops_per_byte(given, ops_per_byte
 def test_the_scenario_declaration_carries_transform_precision_and_placement():
     decl = Scenario(codec="freq-keep-k", block=64, transform_charged=True, precision_bits=8,
                     placement="switch").codec_declaration
-    # FFT length 64 on BF16: 1.25 · log2 64 = 7.50 ops per byte (REFERENCE §5 kernel table).
+    # FFT length 64 on BF16: 1.25 · log2 64 = 7.50 ops per byte (docs/reference.md §5 kernel table).
     assert decl.charged_ops_per_byte == pytest.approx(7.50)
     assert (decl.precision_bits, decl.placement) == (8, "switch")
 
@@ -322,7 +323,7 @@ def test_sweeping_module_pj_per_bit_changes_the_module_energy_only():
     kv_bits = 8 * model_by_name("llama3-8b").kv_bytes(2048)
     wire_bits = kv_bits / grid.scenario(next(iter(grid.points()))).codec_declaration.ratio
     for pj, module_j, _link_j, _gpu_j in energies:
-        # REFERENCE §5: input bits × pJ per input bit, at the encoding module and the far end's decoding one
+        # docs/reference.md §5: input bits × pJ per input bit, at the encoding module and the far end's decoding one
         assert module_j == pytest.approx((kv_bits + wire_bits) * pj * 1e-12)
     assert len({link_j for _, _, link_j, _ in energies}) == 1
     assert len({gpu_j for _, _, _, gpu_j in energies}) == 1

@@ -1,4 +1,5 @@
-"""The serving policies of REFERENCE §4: prefill batching and routing, continuous decode batching and routing."""
+"""The serving policies of docs/reference.md §4: prefill batching and routing, continuous decode batching and
+routing."""
 
 from __future__ import annotations
 

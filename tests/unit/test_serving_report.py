@@ -94,7 +94,8 @@ def test_report_from_client_records_and_agent_stats(tmp_path):
               "accuracy": {"sampled_requests": 2, "k_relative_error": 0.26, "v_relative_error": 0.61}}
     prefill = {"role": "prefill", "name": "prefill-0", "gpu_energy_j": 5.0, "shortest_step_wall_s": 0.059,
                "timer_lateness_p99_s": 1e-5, "timer_lateness_mean_s": 5e-6}
-    # The module's energy is the middlebox's own counter (1 pJ per input bit of the modelled bytes, REFERENCE §5).
+    # The module's energy is the middlebox's own counter (1 pJ per input bit of the modelled bytes, docs/reference.md
+    # §5).
     middlebox = {"role": "middlebox", "name": "middlebox", "module_energy_j": 16e6 / scenario.effective_scale * 8e-12}
     report = build_report(scenario, records, [decode, prefill, middlebox], run_wall_s=10.0, tokens_delivered=50)
     assert set(REPORT_KEYS) <= set(report)

@@ -102,7 +102,7 @@ def test_loss_without_netem_is_refused_as_unrealisable():
 
 
 def test_microsecond_latency_without_netem_is_refused():
-    # REFERENCE §2's eth-25g adds 20 us: below the user-space delay line's 1 ms floor.
+    # docs/reference.md §2's eth-25g adds 20 us: below the user-space delay line's 1 ms floor.
     with pytest.raises(ShapingError, match="latency_s=2e-05"):
         plan(LinkSpec(rate_Bps=1e6, latency_s=20e-6), NO_NETEM)
     assert plan(LinkSpec(rate_Bps=1e6, latency_s=20e-6), WITH_NETEM).delay == "netem"

@@ -100,7 +100,7 @@ def test_description_round_trips():
 def test_cli_presets_scale_reference_links_rate_but_not_latency():
     from kvtransit.cli.links import preset_spec
 
-    spec = preset_spec("eth-25g", 0.004)  # REFERENCE §2: 3.125 GB/s, 20 us
+    spec = preset_spec("eth-25g", 0.004)  # docs/reference.md §2: 3.125 GB/s, 20 us
     assert spec.rate_Bps == pytest.approx(12.5e6)
     assert spec.latency_s == pytest.approx(20e-6)
     assert spec.name == "eth-25g"

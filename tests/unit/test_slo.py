@@ -1,4 +1,4 @@
-"""Per-request latencies, SLO and the run summary (REFERENCE §4 definitions), against hand-computed cases."""
+"""Per-request latencies, SLO and the run summary (docs/reference.md §4 definitions), against hand-computed cases."""
 
 from __future__ import annotations
 

@@ -125,6 +125,7 @@ def _stack_config(env: dict[str, str]) -> dict:
     return yaml.safe_load(done.stdout)["services"]
 
 
+@pytest.mark.slow  # starts a process
 def test_the_docker_cli_reads_the_stack_and_gives_every_agent_the_scenario_the_helper_sets(tmp_path):
     # A scenario with an empty value (--trace ''), which must stay one word when the CLI splits the command.
     scenario = Scenario(requests=12, rate=4.0, prompt_mean=512.0, output_mean=32.0, seed=3)

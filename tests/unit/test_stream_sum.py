@@ -119,7 +119,7 @@ def test_mismatched_or_too_few_streams_are_refused(streams, message):
 
 
 def test_cost_is_half_an_op_per_byte_of_one_stream_and_less_per_input_byte():
-    # REFERENCE §5: two streams = 0.50 op/B, i.e. one add per 2-byte value of one stream; across both
+    # docs/reference.md §5: two streams = 0.50 op/B, i.e. one add per 2-byte value of one stream; across both
     # streams' bytes it is 0.25, and (N−1)/(2N) for N streams, approaching 0.50 from below.
     assert ops_per_input_byte(2) == 0.25
     assert ops_per_input_byte(8) == pytest.approx(7 / 16)

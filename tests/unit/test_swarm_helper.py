@@ -94,11 +94,13 @@ def test_swarm_states_and_api_versions_are_read_as_the_cli_prints_them():
         "socket.gaierror: [Errno -2] Name"
 
 
+@pytest.mark.slow  # starts a process
 def test_no_docker_cli_is_said_in_one_line(tmp_path):
     with pytest.raises(SwarmUnavailable, match="docker not found on PATH"):
         docker(["info"], env={"PATH": str(tmp_path)})  # an empty folder: no docker in it
 
 
+@pytest.mark.slow  # starts a process
 def test_an_engine_that_does_not_answer_is_one_line_quoting_the_cli(tmp_path):
     if shutil.which("docker") is None:
         pytest.skip("no docker CLI on PATH")

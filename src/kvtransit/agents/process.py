@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import inspect
 import json
 import os
 import sys
@@ -84,7 +85,7 @@ async def listen(address: Address, flag: str, handler, our_role: Role, their_rol
         raise port_in_use_error(address, flag, exc) from None
 
 
-StatsHandler = Callable[[], dict]
+StatsHandler = Callable[[], dict | Awaitable[dict]]  # an agent whose parts settle first answers after they do
 
 
 async def start_http(address: Address, registry: CollectorRegistry, stats: StatsHandler,
@@ -93,7 +94,8 @@ async def start_http(address: Address, registry: CollectorRegistry, stats: Stats
     http = HttpServer(registry=registry)
 
     async def stats_route(_request) -> Any:
-        return finite_json(stats())
+        summary = stats()
+        return finite_json(await summary if inspect.isawaitable(summary) else summary)
 
     http.route("GET", "/stats", stats_route, public=True)
     try:

@@ -111,6 +111,11 @@ class Part:
         """Its keys of the agent's /stats."""
         return {}
 
+    async def settled(self) -> None:
+        """Return once work it began that its stats count only when it ends (a background write-back) has ended,
+        or a short while has passed: /stats waits for it, so a report never counts one side of a transfer that
+        the other side already counted."""
+
     async def close(self) -> None:
         """Release what it holds beyond `ctx`'s (called in reverse order of start)."""
 
@@ -133,8 +138,10 @@ class Agent(Protocol):
     async def stopping(self) -> None: ...
 
 
-def merged_stats(agent: Agent) -> dict[str, Any]:
-    """The agent's /stats: its own keys, then each part's."""
+async def merged_stats(agent: Agent) -> dict[str, Any]:
+    """The agent's /stats: its own keys, then each part's, once the parts have settled (Part.settled)."""
+    for part in agent.parts:
+        await part.settled()
     stats = agent.stats()
     for part in agent.parts:
         stats.update(part.stats())

@@ -1,6 +1,6 @@
-"""`kvtransit accuracy`: what a codec costs, as tensor error (the proxy) or as a real model's accuracy (issue 16).
+"""`kvtransit accuracy`: what a codec costs, as tensor error (the proxy) or as a real model's accuracy.
 
-Without a mode flag: reconstruction and attention error (REFERENCE §6) on the committed real-KV sample
+Without a mode flag: reconstruction and attention error (docs/reference.md §6) on the committed real-KV sample
 (SmolLM2-135M), or on synthetic KV with --synthetic; one table per text: the codec beside exact,
 equal-memory token subsampling, int8 and int4.
 
@@ -17,7 +17,7 @@ SmolLM2-135M-Instruct GGUF, all offline):
   --needle       a planted pass key in filler at growing contexts up to the model's limit, retrieved greedily with
                  the exact cache, each codec and query-aware page selection (kvtransit/realmodel/needle.py).
 
-Query-aware selection and ring attention (issue 18; numpy only, no extra):
+Query-aware selection and ring attention (numpy only, no extra):
 
   --select       page selection on the real-KV sample (or --synthetic): attention-mass recall of the chosen pages
                  and attention-output error for each page budget × summary kind (mean key: MAC; Quest's min/max
@@ -50,7 +50,8 @@ from kvtransit.paths import REPO
 
 SAMPLE_NAME = "smollm2_kv_sample.npz"
 # The codecs measured on the ring's links by default: the requantisers, and band-keep (FreqKV's keep 0.5, 4 sinks,
-# REFERENCE §6) exact and at the analogue path's 8 bits (REFERENCE §5's example), whose noise is fresh every hop.
+# docs/reference.md §6) exact and at the analogue path's 8 bits (docs/reference.md §5's example), whose noise is fresh
+# every hop.
 RING_CODECS: tuple[str, ...] = ("fp8", "fp4-block", "kivi-2", "freq-keep-k/keep=0.5/sinks=4",
                                 "freq-keep-k/keep=0.5/sinks=4/bits=8")
 def default_sample_path() -> Path:
@@ -78,7 +79,7 @@ def register(subparsers) -> None:
                         help="synthetic KV instead of the real sample")
     p.add_argument("--layers", type=int, default=None, help="only the first N layers (faster)")
     add_json_flag(p)
-    flows = p.add_argument_group("query-aware selection and ring attention (issue 18)")
+    flows = p.add_argument_group("query-aware selection and ring attention")
     flows.add_argument("--select", action="store_true",
                        help="page-selection recall and output error, and a synthetic needle, per budget, summary "
                             "kind and scoring precision")
@@ -187,7 +188,7 @@ def run_proxy(args) -> int:
     return 0
 
 
-# --- the real model (issue 16) ------------------------------------------------------------------------------------
+# --- the real model ------------------------------------------------------------------------------------
 
 def numbers(text: str | None, flag: str, kind: type, default):
     if text is None:

@@ -1,5 +1,5 @@
 """`kvtransit accuracy --select | --ring`: query-aware page selection and ring attention measured offline on the
-real-KV sample (or synthetic KV), issue 18 (numpy only, no extra). The mode flags and the shared KV loading are
+real-KV sample (or synthetic KV) (numpy only, no extra). The mode flags and the shared KV loading are
 `accuracy.py`'s; this file runs the two flows and writes their tables (and, with --markdown, a results page).
 """
 
@@ -18,7 +18,7 @@ NEEDLE_TRIALS = 8
 NEEDLE_STRENGTHS: tuple[float, ...] = (1.0, 1.5)
 NEEDLE_HEAD_DIM = 64  # SmolLM2's head_dim, as the real-KV sample
 SELECT_INTRO = (
-    "Query-aware selection (issue 18 part 2; Quest arXiv:2406.10774, REFERENCE §7), measured offline by "
+    "Query-aware selection (Quest arXiv:2406.10774, docs/reference.md §7.5), measured offline by "
     "`kernels/selection.py`. The context's keys (after RoPE, as the cache holds them) are cut into pages; each page "
     "is summarised by its mean key (`mean`: scoring is one dot product, 1.00 op/B of MAC, in the module's set) or "
     "by Quest's element-wise min and max (`minmax`: the bound Σ max(q·min, q·max) needs a max, so the host). For "
@@ -28,10 +28,10 @@ SELECT_INTRO = (
     "Scores are computed at `precision_bits`: the query, each summary vector and the scores are rounded to a "
     "symmetric grid of 2^bits steps over each vector's largest |value| (the quantiser band-keep's precision model "
     "uses); at 4 bits many pages tie, and ties go to the lower page, which favours page 0. `sink page kept` "
-    "forces page 0 (the attention sinks, REFERENCE §6) into the budget. The real-KV sample is short (384 tokens, "
-    "24 pages), so 1/16 of it is 2 pages; the needle runs to 65,536 tokens on synthetic keys.")
+    "forces page 0 (the attention sinks, docs/reference.md §6) into the budget. The real-KV sample is short "
+    "(384 tokens, 24 pages), so 1/16 of it is 2 pages; the needle runs to 65,536 tokens on synthetic keys.")
 RING_INTRO = (
-    "Ring attention (issue 18 part 3's accuracy; Liu et al. arXiv:2310.01889, REFERENCE §7), measured offline by "
+    "Ring attention (Liu et al. arXiv:2310.01889, docs/reference.md §7.6), measured offline by "
     "`kernels/ring_attention.py`. The context's KV is split into n equal blocks, one a rank; each query belongs to "
     "the rank holding its position; a rank folds the blocks in as they arrive with an online softmax (running max "
     "and sum), so without a codec the result is full attention (first table of each text). With a codec on the "
@@ -188,7 +188,7 @@ def _needle(args, page_size: int, bits_list, tables: list[_Table], say) -> list[
     trials = NEEDLE_TRIALS if args.needle_trials is None else args.needle_trials
     if trials < 1:
         raise CliError(f"--needle-trials must be >= 1, got {trials}")
-    budget = 1 / 16  # the issue's needle budget: 1/16 of the pages
+    budget = 1 / 16  # the needle's budget: 1/16 of the pages (docs/reference.md §7.5)
     rows, records = [], []
     for context in contexts:
         sel.check_page_size(context, page_size)

@@ -1,6 +1,6 @@
-"""`kvtransit calc`: what one KV hand-off costs on each link (REFERENCE §1, §2, §5).
+"""`kvtransit calc`: what one KV hand-off costs on each link (docs/reference.md §1, §2, §5).
 
-With no selection it prints REFERENCE §2's hand-off table (llama3-8b/70b × 2,048/32,768 tokens × four
+With no selection it prints docs/reference.md §2's hand-off table (llama3-8b/70b × 2,048/32,768 tokens × four
 links). With a model, prompt, link or codec it prints, per link: hand-off and wire bytes, transfer time,
 hand-offs per second to fill the link, and energy on the link and in the module; and the weight-load time.
 """
@@ -73,7 +73,7 @@ def _run_reference_table(args: argparse.Namespace) -> int:
         print_json({"links": list(HANDOFF_TABLE_LINKS), "rows": records})
         return 0
     print_table(
-        "KV hand-off per link (REFERENCE §2)",
+        "KV hand-off per link (docs/reference.md §2)",
         ["Model", "Prompt", "Hand-off (MB)", *(f"{name} (ms)" for name in HANDOFF_TABLE_LINKS)],
         [
             [r["model"], f"{r['prompt_tokens']:,}", f"{r['handoff_bytes'] / MB:,.1f}",

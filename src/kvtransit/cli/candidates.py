@@ -1,4 +1,4 @@
-"""`kvtransit candidates`: the candidate table (REFERENCE §8), measured live, one short scenario per row.
+"""`kvtransit candidates`: the candidate table (docs/reference.md §8), measured live, one short scenario per row.
 
     kvtransit candidates --out docs/results
     kvtransit candidates --only pq-key-exchange,weight-streaming --module-budget high --link eth-100g
@@ -10,7 +10,7 @@ budget, precision, placement) are judged from the run, and one rule gives the ve
 promising (one measured failure that one change of an unknown below fixes), not a candidate, or not run (an extra
 missing).
 
-The unknowns change the table the way REFERENCE §5's unknowns would: --module-budget (low 0.40, sim 1.6, high
+The unknowns change the table the way docs/reference.md §5's unknowns would: --module-budget (low 0.40, sim 1.6, high
 3.96, or a number of ops per line byte), --transform-charged (the transform counts against the budget),
 --precision-bits N (the analogue path's bits; the lossy rows are measured at them), --link NAME (every row on that
 catalogued link). Written: OUT/candidates.md, .json and .png (the plots extra), each row's run under OUT/runs/ and

@@ -1,11 +1,11 @@
-"""`kvtransit cost`: GPU step times from the roofline model (REFERENCE §3).
+"""`kvtransit cost`: GPU step times from the roofline model (docs/reference.md §3).
 
     kvtransit cost --model llama3-8b --device h100 --gpus 1 --prefill-prompts 2048
     kvtransit cost --model llama3-70b --device h100 --gpus 4 --decode-batch 16 --context 2300
     kvtransit cost --model llama3-70b --tp 4 --link nvlink4 --allreduce ring --decode-batch 1 --context 2048
     kvtransit cost --model mixtral-8x7b --ep 2 --prefill-prompts 2048,2048,2048,2048
 
-With --tp N (or --ep N for a mixture of experts: EP = TP = N) the step is split (REFERENCE §7): roofline compute
+With --tp N (or --ep N for a mixture of experts: EP = TP = N) the step is split (docs/reference.md §7): roofline compute
 on N GPUs, then the collectives over the scale-up link, not overlapped: 2·L all-reduces (TP), or L all-reduces
 and L dispatch + combine all-to-alls (EP). That split is the tp flow's (flows/tp/cost_split.py), which adds its
 flags here through the registry.

@@ -1,4 +1,4 @@
-"""`kvtransit kernels`: REFERENCE §5's kernel table, plus any kernel you declare, judged by the budget check.
+"""`kvtransit kernels`: docs/reference.md §5's kernel table, plus any kernel you declare, judged by the budget check.
 
     kvtransit kernels --declare name=score,ops_per_byte=1,op_types=mac --module-budget low
     kvtransit kernels --declare examples/kernels/freq-keep-half.toml --module-budget 0.8
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
                     "kernels": records})
         return 0
     print_table(
-        "Kernels on the module (REFERENCE §5)",
+        "Kernels on the module (docs/reference.md §5)",
         ["Kernel", "Transform / byte", "Other / byte", "In set", "Fits high budget, transform charged",
          "Fits low budget, transform free", f"At budget {args.budget} ({module.ops_per_byte:.2f} ops/B)"],
         [

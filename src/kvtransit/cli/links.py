@@ -7,7 +7,8 @@
                                                  goodput and added latency, remove everything it made
   kvtransit links clean --manifest PATH          remove exactly what a run's manifest lists (after a crash)
 
-Presets are REFERENCE §2's links; their rate is multiplied by the payload scale (DESIGN §2).
+Presets are docs/reference.md §2's links; their rate is multiplied by the payload scale (ARCHITECTURE.md, time
+and scale).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def register(subparsers) -> None:
 
     test = sub.add_parser("test", help="measure configured vs achieved on a throw-away namespace pair")
     test.add_argument("--rate", help="goodput to shape to, tc style: 200mbit, 1gbit, 25mbps (bytes)")
-    test.add_argument("--preset", help="a REFERENCE §2 link (eth-25g, ib-ndr, ...): its rate x --scale, its latency")
+    test.add_argument("--preset", help="a docs/reference.md §2 link (eth-25g, ib-ndr, ...): its rate x --scale, its "
+                      "latency")
     test.add_argument("--scale", type=float, default=1.0, help="payload scale s applied to the preset's rate")
     test.add_argument("--latency", help="added one-way latency, e.g. 5ms (overrides the preset's)")
     test.add_argument("--jitter", help="latency jitter, e.g. 1ms")
@@ -45,7 +47,7 @@ def register(subparsers) -> None:
 
 
 def preset_spec(name: str, scale: float):
-    """A REFERENCE §2 link as a LinkSpec: rate = bandwidth x scale, latency as listed (never scaled)."""
+    """A docs/reference.md §2 link as a LinkSpec: rate = bandwidth x scale, latency as listed (never scaled)."""
     from kvtransit.model.catalog.links import link_by_name
     from kvtransit.shaping.spec import LinkSpec
 

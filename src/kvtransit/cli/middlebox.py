@@ -1,4 +1,4 @@
-"""`kvtransit middlebox`: the module on a link, at its placement (`--placement`, REFERENCE §5).
+"""`kvtransit middlebox`: the module on a link, at its placement (`--placement`, docs/reference.md §5).
 
     kvtransit middlebox --decode 127.0.0.1:7001                       # pluggable (default): the KV hand-off
     kvtransit middlebox --placement switch --ranks 4 --link nvlink4   # a switch: sums the 4 ranks' streams

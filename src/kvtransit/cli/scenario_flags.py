@@ -55,8 +55,8 @@ _HELP = {
     "compress_at": "where the codec runs: in transit (the module) or on the prefill GPU",
     "policy": "a kernel needing unpublished ops: reject it or run it on the host",
     "module_budget": "ops per line byte the module affords: low (0.40), sim (1.6), high (3.96) or a number > 0",
-    "module_pj_per_bit": "the module's energy, pJ per input bit (REFERENCE §5: 1)",
-    "module_latency_us": "the module's added latency, µs (REFERENCE §5: 1)",
+    "module_pj_per_bit": "the module's energy, pJ per input bit (docs/reference.md §5: 1)",
+    "module_latency_us": "the module's added latency, µs (docs/reference.md §5: 1)",
     "transform_charged": "yes: the transform costs 1.25·log2 N ops/B of the budget; no: passive optics, free "
                          "(the flag alone means yes)",
     "precision_bits": "bits the analogue path delivers (1..32), or none (exact)",
@@ -91,8 +91,8 @@ _HELP = {
     "context_cap": "trace prompts longer than this many tokens are cut to it",
     "trace_start": "replay the trace from its request K on (the requests before it are the window's past: "
                    "--pool-warm trace)",
-    "ttft_slo_ms": "SLO: TTFT threshold, ms (REFERENCE §4: 1000)",
-    "tpot_slo_ms": "SLO: TPOT threshold, ms (REFERENCE §4: 25)",
+    "ttft_slo_ms": "SLO: TTFT threshold, ms (docs/reference.md §4: 1000)",
+    "tpot_slo_ms": "SLO: TPOT threshold, ms (docs/reference.md §4: 25)",
 }
 
 

@@ -1,4 +1,4 @@
-"""`kvtransit verdict REPORT.json [REPORT.json ...]`: the five tests of each run report (REFERENCE §8).
+"""`kvtransit verdict REPORT.json [REPORT.json ...]`: the five tests of each run report (docs/reference.md §8).
 
 Each report's KV hand-off is judged by bottleneck, operations, budget, precision and placement
 (`model/judge/five_tests.py`), from what that run measured, and printed as a table (test, passed, measured, target,
@@ -9,7 +9,7 @@ verdict needs is a one-line error naming the file and the field.
     kvtransit up --requests 20 --rate 2 --no-progress --report /tmp/vt/r.json
     kvtransit verdict /tmp/vt/r.json
 
-`--baselines` (issue 15, baselines at equal power; `harness/studies/sweep/baselines.py`): three reports, the kernel in
+`--baselines` (baselines at equal power; `harness/studies/sweep/baselines.py`): three reports, the kernel in
 transit, the same codec at the GPU and codec none on the next faster link (`kvtransit sweep --preset baselines` runs
 them; its reports are in OUT/points/), recognised by their config (codec, compress_at, link) in any order, side by side:
 J/request (link + module + GPU [+ pool] joules over the requests that finished), E2E mean/p99, TTFT p99, hand-off p99,
@@ -18,7 +18,7 @@ which is "not settled" when it rests on a run that was not faithful.
 
     kvtransit verdict --baselines OUT/points/*.json
 
-`--accuracy-results FILE` (issue 16): the precision test judges the run's kernel by its measured task-level loss,
+`--accuracy-results FILE`: the precision test judges the run's kernel by its measured task-level loss,
 the perplexity increase a real model showed over that codec's cache, read from the row of FILE (written by
 `kvtransit accuracy --end-to-end --results FILE`) whose setting is the run's (codec, keep, block, sinks, variant,
 precision_bits; model/judge/task_accuracy.py: `codec_key`); within tolerance is at most +1 %. A run whose setting has no

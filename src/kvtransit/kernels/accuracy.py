@@ -1,4 +1,4 @@
-"""Accuracy of a codec on KV, measured (REFERENCE §6): reconstruction error of K and V, attention-output
+"""Accuracy of a codec on KV, measured (docs/reference.md §6): reconstruction error of K and V, attention-output
 error for real decode queries, bytes kept, beside equal-memory baselines.
 
 Definitions (all aggregated over every layer, head, token and channel, as Frobenius norms):

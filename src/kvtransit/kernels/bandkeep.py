@@ -1,4 +1,4 @@
-"""Band-keep: an orthonormal transform along the token axis in blocks, keep a fixed low band (REFERENCE §6).
+"""Band-keep: an orthonormal transform along the token axis in blocks, keep a fixed low band (docs/reference.md §6).
 
 Layout: any array `[..., tokens, head_dim]` (one layer's `[2, kv_heads, T, D]`, the whole hand-off's
 `[layers, 2, kv_heads, T, D]`, ...). The token axis is -2. The first `sinks` tokens travel exact; the rest
@@ -15,7 +15,7 @@ Two orthonormal real transforms of length n, both computed with one real FFT (th
 * ``fft``: the real Fourier basis, in FFTPACK's half-complex order, orthonormal:
   c = [Re V0, √2·Re V1, √2·Im V1, √2·Re V2, √2·Im V2, …, (Re V_{n/2} for even n)] / √n.
   An rFFT of n reals has n/2+1 complex bins = n+2 reals, two of them always zero (Im V0, Im V_{n/2}); this
-  order holds exactly n reals, so "keep half" keeps n/2 *real* values (REFERENCE §6), not n/2 bins.
+  order holds exactly n reals, so "keep half" keeps n/2 *real* values (docs/reference.md §6), not n/2 bins.
 
 Both are orthonormal, so on white noise the relative error of keeping k of n is √(1 − k/n) exactly in
 expectation, and keep = 1 round-trips to float32 rounding.
@@ -51,10 +51,10 @@ from kvtransit.kernels.errors import KernelInputError
 from kvtransit.kernels.fft_backends import FFTBackend
 
 VARIANTS: tuple[str, ...] = ("dct", "fft")
-# FreqKV keeps 4 attention-sink tokens exact (arXiv:2505.00570, via REFERENCE §6).
+# FreqKV keeps 4 attention-sink tokens exact (arXiv:2505.00570, via docs/reference.md §6).
 DEFAULT_SINKS = 4
 DEFAULT_BLOCK = 64
-DEFAULT_KEEP = 0.5  # FreqKV's γ = 0.5 (REFERENCE §6)
+DEFAULT_KEEP = 0.5  # FreqKV's γ = 0.5 (docs/reference.md §6)
 
 
 def kept_count(n: int, keep: float) -> int:

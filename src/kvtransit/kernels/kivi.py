@@ -1,4 +1,5 @@
-"""KIVI-style 2- and 3-bit KV requantisers (REFERENCE §5: KIVI, arXiv:2402.02750; KVQuant's 3 bits, arXiv:2401.18079).
+"""KIVI-style 2- and 3-bit KV requantisers (docs/reference.md §5: KIVI, arXiv:2402.02750; KVQuant's 3 bits,
+arXiv:2401.18079).
 
 Asymmetric uniform quantisation with `bits` bits per value, per group of `group` values: a group stores its
 zero point (its minimum) and its step ((max − min) / (2^bits − 1)) as float16 each, and a value becomes
@@ -30,7 +31,7 @@ then the float16 zero points in the same order. 4 bytes per group.
 The stored zero is the float16 at or below the group's minimum and the stored step the float16 at or above what
 covers the maximum from there, so every value of a group lies in [zero, zero + (2^bits − 1)·step] and decodes
 within half a step of itself (plus float32 arithmetic). Rounding and the min/max comparisons are not in the
-module's published set (REFERENCE §5): the codec runs on the host, or is refused, by policy.
+module's published set (docs/reference.md §5): the codec runs on the host, or is refused, by policy.
 """
 
 from __future__ import annotations

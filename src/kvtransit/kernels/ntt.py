@@ -1,4 +1,4 @@
-"""ML-KEM's polynomial multiplication by number-theoretic transform (REFERENCE §7: "ML-KEM-768: polynomials of
+"""ML-KEM's polynomial multiplication by number-theoretic transform (docs/reference.md §7: "ML-KEM-768: polynomials of
 degree 256 mod 3,329 multiplied via NTTs"), exactly as FIPS 203 §4.3 specifies it, vectorised over numpy.
 
     f_hat = ntt(f)                  # FIPS 203 Algorithm 9,  f [..., 256] ints in 0..q-1
@@ -271,7 +271,8 @@ MULTIPLY_OP_COUNTS = OpCounts(
 
 
 def declaration(transform_charged: bool = True) -> KernelDeclaration:
-    """The multiplication as a module kernel (REFERENCE §5): NTT and modular arithmetic, both in the published set.
+    """The multiplication as a module kernel (docs/reference.md §5): NTT and modular arithmetic, both in the published
+    set.
 
     The NTT's cost goes in `ops_per_byte` (the declaration's `transform_length` prices a BF16 FFT, not an NTT
     over Z_q); `transform_charged=False` leaves out the three transforms' ops, as if the optics did them free.

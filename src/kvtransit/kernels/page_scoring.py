@@ -1,8 +1,8 @@
-"""Query-aware page scoring (Quest / PRISM style, REFERENCE §7): one dot product per page, MAC only.
+"""Query-aware page scoring (Quest / PRISM style, docs/reference.md §7): one dot product per page, MAC only.
 
 Keys are cut along tokens into pages of `page_size`; each page is represented by its mean key (a MAC:
 sum and scale, no comparison, so it stays in the module's op set, unlike Quest's per-channel min/max).
-A query scores every page with one dot product (2 flops per BF16 value = 1.00 op/byte, REFERENCE §5).
+A query scores every page with one dot product (2 flops per BF16 value = 1.00 op/byte, docs/reference.md §5).
 Ranking the scores (top-k) is not a published operation: the host does it, so no top-k lives here.
 """
 

@@ -4,7 +4,7 @@ scale, as OCP MXFP4), and the int8 / int4 baselines the accuracy tables compare 
 Blocks run over the array flattened in C order (the last axis, head_dim, is contiguous, so a 32- or
 64-value block is part of one token's head vector); a ragged last block is padded with zeros for the
 arithmetic only, never on the wire. All of these need rounding, which the module does not publish
-(REFERENCE §5): they run on the host, or are rejected, by policy.
+(docs/reference.md §5): they run on the host, or are rejected, by policy.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ E2M1 = np.dtype(ml_dtypes.float4_e2m1fn)
 E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 E4M3_MAX = 448.0  # largest finite E4M3 value (OCP 8-bit floating point spec)
 E2M1_MAX = 6.0  # largest E2M1 value (OCP microscaling formats spec)
-FP4_BLOCK = 32  # MXFP4's block: 32 values share one E8M0 scale → 64/17 vs BF16 (REFERENCE §5)
+FP4_BLOCK = 32  # MXFP4's block: 32 values share one E8M0 scale → 64/17 vs BF16 (docs/reference.md §5)
 DEFAULT_FP8_BLOCK = 64
 INT_BASELINE_GROUP = 32  # values per float16 scale in the int8/int4 baselines
 

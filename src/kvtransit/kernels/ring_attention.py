@@ -1,4 +1,4 @@
-"""Ring attention's KV blocks, measured (Liu et al., arXiv:2310.01889; REFERENCE §7).
+"""Ring attention's KV blocks, measured (Liu et al., arXiv:2310.01889; docs/reference.md §7).
 
 A prompt's KV is split along tokens into n blocks, block j held by rank j. Each layer, every rank passes the block
 it holds to the next rank and computes blockwise attention for its own queries on the block it has, n steps in
@@ -7,10 +7,10 @@ all: the block of rank j reaches rank i after (i − j) mod n hops, so each rank
 softmax of FlashAttention, Dao et al. arXiv:2205.14135; Milakov & Gimelshein arXiv:1805.02867), so in float64 the
 result equals full attention (`ring_attention(..., codec=None)`).
 
-A lossy codec on the ring's links is applied once per hop to the block in flight (REFERENCE §7): the block rank i
-attends to after h hops has been encoded and decoded h times (`BlockCodec`). `versions_after_hops` makes those
-versions; `ring_attention` uses them as the ring would; `error_after_hops` measures the attention-output error
-when every block has gone h hops, against the error of one pass (h = 1: the codec applied once, as a hand-off).
+A lossy codec on the ring's links is applied once per hop to the block in flight (docs/reference.md §7): the block rank
+i attends to after h hops has been encoded and decoded h times (`BlockCodec`). `versions_after_hops` makes those
+versions; `ring_attention` uses them as the ring would; `error_after_hops` measures the attention-output error when
+every block has gone h hops, against the error of one pass (h = 1: the codec applied once, as a hand-off).
 
 Pure: numpy (and the codecs of `registry`), no I/O.
 """
@@ -29,7 +29,7 @@ from kvtransit.kernels.registry import get_codec
 
 # A codec applied to one block in flight: (kv [layers, 2, kv_heads, tokens, D] float32, hop number 1..n−1) → kv.
 BlockCodec = Callable[[np.ndarray, int], np.ndarray]
-RING_SIZES: tuple[int, ...] = (2, 4, 8)  # the issue's n
+RING_SIZES: tuple[int, ...] = (2, 4, 8)  # ring sizes measured (docs/reference.md §7.6)
 
 
 def hops_per_layer(n: int) -> int:

@@ -1,4 +1,4 @@
-"""Query-aware KV selection, measured (Quest arXiv:2406.10774, PRISM arXiv:2603.21576; REFERENCE §7).
+"""Query-aware KV selection, measured (Quest arXiv:2406.10774, PRISM arXiv:2603.21576; docs/reference.md §7).
 
 The context's keys are cut along tokens into pages of `page_size` (16, Quest's). Each page gets a summary of
 one of two kinds (`SUMMARY_KINDS`):
@@ -8,7 +8,7 @@ one of two kinds (`SUMMARY_KINDS`):
 * ``minmax``: Quest's element-wise min and max key; the score is the upper bound Σ_d max(q_d·min_d, q_d·max_d).
   The products are MACs, but the per-channel max is a comparison: not published, so it runs on the host.
 
-Scores are computed at the analogue path's `precision_bits` (REFERENCE §5: "what the analogue path delivers";
+Scores are computed at the analogue path's `precision_bits` (docs/reference.md §5: "what the analogue path delivers";
 PRISM argues ranking needs only 4–6 bits): both operands (the query, each summary vector) and the result are
 rounded to a `bits`-bit symmetric uniform grid whose full scale is that vector's largest |value|, the same
 quantiser band-keep's precision model uses (`bandkeep._add_precision_noise`: FS = max |x|, Δ = 2·FS / 2^bits),
@@ -32,10 +32,11 @@ import numpy as np
 from kvtransit.kernels.errors import KernelInputError
 
 SUMMARY_KINDS: tuple[str, ...] = ("mean", "minmax")
-DEFAULT_PAGE_SIZE = 16  # Quest's page (REFERENCE §7)
-# The page budgets the issue asks for (fractions of the context's pages fetched).
+DEFAULT_PAGE_SIZE = 16  # Quest's page (docs/reference.md §7)
+# The page budgets measured (docs/reference.md §7.5: PRISM's 1/16 among them) (fractions of the context's pages
+# fetched).
 BUDGETS: tuple[float, ...] = (1 / 4, 1 / 8, 1 / 16)
-# Scoring precisions measured: 4, 6, 8 bits (PRISM: 4–6 may do; REFERENCE §5's example is 8) and full (None).
+# Scoring precisions measured: 4, 6, 8 bits (PRISM: 4–6 may do; docs/reference.md §5's example is 8) and full (None).
 PRECISION_BITS: tuple[int | None, ...] = (4, 6, 8, None)
 
 
@@ -169,7 +170,7 @@ def select_pages(queries: np.ndarray, keys: np.ndarray, budget: float, *, kind: 
     that sum is the summed query's dot product (Σ_h q_h·k̄ = (Σ_h q_h)·k̄), so the module makes one dot product per
     summary value, 1.00 op/B, whatever the group; Quest's bound is not linear in q, so each head is bounded and
     the bounds summed. `sink_pages`: the first pages are always kept, within the budget (the attention sinks,
-    REFERENCE §6: SmolLM2's first token held about 43 % of the attention mass); Quest keeps none (0)."""
+    docs/reference.md §6: SmolLM2's first token held about 43 % of the attention mass); Quest keeps none (0)."""
     kv_heads = keys.shape[0]
     if queries.ndim != 2 or keys.ndim != 3 or queries.shape[0] % kv_heads:
         raise KernelInputError(f"select_pages needs queries [q_heads, D] and keys [kv_heads, tokens, D] with q_heads "

@@ -1,4 +1,4 @@
-"""The all-reduce's in-network sum (REFERENCE §7, tensor parallelism "in the network (a switch that sums)"):
+"""The all-reduce's in-network sum (docs/reference.md §7, tensor parallelism "in the network (a switch that sums)"):
 N BF16 streams of equal shape summed elementwise into one BF16 stream.
 
     total = sum_streams([rank0, rank1, ...])     # each a bfloat16 array of one shape; → bfloat16, that shape
@@ -23,12 +23,12 @@ What holds, exactly:
   (with N ≥ 3, so can a float32 partial sum beyond float32's range, which is BF16's); the all-reduce does not
   judge its operands.
 
-Cost (REFERENCE §5: "summing two streams (all-reduce) = 0.50 op/byte (needs a switch)"): one add per output
+Cost (docs/reference.md §5: "summing two streams (all-reduce) = 0.50 op/byte (needs a switch)"): one add per output
 value for two streams, N − 1 for N. Counted per byte of *one* input stream (2 B per BF16 value), that is
-1 add / 2 B = 0.50 op/B for two streams: REFERENCE's figure. Counted per input byte across both streams
+1 add / 2 B = 0.50 op/B for two streams: docs/reference.md's figure. Counted per input byte across both streams
 (4 B per add) it is 0.25 op/B; for N streams (N − 1) / (2N) op per input byte, which approaches 0.50 from
-below, as REFERENCE §7 puts it ("summing n streams costs 0.50 op per byte"). The declaration carries
-REFERENCE's 0.50 per input byte, which is at or above the true cost for any N (a safe bound for the budget
+below, as docs/reference.md §7 puts it ("summing n streams costs 0.50 op per byte"). The declaration carries
+docs/reference.md's 0.50 per input byte, which is at or above the true cost for any N (a safe bound for the budget
 check), and placement "switch": every stream must reach one point.
 """
 
@@ -43,7 +43,7 @@ from kvtransit.kernels.errors import KernelInputError
 from kvtransit.model.module.budget import BF16_BYTES, KernelDeclaration
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-# REFERENCE §5: "summing two streams (all-reduce) = 0.50 op/byte (needs a switch)" (see the module docstring).
+# docs/reference.md §5: "summing two streams (all-reduce) = 0.50 op/byte (needs a switch)" (see the module docstring).
 SUM_OPS_PER_BYTE = 0.50
 
 
@@ -80,7 +80,7 @@ def ops_per_input_byte(n_streams: int) -> float:
 
 
 def declaration(n_streams: int = 2) -> KernelDeclaration:
-    """The sum as a module kernel: floating-point adds (published), 0.50 op per input byte as REFERENCE §5
+    """The sum as a module kernel: floating-point adds (published), 0.50 op per input byte as docs/reference.md §5
     states it (≥ `ops_per_input_byte(n)` for every n), on a switch; ratio n (n streams in, one out)."""
     if n_streams < 2:
         raise KernelInputError(f"a sum needs at least 2 streams, got {n_streams}")

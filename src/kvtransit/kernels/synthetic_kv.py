@@ -1,6 +1,6 @@
 """Synthetic KV caches: deterministic per (seed, request id), shaped like real ones, and cheap to make.
 
-Real K and V (REFERENCE §6) are not white noise, and a band-keep codec's error depends on that:
+Real K and V (docs/reference.md §6) are not white noise, and a band-keep codec's error depends on that:
 - every channel has its own offset (K especially: a few outlier channels sit far from zero);
 - K varies smoothly along the tokens (rotary position and slowly drifting content), so most of its energy sits
   in low frequencies along the token axis;
@@ -23,13 +23,13 @@ from ml_dtypes import bfloat16
 
 from kvtransit.kernels.errors import KernelInputError
 
-# Tokens per template: long enough that a typical prompt (REFERENCE §4: mean 2,048) is one plain slice;
+# Tokens per template: long enough that a typical prompt (docs/reference.md §4: mean 2,048) is one plain slice;
 # longer prompts wrap around (still smooth at the seam: the template is periodic along tokens).
 BANK_TOKENS = 4096
 # Distinct templates in the bank; layer l uses template l mod this, at its own offset.
 BANK_TEMPLATES = 4
 
-# Shape of the structure (chosen so K is markedly smoother than V, as measured on SmolLM2 in REFERENCE §6,
+# Shape of the structure (chosen so K is markedly smoother than V, as measured on SmolLM2 in docs/reference.md §6,
 # where keep-0.5 band-keep left ~0.27 relative error on K and ~0.57 on V).
 K_CORNER_TOKENS = 10.0  # K's spectrum falls off beyond a period of ~10 tokens
 V_CORNER_TOKENS = 3.0

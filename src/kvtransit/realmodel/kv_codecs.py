@@ -22,7 +22,7 @@ index T−1−⌊i·(T−sinks)/m⌋ for i = 0..m−1 (m tokens to place) — ke
 0.75 three of every four. The dropped tokens are not sent and not attended to (evicted, as StreamingLLM or H2O
 evict), and the kept keys keep their own positions (they are rotated already).
 
-`precision_bits` is the analogue path's limited precision (REFERENCE §5: what the optical transform delivers),
+`precision_bits` is the analogue path's limited precision (docs/reference.md §5: what the optical transform delivers),
 modelled as the band-keep codec models it (kernels/bandkeep.py: uniform noise of a `bits`-bit quantiser on each
 block's coefficients, seeded): it exists only where a transform runs.
 """
@@ -42,13 +42,13 @@ from kvtransit.model.judge.task_accuracy import BAND_KEEP, KEYS_POST_ROPE, KEYS_
 from kvtransit.realmodel.errors import RealModelError
 
 REQUANTISERS: tuple[str, ...] = ("none", "fp8", "fp4-block", "kivi-2", "kivi-3")
-# The grid the issue asks for (issue 16, part 1), with REFERENCE §6's FreqKV setting (dct, keep 0.5, 4 sinks).
+# The accuracy grid (docs/reference.md §6.4), with docs/reference.md §6's FreqKV setting (dct, keep 0.5, 4 sinks).
 KEEPS: tuple[float, ...] = (0.25, 0.5, 0.75)
-SINK_SETTINGS: tuple[int, ...] = (0, 4)  # without sinks, and FreqKV's 4 (REFERENCE §6)
+SINK_SETTINGS: tuple[int, ...] = (0, 4)  # without sinks, and FreqKV's 4 (docs/reference.md §6)
 VARIANTS: tuple[str, ...] = ("dct", "fft")
 FREQKV_SINKS = 4
-# The analogue path's precision, 4..12 bits (issue 16: "the analogue path's precision_bits (4…12)"); REFERENCE §5's
-# deck sketch says 8.
+# The analogue path's precision, 4..12 bits ("the analogue path's precision_bits (4…12)"); docs/reference.md
+# §5's deck sketch says 8.
 PRECISION_BITS: tuple[int, ...] = tuple(range(4, 13))
 # Families `--codecs` accepts as shorthands for a part of the default grid.
 FAMILIES: tuple[str, ...] = (*REQUANTISERS, BAND_KEEP, SUBSAMPLE, "precision-bits", "pre-rope", "all")
@@ -134,7 +134,7 @@ def family(name: str) -> list[CodecSpec]:
 
 
 def default_specs() -> list[CodecSpec]:
-    """Every codec setting the default end-to-end run measures (issue 16, part 1)."""
+    """Every codec setting the default end-to-end run measures."""
     specs = [requantiser(name) for name in REQUANTISERS]
     for name in (BAND_KEEP, SUBSAMPLE, "precision-bits", "pre-rope"):
         specs += family(name)

@@ -1,4 +1,4 @@
-"""The real model on the live path (issue 16 part 3): what a request that carries real KV carries, and what decode
+"""The real model on the live path: what a request that carries real KV carries, and what decode
 scores. No torch here: the agents import it; the model runs in a worker process (live_worker.py).
 
 A request with `Scenario.carries_real_kv` (`--kv-sample real`: the first `--real-kv-requests` request ids) hands

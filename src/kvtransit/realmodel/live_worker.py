@@ -36,7 +36,7 @@ from kvtransit.realmodel.session import LayerKV, Session
 from kvtransit.realmodel.texts import Window, read_text, window_tokens
 from kvtransit.realmodel.worker_wire import LENGTH_BYTES, frame, unpack
 
-WIRE_DTYPE = "bfloat16"  # what the prefill sends (REFERENCE §1)
+WIRE_DTYPE = "bfloat16"  # what the prefill sends (docs/reference.md §1)
 REQUESTS = ("describe", "exact_rows", "prepare", "score")  # what a worker answers
 
 

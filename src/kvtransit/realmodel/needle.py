@@ -13,11 +13,11 @@ digit (" 2", "7", ...: the first answer token is the space), so every digit is d
 A trial is right when the digits that follow are exactly the pass key (`steps` = the key's tokens + 1, so a
 longer number is caught).
 
-Selection (Quest, arXiv:2406.10774, with a MAC-only page summary; REFERENCE §7): the context's keys (after
+Selection (Quest, arXiv:2406.10774, with a MAC-only page summary; docs/reference.md §7): the context's keys (after
 RoPE, as the cache holds them) are cut into pages of 16 tokens, each page summarised by its mean key
 (kernels/page_scoring.py: `page_representatives`); per layer and kv head, the page scores are the dot
 products of the last prompt position's queries (after RoPE) with the summaries (`score_pages`), summed over
-the query heads that read that kv head (GQA); the host keeps the first page (the attention sinks, REFERENCE
+the query heads that read that kv head (GQA); the host keeps the first page (the attention sinks, docs/reference.md
 §6), the last page (the question) and the best-scoring others up to the budget (a fraction of the pages), and
 sends those pages only, at the wire dtype. The selection is made once, at the hand-off, from the prompt's
 last query (a link can only carry what was chosen when it was sent); decode then attends to the kept pages
@@ -58,7 +58,7 @@ QUESTION = "\nWhat is the pass key? The pass key is"
 DEPTHS: tuple[float, ...] = (0.1, 0.5, 0.9)
 SEEDS: tuple[int, ...] = (1, 2)
 FIRST_CONTEXT = 512
-PAGE_SIZE = 16  # Quest's page (REFERENCE §7)
+PAGE_SIZE = 16  # Quest's page (docs/reference.md §7)
 PAGE_BUDGETS: tuple[float, ...] = (0.125, 0.25, 0.5)  # fractions of the context's pages sent
 EXACT = "exact"
 
@@ -73,7 +73,7 @@ class Arm:
 
 
 def default_specs() -> list[CodecSpec]:
-    """Every requantiser; band-keep at REFERENCE §6's FreqKV setting (dct, keep 0.5, 4 sinks) and around it;
+    """Every requantiser; band-keep at docs/reference.md §6's FreqKV setting (dct, keep 0.5, 4 sinks) and around it;
     subsampling at its bytes. (Shorter than the end-to-end grid: a needle trial at 8,192 tokens costs a minute.)"""
     specs = [kv_codecs.requantiser(n) for n in kv_codecs.REQUANTISERS]
     specs += [kv_codecs.band_keep("dct", k, kv_codecs.FREQKV_SINKS) for k in kv_codecs.KEEPS]
@@ -136,7 +136,7 @@ def select_pages(keys: np.ndarray, queries: np.ndarray, budget: float, page_size
     keep = min(pages, max(2, round(budget * pages)))
     forced = np.zeros(pages, bool)
     forced[[0, pages - 1]] = True
-    ranked = np.where(forced, np.inf, scores)  # the host ranks (comparisons are not the module's: REFERENCE §5)
+    ranked = np.where(forced, np.inf, scores)  # the host ranks (comparisons are not the module's: docs/reference.md §5)
     chosen = np.sort(np.argsort(-ranked, axis=1, kind="stable")[:, :keep], axis=1)
     out = []
     for head in range(kv_heads):

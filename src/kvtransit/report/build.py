@@ -1,28 +1,28 @@
 """The run report: what the client measured, joined with what each agent measured (`/stats`).
 
-Keys (binding, from the issue): `config`; `ttft_s`, `tpot_s`, `itl_s`, `e2e_s`, `handoff_s` each
-`{mean, p50, p90, p99, max}`; `slo_attainment`; `goodput_rps`; `requests` `{total, ok, slo_miss, failed,
-failed_reasons}`; `link` `{busy, configured_Bps, achieved_Bps, kv_bytes, wire_bytes}`; `energy_j` `{link,
-module, gpu}` and `j_per_token`; `accuracy`; `faithful` and `fidelity`.
+Keys (binding: studies, dashboards and tests read them): `config`; `ttft_s`, `tpot_s`, `itl_s`, `e2e_s`, `handoff_s`
+each `{mean, p50, p90, p99, max}`; `slo_attainment`; `goodput_rps`; `requests` `{total, ok, slo_miss, failed,
+failed_reasons}`; `link` `{busy, configured_Bps, achieved_Bps, kv_bytes, wire_bytes}`; `energy_j` `{link, module, gpu}`
+and `j_per_token`; `accuracy`; `faithful` and `fidelity`.
 
-`config.module` is the module's terms (REFERENCE §5): its budget, the ops per byte the codec is charged, pJ per
+`config.module` is the module's terms (docs/reference.md §5): its budget, the ops per byte the codec is charged, pJ per
 input bit, added latency, and whether the run is transit-bound (the module's compute, not the wire, sets each
 hand-off), beside `transit_bound_frames`, the frames the middlebox found so.
 
 `accuracy` also holds the equal-bytes baseline decode measured on the same sampled tensors (`baseline_codec`,
 `baseline_k_relative_error`, `baseline_v_relative_error`, `baseline_ratio`), and `verdict` is the KV hand-off's
-five tests (REFERENCE §8, `model/judge/five_tests.py`), computed from the report's own fields (`handoff_verdict`), so
-`kvtransit verdict` gives the same answer for a report written before the block existed.
+five tests (docs/reference.md §8, `model/judge/five_tests.py`), computed from the report's own fields
+(`handoff_verdict`), so `kvtransit verdict` gives the same answer for a report written before the block existed.
 
-`handoff_split` (issue 20, model/serving/layerwise.py) splits the hand-off at the first token: **exposed** (KV ready −
+`handoff_split` (model/serving/layerwise.py) splits the hand-off at the first token: **exposed** (KV ready −
 first token, ≥ 0: what a user waits for; its distribution as the client measured it) and **hidden** (in flight before
 the first token: its time and its bytes, as decode measured them), with the exposed share of the two. In whole mode
-(REFERENCE §4) nothing hides; with `--handoff layerwise` or `--prefill-chunk` most of a hand-off may. Each request's
-split is in `per_request` (`handoff_exposed_s`, and `handoff_hidden_s` when the caller passes decode's figures). A
-streamed run's link figures are decode's (its busy time leaves out the gaps a stream waits for compute in; the
-middlebox's shaper counts a transfer's whole span).
+(docs/reference.md §4) nothing hides; with `--handoff layerwise` or `--prefill-chunk` most of a hand-off may. Each
+request's split is in `per_request` (`handoff_exposed_s`, and `handoff_hidden_s` when the caller passes decode's
+figures). A streamed run's link figures are decode's (its busy time leaves out the gaps a stream waits for compute in;
+the middlebox's shaper counts a transfer's whole span).
 
-`figures` (issue 21 part 5, set when the report is written: `write_report`) lists the PNGs drawn beside it in
+`figures` (set when the report is written: `write_report`) lists the PNGs drawn beside it in
 `REPORT.figures/` (`name`, `file` relative to the report's folder, `title`, `caption`): CDFs of TTFT, TPOT and the
 hand-off, the link's busy fraction and queue depth, a per-request timeline (`report_figures.py` computes them,
 `report_plots.py` draws them, with the `plots` extra); an empty list without it.
@@ -65,7 +65,8 @@ def streamed(scenario: Scenario) -> bool:
 
 
 def exposed_s(record: RequestRecord) -> float | None:
-    """The exposed hand-off: KV ready − first token, ≥ 0 (REFERENCE §4's hand-off; model/serving/layerwise.py)."""
+    """The exposed hand-off: KV ready − first token, ≥ 0 (docs/reference.md §4's hand-off;
+    model/serving/layerwise.py)."""
     handoff = record.handoff_s
     return None if handoff is None else max(0.0, handoff)
 

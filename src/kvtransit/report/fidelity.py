@@ -10,7 +10,7 @@ The checks, by name in the block:
 - `kernel_time`: the codec's real compute time against the modelled time of the same bytes;
 - `handoff_model`: each hand-off that found a lane of the link free, measured at the client, against the
   model's latency + bytes / bw (+ module terms); its `distribution` of measured / prescribed is beside it. A
-  streamed run (`--handoff layerwise`, `--prefill-chunk`: issue 20) holds the exposed part of each such hand-off
+  streamed run (`--handoff layerwise`, `--prefill-chunk`) holds the exposed part of each such hand-off
   against the model's (`model.fidelity.prescribed_exposed_s`: max(0, transfer − prefill compute overlap)) by the
   same rule; decode judges it, where each chunk's release time and bytes are known (its /stats'
   `streamed_handoff_model`), the worst decode's figure counting;
@@ -113,7 +113,7 @@ def fidelity_block(run: RunData, flows: Sequence[FlowReport], *, scaled_achieved
         gaps["stats"] = fidelity.not_measured("; ".join(missing_stats), 0.0)
     gaps.update(_timer_gaps(records, prefills, decodes, dilation))
     if decodes:
-        # A transit-bound module (its compute outlasts the wire, REFERENCE §5) paces the link below its rate:
+        # A transit-bound module (its compute outlasts the wire, docs/reference.md §5) paces the link below its rate:
         # the link is held against the rate the module lets it reach.
         wire_per_kv = _wire_per_kv_byte(decodes)
         target_Bps = fidelity.link_rate_target_Bps(scenario, scenario.scaled_link.bandwidth_Bps,

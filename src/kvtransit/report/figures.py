@@ -1,16 +1,16 @@
-"""The series behind the run report's figures (issue 21 part 5), computed from the report's own fields.
+"""The series behind the run report's figures, computed from the report's own fields.
 
 No matplotlib here (`report_plots.py` draws): what each figure shows is decided and tested without drawing it.
 
 - `latency_cdfs`: CDFs of TTFT and TPOT over the requests the report's summaries count (the steady window:
-  the first 10 % by arrival left out, finished requests; REFERENCE §4), each with its SLO line (the run's
-  `config.ttft_slo_ms` / `tpot_slo_ms`, REFERENCE §4's 1 s and 25 ms by default), and of the hand-off over every
+  the first 10 % by arrival left out, finished requests; docs/reference.md §4), each with its SLO line (the run's
+  `config.ttft_slo_ms` / `tpot_slo_ms`, docs/reference.md §4's 1 s and 25 ms by default), and of the hand-off over every
   request that has one. The hand-off has no SLO; in whole mode its model line is the CDF of what the model
   prescribes for each request on an idle link (`model.fidelity.prescribed_handoff_s`: latency + wire bytes / rate,
   plus the module's terms, the very figure the report's `handoff_model` check holds it to).
 - `link_occupancy`: the link's occupancy over the run. Nothing records it over time, so it is derived from the
   per-request records: a hand-off is open from its first token to its KV ready; with N open at an instant,
-  min(N, lanes) are on the link and the rest queued (REFERENCE §4: one FIFO link of `channels` lanes), and the
+  min(N, lanes) are on the link and the rest queued (docs/reference.md §4: one FIFO link of `channels` lanes), and the
   busy fraction is the lanes' sending share per bin of the run. The open interval holds the link's latency too,
   so this busy fraction is at least the serialising one.
 - `timeline`: arrival, first token, KV ready and finish of a sample of requests (the first by id).
@@ -30,7 +30,7 @@ from kvtransit.model.judge.fidelity import prescribed_handoff_s
 from kvtransit.model.judge.slo import TPOT_SLO_S, TTFT_SLO_S, WARMUP_FRACTION
 from kvtransit.model.scenario import Scenario, field_names
 
-# The requests the timeline shows: the first 20 by id (issue 21 part 5's sample), enough to see queueing build up
+# The requests the timeline shows: the first 20 by id (a sample), enough to see queueing build up
 # and few enough that each row stays readable.
 TIMELINE_SAMPLE = 20
 # The busy fraction is averaged over 1/100 of the run per bin: bursts of a few hand-offs still show, and the line

@@ -1,4 +1,4 @@
-"""The run report's figures drawn as PNGs (issue 21 part 5): the series come from `report_figures.py`.
+"""The run report's figures drawn as PNGs: the series come from `report_figures.py`.
 
 matplotlib is the `plots` extra: it is imported only when a report is written (`load_matplotlib`), and without it
 the report is written all the same, its Markdown saying in one line that the extra is missing. Figures are drawn

@@ -197,7 +197,7 @@ def wake_stamp_ns(deadline_ns: int, lateness_ns: int) -> int:
 
 class DeadlineSchedule:
     """Step k is due at t0 + Σ durations of steps before it: absolute deadlines, so timer error
-    never accumulates (DESIGN §2, "hold on absolute deadlines")."""
+    never accumulates (ARCHITECTURE.md, time and scale: hold on absolute deadlines)."""
 
     def __init__(self, clock: Clock, start_ns: int | None = None):
         self.clock = clock

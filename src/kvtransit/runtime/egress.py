@@ -1,6 +1,6 @@
 """The middlebox's user-space egress shaper: a FIFO of hand-offs over a link of `channels` lanes.
 
-Each hand-off (a `Transfer`) waits its turn for a channel, in the order it asked (REFERENCE §4: one shared
+Each hand-off (a `Transfer`) waits its turn for a channel, in the order it asked (docs/reference.md §4: one shared
 FIFO link, 1 channel by default; each channel carries one hand-off at the full link rate, as in the
 simulator). Its frames are cut into slices; each slice is paced by the channel's TokenBucket (its
 serialisation ends at reserve()) and released by the channel's DelayLine one link latency later. A writer
@@ -66,7 +66,7 @@ class TransferRecord:
 
     @property
     def queue_s(self) -> float:
-        """How long it waited for a channel after it was queued and ready (REFERENCE §4: the link's FIFO)."""
+        """How long it waited for a channel after it was queued and ready (docs/reference.md §4: the link's FIFO)."""
         if self.started_ns is None:
             return 0.0
         return max(0, self.started_ns - max(self.queued_ns, self.ready_ns or self.queued_ns)) / 1e9
@@ -80,7 +80,7 @@ class TransferRecord:
 
     @property
     def modelled_s(self) -> float:
-        """REFERENCE §2: transfer_time = latency + bytes / bandwidth."""
+        """docs/reference.md §2: transfer_time = latency + bytes / bandwidth."""
         return self.latency_s + self.wire_bytes / self.rate_Bps if self.rate_Bps else 0.0
 
     @property
@@ -112,7 +112,7 @@ class EgressShaper:
                  lead_bytes: int | None = None, burst_bytes: int = 0,
                  on_transfer_done: Callable[[TransferRecord], None] | None = None):
         """`burst_bytes`: what the bucket lets through at once after idle. 0 (the default, our bucket shapes
-        the link): an N-byte transfer takes exactly N / rate (REFERENCE §2). A kernel qdisc that shapes the link
+        the link): an N-byte transfer takes exactly N / rate (docs/reference.md §2). A kernel qdisc that shapes the link
         itself (tc) is handed the first slice at the transfer's start, so its own full bucket, which the
         middlebox's start hold accounts for, is not left idle while ours meters out the first slice."""
         if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
@@ -124,7 +124,7 @@ class EgressShaper:
         self.lead_bytes = DEFAULT_LEAD_SLICES * slice_bytes if lead_bytes is None else lead_bytes
         self.on_transfer_done = on_transfer_done
         # With burst 0 the bucket starts empty, so reserve() returns when each slice's last byte has been
-        # serialised, and an N-byte transfer takes exactly N / rate (REFERENCE §2).
+        # serialised, and an N-byte transfer takes exactly N / rate (docs/reference.md §2).
         self._channels = [_Channel(i, TokenBucket(rate_Bps, burst_bytes), DelayLine(latency_s, jitter_s))
                           for i in range(channels)]
         self.rate_Bps = float(rate_Bps)
@@ -169,7 +169,7 @@ class EgressShaper:
         return self._rate_bytes / self.serialising_s if self.serialising_s > 0 else 0.0
 
     def busy_ratio(self, now_ns: int | None = None) -> float:
-        """REFERENCE §2: sum of per-transfer occupancy / wall time (can exceed 1 with channels > 1)."""
+        """docs/reference.md §2: sum of per-transfer occupancy / wall time (can exceed 1 with channels > 1)."""
         wall = ((self.clock.now_ns() if now_ns is None else now_ns) - self.started_ns) / 1e9
         return self.busy_s / wall if wall > 0 else 0.0
 
@@ -269,7 +269,7 @@ class Transfer:
 
         `ready_ns`: when the frame became ready to send (default now); its slices' deadlines count
         from then, so time spent since is not charged twice. `min_serialise_s`: the frame occupies the
-        channel at least this long (a module slower than the link: REFERENCE §5's
+        channel at least this long (a module slower than the link: docs/reference.md §5's
         `max(wire / bw, ops / (budget × bw))`); the shortfall is held before the frame's first byte."""
         self._raise_if_writer_failed()
         parts = self._endpoint.connection.send_parts(event)

@@ -1,4 +1,4 @@
-"""Where kvtransit's Prometheus metrics are declared (DESIGN §5): the core roles' here, each flow's in its own
+"""Where kvtransit's Prometheus metrics are declared (METRICS.md): the core roles' here, each flow's in its own
 `metrics.py` with the same helpers and rules (a flow is one folder: kvtransit/flows/__init__.py).
 
 Rules: namespace "kvtransit"; base units in names (_seconds, _bytes, _joules, _total); bounded labels only
@@ -24,13 +24,13 @@ NAMESPACE = "kvtransit"
 # `route` and `status` are the front end's: its four routes and the HTTP status codes it answers with.
 ALLOWED_LABELS = frozenset({"link", "codec", "stage", "outcome", "role", "phase", "route", "status", "source"})
 
-# SLO thresholds (REFERENCE §4: SLO met ⇔ TTFT ≤ 1 s and TPOT ≤ 25 ms). Buckets of the latency histograms
+# SLO thresholds (docs/reference.md §4: SLO met ⇔ TTFT ≤ 1 s and TPOT ≤ 25 ms). Buckets of the latency histograms
 # contain them exactly, so "fraction within SLO" is a bucket ratio, not an interpolation.
 TTFT_SLO_S = 1.0
 TPOT_SLO_S = 0.025
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, TTFT_SLO_S, 1.5, 2.0, 5.0, 10.0, 30.0)
 TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, TPOT_SLO_S, 0.03, 0.05, 0.1, 0.25, 1.0)
-# Hand-off phases span µs (NVLink, small KV) to seconds (eth-25g, 32k tokens: 1.37 s, REFERENCE §2).
+# Hand-off phases span µs (NVLink, small KV) to seconds (eth-25g, 32k tokens: 1.37 s, docs/reference.md §2).
 HANDOFF_BUCKETS_S = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                      5.0, 10.0)
 # Timer lateness: the clock's spin holds ~1 µs; a loaded 2-core box can be ms late (see clock.py).
@@ -75,7 +75,7 @@ def shared_metrics(registry: CollectorRegistry) -> SharedMetrics:
 
 @dataclass(frozen=True)
 class MiddleboxMetrics:
-    """The module on the link (DESIGN §1 middlebox, §5 metrics)."""
+    """The module on the link (ARCHITECTURE.md, the testbed; METRICS.md)."""
 
     kv_in_bytes: Counter
     kv_wire_bytes: Counter
@@ -125,7 +125,7 @@ def middlebox_metrics(registry: CollectorRegistry) -> MiddleboxMetrics:
             "One-way latency the shaped link is configured to.", ("link",)),
         link_busy_ratio=gauge(
             registry, "link_busy_ratio",
-            "Sum of per-transfer occupancy over wall time since start (REFERENCE §2; > 1 with channels).",
+            "Sum of per-transfer occupancy over wall time since start (docs/reference.md §2; > 1 with channels).",
             ("link",)),
         module_energy_joules=counter(
             registry, "module_energy_joules",
@@ -152,7 +152,7 @@ def middlebox_metrics(registry: CollectorRegistry) -> MiddleboxMetrics:
     )
 
 
-# Decode steps span ~6 ms (llama3-8b, b=1) to ~100 ms (70B, big batches) (REFERENCE §3 closed forms);
+# Decode steps span ~6 ms (llama3-8b, b=1) to ~100 ms (70B, big batches) (docs/reference.md §3 closed forms);
 # prefill steps up to seconds (8,192-token batches on one GPU).
 STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, TPOT_SLO_S, 0.05, 0.1, 0.25, 0.5,
                   1.0, 2.5, 5.0)
@@ -270,7 +270,7 @@ def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
             registry, "decode_queue_wait_seconds",
             "KV ready at decode -> admitted into the continuous batch (model seconds), per request.",
             QUEUE_WAIT_BUCKETS_S),
-        # Issue 20 (model/serving/layerwise.py): the hand-off split at its first token, per request taken.
+        # Layer-wise streaming (model/serving/layerwise.py): the hand-off split at its first token, per request taken.
         handoff_exposed_seconds=histogram(
             registry, "decode_handoff_exposed_seconds",
             "Exposed hand-off: KV ready at decode - first token, >= 0 (model seconds), per request taken.",
@@ -288,7 +288,7 @@ def decode_metrics(registry: CollectorRegistry) -> DecodeMetrics:
 
 @dataclass(frozen=True)
 class LoadgenMetrics:
-    """What the client sees (REFERENCE §4 definitions), in model seconds."""
+    """What the client sees (docs/reference.md §4 definitions), in model seconds."""
 
     ttft_seconds: Histogram
     tpot_seconds: Histogram

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import heapq
 import itertools
 import os
@@ -48,7 +47,9 @@ def _load_libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The running interpreter's own symbols (dlopen(NULL)), libc's among them: no ctypes.util.find_library,
+        # which runs ldconfig in a child process on every import.
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.timerfd_create  # noqa: B018 — raises AttributeError where the C library lacks it
         libc.timerfd_settime  # noqa: B018
     except (OSError, AttributeError):

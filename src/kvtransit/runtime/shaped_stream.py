@@ -2,7 +2,7 @@
 latency later, as the middlebox's egress shaper does (the same TokenBucket and DelayLine, shaping/userspace.py).
 
 For flows whose messages are not wire frames (a key exchange, FHE ciphertexts). Each message is reserved on the
-bucket when it is sent (burst 0: N bytes take exactly N / rate, REFERENCE §2) and written to the socket when its
+bucket when it is sent (burst 0: N bytes take exactly N / rate, docs/reference.md §2) and written to the socket when its
 last byte would arrive (latency after its serialisation ends), whole: a receiver sees each message at the time
 the link model says it completes. Messages are sent one at a time per direction (a handshake's messages are),
 so no slicing is needed for timing at the message's end. `shaped_loopback` makes one such connection, shaped both
@@ -24,7 +24,7 @@ from kvtransit.shaping.userspace import DelayLine, TokenBucket
 class LinkCounters:
     messages: int = 0
     wire_bytes: int = 0
-    busy_s: float = 0.0  # serialisation time (bytes / rate), what link busy sums (REFERENCE §2)
+    busy_s: float = 0.0  # serialisation time (bytes / rate), what link busy sums (docs/reference.md §2)
 
 
 class ShapedStreamWriter:

@@ -162,13 +162,13 @@ def netns_list_argv() -> list[str]:
 
 
 # Set in each namespace a run makes (never in the root namespace: the host's settings are not ours to change).
-# A hand-off after an idle gap must not restart TCP's slow start: the modelled link (REFERENCE §2) carries latency +
-# bytes / bw from a transfer's first byte, while Linux's default (tcp_slow_start_after_idle = 1, RFC 2861's
-# congestion window validation) halves the window for every RTO of idle, down to the initial window, so a transfer
-# after a second's idle ramps up again through tbf's queue. Measured here between two namespaces through tbf (2 MB at
-# 50 MB/s, i.e. 40 ms, after idle gaps of 0.05–1.3 s): with it on, up to +10 to +17 ms after the 1.3 s gap; off,
-# with CUBIC (runtime/transport/tcp_options.py), +2 to +10 ms. What remains after long gaps follows this VM's own
-# wake-up after idle (the same with the CPU kept out of idle states), and varies with the VM's state over a day.
+# A hand-off after an idle gap must not restart TCP's slow start: the modelled link (docs/reference.md §2) carries
+# latency + bytes / bw from a transfer's first byte, while Linux's default (tcp_slow_start_after_idle = 1, RFC 2861's
+# congestion window validation) halves the window for every RTO of idle, down to the initial window, so a transfer after
+# a second's idle ramps up again through tbf's queue. Measured here between two namespaces through tbf (2 MB at 50 MB/s,
+# i.e. 40 ms, after idle gaps of 0.05–1.3 s): with it on, up to +10 to +17 ms after the 1.3 s gap; off, with CUBIC
+# (runtime/transport/tcp_options.py), +2 to +10 ms. What remains after long gaps follows this VM's own wake-up after
+# idle (the same with the CPU kept out of idle states), and varies with the VM's state over a day.
 NAMESPACE_SYSCTLS: tuple[tuple[str, str], ...] = (("net.ipv4.tcp_slow_start_after_idle", "0"),)
 
 

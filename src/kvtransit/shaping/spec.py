@@ -28,7 +28,7 @@ MIN_MTU, MAX_MTU = 68, 65535
 WIRING_MTU = 65535
 # The shaped link: jumbo frames, as data-centre fabrics carrying KV run them (RoCE 4096, Ethernet 9000).
 SHAPED_MTU = 9000
-# Longest latency we accept: far beyond any link in REFERENCE §2; a typo guard (a "5s" meant as "5ms").
+# Longest latency we accept: far beyond any link in docs/reference.md §2; a typo guard (a "5s" meant as "5ms").
 MAX_LATENCY_S = 10.0
 
 
@@ -133,8 +133,9 @@ class LinkSpec:
         )
 
     def scaled(self, scale: float) -> LinkSpec:
-        """The same link with its rate multiplied by the payload scale s (DESIGN §2; 0 < s <= 1 there, any
-        positive factor here so time dilation 1/d composes). Latency is not scaled: transfer times stay equal."""
+        """The same link with its rate multiplied by the payload scale s (ARCHITECTURE.md, time and scale; 0 < s <= 1
+        there, any positive factor here so time dilation 1/d composes). Latency is not scaled: transfer times stay
+        equal."""
         _check_number("scale", scale, low_open=True)
         if self.rate_Bps is None:
             return self

@@ -14,10 +14,10 @@ Header, 44 bytes, network byte order:
 bytes / rate, on the host's monotonic clock, which every process on one host shares); the receiver holds the
 frame until then. Kinds: JOIN (a rank joins its group: `chunk` = the group's size), PART (a rank's part or a
 ring's partial sum), SUM (the switch's sum, back to a rank), ABORT (the payload is the UTF-8 reason: the
-collective failed for everyone), BYE. A query-aware selection's step (agents/selection) adds QUERY (the decode
+collective failed for everyone), BYE. A query-aware selection's step (flows/selection) adds QUERY (the decode
 step's query, to the module that scores), SUMMARIES (the pages' key summaries, from the pool), SCORES (one per page
 and kv head, to the host that ranks), FETCH (the pages wanted, int32 ids) and PAGES (their K and V, from the pool);
-`step` is the decode step, `rank` the sender's role. Weight streaming's (agents/weights) adds LOAD (an instance
+`step` is the decode step, `rank` the sender's role. Weight streaming's (flows/weights) adds LOAD (an instance
 asks for the weights or an adapter) and BLOB (their bytes, as the link carries them). A decode TP group's leader
 (agents/tp_group) adds, on its control connection to each follower rank: GO (the payload is UTF-8 JSON saying where
 the rank's ring neighbour or the switch is), STEP (a step's order: `step`, `due_ns` when its compute ends and the

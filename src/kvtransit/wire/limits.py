@@ -12,7 +12,7 @@ WIRE_VERSION = 1
 
 MAX_PAYLOAD = 64 * 1024 * 1024
 """64 MiB. The K (or the V) half of one llama3-70b layer at 32,768 tokens: 8 kv heads × 128 head_dim × 2 B
-(BF16) × 32,768 = 64 MiB (REFERENCE §1; the whole layer, K and V, is 128 MiB, so senders split a layer into
+(BF16) × 32,768 = 64 MiB (docs/reference.md §1; the whole layer, K and V, is 128 MiB, so senders split a layer into
 ≥ 2 chunks at that length). Bounds the receive buffer of every connection."""
 
 MAX_CODEC_HEADER = 256
@@ -20,7 +20,7 @@ MAX_CODEC_HEADER = 256
 
 MAX_META = 64 * 1024
 """64 KiB of small structured fields. The largest is a Tokens frame: 20 B per entry, and one decode step of a
-full batch is 256 entries (REFERENCE §4: at most 256 running) = 5 KiB, so 64 KiB holds ~12 steps."""
+full batch is 256 entries (docs/reference.md §4: at most 256 running) = 5 KiB, so 64 KiB holds ~12 steps."""
 
 MAX_NDIM = 5
 """Tensor rank in a KvChunk header: (layers, K/V, tokens, heads, head_dim) is the largest layout in use."""
@@ -29,7 +29,7 @@ MAX_NAME = 64
 """Hello.name (e.g. 'prefill-0'), UTF-8 bytes: a process label, not free text."""
 
 MAX_CODEC_NAME = 32
-"""KvBegin.codec (e.g. 'freq-keep-k'), UTF-8 bytes: a registry key (REFERENCE §5 codec presets)."""
+"""KvBegin.codec (e.g. 'freq-keep-k'), UTF-8 bytes: a registry key (docs/reference.md §5 codec presets)."""
 
 MAX_MESSAGE = 1024
 """Error.message, UTF-8 bytes: one line naming what was wrong, never a traceback."""
@@ -38,7 +38,7 @@ MAX_REASON = 256
 """Bye.reason and Ack.detail, UTF-8 bytes: one short phrase."""
 
 MAX_TOKENS_PER_REQUEST = 1 << 20
-"""prompt_tokens / output_tokens: the workload caps lengths at 32,768 (REFERENCE §4); 2^20 allows 32× that."""
+"""prompt_tokens / output_tokens: the workload caps lengths at 32,768 (docs/reference.md §4); 2^20 allows 32× that."""
 
 MAX_HASH_IDS = 4096
 """Block ids in a Request, PoolFetch or PoolPut (8 B each, 32 KiB of meta): at 512-token blocks (the Mooncake
@@ -46,7 +46,7 @@ traces' block size) that is 2M tokens, twice MAX_TOKENS_PER_REQUEST."""
 
 MAX_OPEN_KV_STREAMS = 4096
 """KV streams begun and not yet ended on one connection. A prefill holds at most a batch of 8,192 tokens
-(REFERENCE §4), i.e. ≤ 8,192 requests in the degenerate 1-token case; 4,096 in flight bounds the
+(docs/reference.md §4), i.e. ≤ 8,192 requests in the degenerate 1-token case; 4,096 in flight bounds the
 per-connection bookkeeping a hostile peer can make us hold."""
 
 DEFAULT_READ_SIZE = 256 * 1024

@@ -17,7 +17,7 @@ from kvtransit.kernels.chunk_rows import IDENTITY_CODEC_ID as IDENTITY_CODEC_ID
 from kvtransit.kernels.header import CODEC_IDS
 from kvtransit.wire.events import DType, KvChunk
 
-# The chunk bound: a layer per frame, or per ≤ 8 MiB piece of a layer (well under the wire's 64 MiB
+# kvtransit's chunk bound: a layer per frame, or per ≤ 8 MiB piece of a layer (well under the wire's 64 MiB
 # MAX_PAYLOAD, so a frame never holds a receive buffer hostage for long).
 MAX_CHUNK_BYTES = 8 * 1024 * 1024
 

@@ -1,4 +1,4 @@
-"""The real model in a process of its own, beside an agent (issue 16 part 3: realmodel/live.py, live_worker.py).
+"""The real model in a process of its own, beside an agent (realmodel/live.py, live_worker.py).
 
 The model takes seconds of CPU per request in torch and transformers, with the GIL held between tensor ops: run
 in the agent, it would hold the event loop, and with it the step timers and the sockets. So it runs in a child

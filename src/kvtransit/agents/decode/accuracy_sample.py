@@ -3,8 +3,8 @@
 Each sampled request's chunks are inverted (the codec's decode) and compared with the same synthetic KV made
 again here from the scenario's seed, so the report carries the codec's measured reconstruction error. Beside it,
 the equal-bytes baseline quantiser (`model.five_tests.equal_bytes_baseline`: fp8 for ratio 2, fp4-block for
-about 3.76) runs on those very tensors: the five tests' precision test judges the codec against it (REFERENCE §6,
-§8). Raw KV (no codec) must arrive bit for bit; a difference is counted as corruption the wire's CRCs missed.
+about 3.76) runs on those very tensors: the five tests' precision test judges the codec against it (docs/reference.md
+§6, §8). Raw KV (no codec) must arrive bit for bit; a difference is counted as corruption the wire's CRCs missed.
 
 `measure` is CPU work of milliseconds a layer: the agent runs it off the event loop (`asyncio.to_thread`)."""
 

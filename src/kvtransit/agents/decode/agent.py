@@ -1,4 +1,4 @@
-"""The decode agent: one decode instance (REFERENCE §4).
+"""The decode agent: one decode instance (docs/reference.md §4).
 
 It reassembles each request's KV from the link (the wire checks every chunk's CRC32C and the whole request's
 checksum; a request whose stream breaks is a failed request with the reason, never used), acks it back to
@@ -199,7 +199,7 @@ class DecodeAgent:
             plan = plan_decode_step(scenario, self.batcher.running, context_tokens, admitted_prompts)
             admitted_prompts.clear()
             # Back-to-back steps start at the previous deadline, not at the (late) wake-up: step k is due at
-            # t0 + Σ durations, so timer lateness never accumulates into TPOT (DESIGN §2).
+            # t0 + Σ durations, so timer lateness never accumulates into TPOT (ARCHITECTURE.md, time and scale).
             schedule = schedule or DeadlineSchedule(self.clock)
             fresh_start_ns = schedule.start_ns if schedule.steps == 0 else None
             try:

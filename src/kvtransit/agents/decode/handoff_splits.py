@@ -1,4 +1,4 @@
-"""Every taken hand-off split at its first token (issue 20, model/serving/layerwise.py: `HandoffSplit`), and the
+"""Every taken hand-off split at its first token (model/serving/layerwise.py: `HandoffSplit`), and the
 streamed ones held against the model's exposed time.
 
 The exposed part is KV ready − first token; the hidden part runs from the first KV bytes here to the first token,
@@ -17,7 +17,7 @@ from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving.layerwise import HandoffSplit, link_was_free
 
 # How many of the latest streamed hand-offs are kept to tell whether the next found the link free: more than the
-# link's lanes can hold at once (REFERENCE §4: 1 by default), however many there are.
+# link's lanes can hold at once (docs/reference.md §4: 1 by default), however many there are.
 RECENT_TRANSFERS_PER_CHANNEL = 8
 
 

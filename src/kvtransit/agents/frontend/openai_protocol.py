@@ -11,7 +11,7 @@ for everything OpenAI's own API leaves open: vllm/entrypoints/openai/protocol.py
   end-of-sequence token to stop early on, so every request runs to its limit, which is what `ignore_eos`
   asks for anyway. `ignore_eos` (bool) and `min_tokens` (0 ≤ min_tokens ≤ max_tokens, vLLM's rule) are
   validated and accepted.
-- The context: prompt tokens + max_tokens ≤ the context (the scenario's `context_cap`, REFERENCE §4's 32,768),
+- The context: prompt tokens + max_tokens ≤ the context (the scenario's `context_cap`, docs/reference.md §4's 32,768),
   else 400 `context_length_exceeded`, vLLM's message.
 - `stream`, `stream_options.include_usage` (only with stream, else 400, as in vLLM); `n` must be 1.
 - `prompt`: a string, or a list of token ids (its length is the prompt length), or a list holding one of

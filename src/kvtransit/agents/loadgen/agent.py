@@ -1,4 +1,4 @@
-"""The load generator: replays the scenario's workload and measures what a client sees (REFERENCE §4).
+"""The load generator: replays the scenario's workload and measures what a client sees (docs/reference.md §4).
 
 - The request stream is `workload_source.requests_for(scenario)`: `model.workload.generate` of the scenario's
   workload (the same seed gives the simulator's requests, arrival for arrival), or a trace replayed.

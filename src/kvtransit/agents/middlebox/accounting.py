@@ -106,7 +106,7 @@ class HandoffAccounting:
         self.totals.frames_in += 1
 
     def chunk_out(self, item: ChunkInFlight, *, link_j: float, module_j: float) -> None:
-        """A chunk went onto the link; `link_j`, `module_j`: its modelled energy (REFERENCE §5)."""
+        """A chunk went onto the link; `link_j`, `module_j`: its modelled energy (docs/reference.md §5)."""
         m, link, codec = self.metrics, self.link_name, item.codec
         wire = item.wire_bytes
         m.kv_wire_bytes.labels(link=link, codec=codec).inc(wire)

@@ -1,4 +1,4 @@
-"""The middlebox: the compute-in-transit module on the prefill → decode link (DESIGN §1).
+"""The middlebox: the compute-in-transit module on the prefill → decode link (ARCHITECTURE.md, the testbed).
 
 It terminates each prefill's KV stream, runs every chunk down the stage chain (kernel → module → link,
 stages/), and forwards the (smaller) frames over the shaped link to a decode instance (decode_peers.py).
@@ -13,7 +13,7 @@ connection only.
 Recovery. Hand-offs are idempotent by request id: a KvBegin for a request still open from another (dead)
 prefill connection supersedes it. A decode connection that drops is dialled again (decode_peers.py).
 
-Layer-wise streaming and chunked prefill (issue 20). A chunk that carries its release time (its layer's compute
+Layer-wise streaming and chunked prefill. A chunk that carries its release time (its layer's compute
 ended then) is held until that time and paced from it (pipeline.py), so each layer crosses as the prefill makes it.
 Should the prefill's connection go before every such chunk of a stream was released, the prefill failed mid-step:
 the layers it had not computed never existed, so the stream is aborted even if its KvEnd had come (decode drops
@@ -144,7 +144,7 @@ class Middlebox:
                         assert handoff is not None  # the wire guarantees KvBegin came first on this connection
                         await self._ingest_chunk(handoff, event)
                         # A turn of the loop between frames: a prefill sends a layer-wise hand-off's layers as fast
-                        # as it makes them (4.6 MB at the issue-20 study's scale), and reading them in one callback
+                        # as it makes them (4.6 MB at the layer-wise sweep's scale), and reading them in one callback
                         # held the first layer's release timer 2.2 ms (median) past due; tbf cannot win that back.
                         await asyncio.sleep(0)
                     case KvBegin():
@@ -218,7 +218,7 @@ class Middlebox:
         endpoint = peer.endpoint
         assert endpoint is not None
         begin = handoff.stream.next_hop_begin(handoff.begin)
-        # The hand-off starts, in model time, when the prefill produces the first token (REFERENCE §4:
+        # The hand-off starts, in model time, when the prefill produces the first token (docs/reference.md §4:
         # hand-off = KV ready - first token). The prefill sends the KV during its step, stamped with the
         # step's end, so frames are held until then and paced from then (the link's FIFO permitting): the
         # host's own overhead of producing and framing the bytes is not charged on top of the link's time,

@@ -36,7 +36,7 @@ FAULTS_PREFIX = "/faults/"
 KERNEL_FIELDS: dict[str, type | tuple[type, ...]] = {
     "codec": str, "keep": (int, float), "block": int, "sinks": int, "variant": str,
     "precision_bits": (int, type(None)), "transform_charged": bool, "placement": str, "streams": int}
-# Integer kernel fields beyond the longest prompt (REFERENCE §4: lengths are capped at 32,768 tokens) mean
+# Integer kernel fields beyond the longest prompt (docs/reference.md §4: lengths are capped at 32,768 tokens) mean
 # nothing, and a huge transform block would make the kernel allocate without bound: refused at the API.
 MAX_KERNEL_TOKENS = 32_768
 

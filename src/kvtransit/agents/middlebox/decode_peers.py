@@ -75,7 +75,7 @@ class DecodePeers:
         await asyncio.gather(*(self._connect(peer, timeout_s) for peer in self.peers))
 
     def pick(self) -> DecodePeer | None:
-        """The connected decode instance with the fewest hand-offs not yet acked (REFERENCE §4's router sees
+        """The connected decode instance with the fewest hand-offs not yet acked (docs/reference.md §4's router sees
         queue + running; the middlebox sees what it has sent and decode has not yet taken)."""
         live = [p for p in self.peers if p.connected]
         return min(live, key=lambda p: len(p.unacked)) if live else None

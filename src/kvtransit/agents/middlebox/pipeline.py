@@ -12,8 +12,8 @@ write-back (prefill → kvpool, pool.py).
   It returns how the stream ended (`Delivered`, `Abandoned`, `Refused`); in the last two the next hop has
   been told with an Error naming the request, so it drops what it holds.
 - After a failure, `discard` releases whatever the stream still holds (its source may still be sending).
-- A chunk that says when its KV came to exist (`KvChunk.release_ns`: layer-wise streaming, chunked prefill,
-  issue 20) is held until then (plus the link's start hold) before it goes on the link. An abort stops such a
+- A chunk that says when its KV came to exist (`KvChunk.release_ns`: layer-wise streaming, chunked
+  prefill) is held until then (plus the link's start hold) before it goes on the link. An abort stops such a
   stream at once, even one its source had ended: the prefill failed mid-step, so the layers it had not computed
   yet never existed and none of them is released.
 

@@ -1,4 +1,4 @@
-"""The prefill agent: one prefill instance (REFERENCE §4).
+"""The prefill agent: one prefill instance (docs/reference.md §4).
 
 It takes Requests from the load generator, queues and batches them (`PrefillQueue`), holds each batch for
 the roofline prefill time × dilation on absolute deadlines, sends each request's FirstToken at the end of its
@@ -97,10 +97,10 @@ class PrefillAgent:
         self.shortest_step_wall_s = float("inf")
         self.cancelled = {"queued": 0, "handoff": 0}  # withdrawn by their client, by where they were
         self.gpu_energy_j = 0.0
+        self.stager = HandoffStager(self)  # before the parts: the prefix cache part stages from its KV
         self.parts: list[PrefillPart] = [*real_kv_parts(self),
                                          *flow_parts("prefill", self, flow_args or {}, PrefillPart)]
         self.holders = StepHolders(self.clock, self.parts)
-        self.stager = HandoffStager(self)
 
     # -- the loadgen side --------------------------------------------------------------------------------
 

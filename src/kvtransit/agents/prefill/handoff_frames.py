@@ -13,7 +13,7 @@ On an idle link the sender reaches a hand-off as soon as its step stages it, so 
 while the step's timer runs (the middlebox holds them until the first token): the overlap of host work and
 modelled GPU time that agent.py describes is kept.
 
-With chunked prefill (issue 20) the KV is cut along tokens too, into `segments` (model/serving/layerwise.py:
+With chunked prefill the KV is cut along tokens too, into `segments` (model/serving/layerwise.py:
 `kv_segments`): each segment's layers are the frames of one prefill chunk, in order, segment by segment, and each
 frame says when its KV came to exist (`KvChunk.release_ns`) once the chunk's step is planned. Without chunking there
 is one segment, the whole prompt.

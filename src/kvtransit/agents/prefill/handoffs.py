@@ -2,7 +2,7 @@
 
 A request that hands off is held here from its step (`hold`) until decode's Ack, relayed by the middlebox,
 releases it; what is held is the recipe of its frames, which are made as they are sent (handoff_frames.py).
-Its frames go out one hand-off after another, FIFO (the hand-off link is a FIFO, REFERENCE §4).
+Its frames go out one hand-off after another, FIFO (the hand-off link is a FIFO, docs/reference.md §4).
 - An Ack releases the KV; a FAILED Ack is a refusal for good (decode cannot hold it, the kernel refused it),
   and the client is told why.
 - An Error naming the request means this attempt did not get through (the link to decode, or decode itself,
@@ -19,7 +19,7 @@ Its frames go out one hand-off after another, FIFO (the hand-off link is a FIFO,
 Deadlines are read on the injected clock; the housekeeping waits (backoff, the expiry poll) stay on the loop's
 own timer, so the fidelity guard's wake-up figures count model-time holds only.
 
-A streamed hand-off (layer-wise, or chunked prefill: issue 20) holds a `ReleaseSchedule` beside its recipe: the
+A streamed hand-off (layer-wise, or chunked prefill) holds a `ReleaseSchedule` beside its recipe: the
 step loop adds each KV segment's step as it plans it, every frame is stamped with when its layer's compute ends
 there (`KvChunk.release_ns`), and the sender waits for a segment's step before making its frames (a chunk that is
 not planned yet has no KV). The middlebox holds each frame until its release time.

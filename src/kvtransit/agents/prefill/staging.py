@@ -1,5 +1,5 @@
-"""A prefill step's hand-offs, staged on the KV link as the step begins (REFERENCE §4: the hand-off starts at the first
-token, the end of the step).
+"""A prefill step's hand-offs, staged on the KV link as the step begins (docs/reference.md §4: the hand-off starts at
+the first token, the end of the step).
 
 Each request's KV goes to the middlebox as soon as the link reaches it (at once, on an idle link), stamped with that
 time, and the middlebox holds it until then: the host's own cost of producing, framing and relaying the bytes

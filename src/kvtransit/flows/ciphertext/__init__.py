@@ -1,4 +1,4 @@
-"""Post-quantum key exchange over an emulated link (issue 19, REFERENCE §7): ML-KEM-768 handshakes between a
+"""Post-quantum key exchange over an emulated link (docs/reference.md §7): ML-KEM-768 handshakes between a
 client and a server on loopback TCP, each message held by the link's shaper, shared secrets compared, and the
 module's NTT kernel (kernels/ntt.py) checked against the library's own arithmetic on the keys that crossed.
 

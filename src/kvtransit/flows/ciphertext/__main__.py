@@ -17,7 +17,7 @@ from kvtransit.model.catalog.links import link_by_name
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvtransit.flows.ciphertext", description=__doc__)
     parser.add_argument("--sessions", type=int, default=20)
-    parser.add_argument("--link", help="a catalogued link (REFERENCE §2), e.g. eth-100g")
+    parser.add_argument("--link", help="a catalogued link (docs/reference.md §2), e.g. eth-100g")
     parser.add_argument("--rate-Bps", type=float, default=1e6)
     parser.add_argument("--latency-s", type=float, default=0.002)
     parser.add_argument("--dilation", type=dilation_arg, default="auto",

@@ -102,7 +102,7 @@ class FheReport:
 
 
 def transfer_model_s(input_bytes: int, output_bytes: int, rate_Bps: float, latency_s: float) -> float:
-    """Both ciphertexts on the link model: 2·latency + (in + out + framing) / rate (REFERENCE §2)."""
+    """Both ciphertexts on the link model: 2·latency + (in + out + framing) / rate (docs/reference.md §2)."""
     return 2 * latency_s + (input_bytes + output_bytes + 2 * HEADER_BYTES) / rate_Bps
 
 

@@ -1,4 +1,4 @@
-"""ML-KEM-768 handshakes across an emulated link on loopback TCP (REFERENCE §7: "once per session").
+"""ML-KEM-768 handshakes across an emulated link on loopback TCP (docs/reference.md §7: "once per session").
 
 A server (asyncio) listens on 127.0.0.1; a client dials it and runs `sessions` handshakes one after another:
 KeyGen, the 1,184-byte encapsulation key to the server, Encaps there, the 1,088-byte ciphertext back, Decaps.
@@ -7,8 +7,8 @@ so they arrive when the link model says, at a dilation that holds the host's own
 model's band (`handshake_dilation`, flows/ciphertext/serial_dilation.py: a 41 µs link time is of the order of the
 host's). Both sides' shared secrets are compared session by session; the report
 gives the session rate, the bytes each way, the KEM compute measured on this CPU and the link time measured
-against the model (`model.pqkex.HandshakeModel`). The module's NTT kernel is checked against the library on the
-first session's key pair as the server received it (`ntt_check.py`).
+against the model (`flows/ciphertext/model.py: HandshakeModel`). The module's NTT kernel is checked against the library
+on the first session's key pair as the server received it (`ntt_check.py`).
 """
 
 from __future__ import annotations

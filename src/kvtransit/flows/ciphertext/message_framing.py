@@ -9,7 +9,7 @@ import asyncio
 import struct
 
 _HEADER = struct.Struct(">BI")
-HEADER_BYTES = _HEADER.size  # 5: what each message adds to the link (model.pqkex.HandshakeModel.framing_bytes)
+HEADER_BYTES = _HEADER.size  # 5: what each message adds to the link (flows/ciphertext/model.py)
 # A ciphertext of the FHE flow is a few MB at most (CKKS N = 8192, 4 moduli: ~0.4 MB); anything larger is refused
 # before it is allocated.
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024

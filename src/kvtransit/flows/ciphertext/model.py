@@ -1,4 +1,4 @@
-"""Post-quantum key exchange as a flow (REFERENCE §7): ML-KEM-768's bytes on the link and a handshake's model.
+"""Post-quantum key exchange as a flow (docs/reference.md §7): ML-KEM-768's bytes on the link and a handshake's model.
 
 One session = the client's encapsulation key one way, the server's ciphertext back (FIPS 203: KeyGen at the
 client, Encaps at the server, Decaps at the client), once per session. On a link of bandwidth B and latency L,
@@ -20,9 +20,9 @@ from kvtransit.model.errors import ConfigError, require_positive
 MLKEM768_K = 3
 MLKEM768_DU = 10
 MLKEM768_DV = 4
-# FIPS 203 §7.1: ek = 384·k + 32 bytes (ByteEncode_12 of t̂, then ρ); REFERENCE §7: 1,184 B.
+# FIPS 203 §7.1: ek = 384·k + 32 bytes (ByteEncode_12 of t̂, then ρ); docs/reference.md §7: 1,184 B.
 MLKEM768_EK_BYTES = 384 * MLKEM768_K + 32
-# FIPS 203 §7.2: c = 32·(d_u·k + d_v) bytes; REFERENCE §7: 1,088 B.
+# FIPS 203 §7.2: c = 32·(d_u·k + d_v) bytes; docs/reference.md §7: 1,088 B.
 MLKEM768_CT_BYTES = 32 * (MLKEM768_DU * MLKEM768_K + MLKEM768_DV)
 # FIPS 203 §7.2: the shared secret is 32 bytes.
 MLKEM_SHARED_SECRET_BYTES = 32

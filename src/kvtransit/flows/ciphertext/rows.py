@@ -86,7 +86,7 @@ def row_fhe_inference(ctx: RowContext) -> RowRun:
 ROWS = (
     Row(Candidate("fhe-inference", "CKKS ciphertexts of an encrypted layer, client to server and back",
               "NTT and modular arithmetic (kernels/ntt.py: declaration, as the module's FHE demonstration)",
-              "the decrypted result within CKKS's own error (agents/fhe: ERROR_TOLERANCE) of float64"),
+              "the decrypted result within CKKS's own error (flows/ciphertext/fhe: ERROR_TOLERANCE) of float64"),
         link="eth-25g", order=8, run=row_fhe_inference),
     Row(Candidate("pq-key-exchange", "ML-KEM-768 handshakes: the encapsulation key out, the ciphertext back",
               "NTT and modular arithmetic (kernels/ntt.py: declaration)",

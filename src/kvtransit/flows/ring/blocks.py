@@ -8,7 +8,7 @@ one layer, the offline frame's layout for a single layer), cast to the wire dtyp
 
 `LinkCodec` is the kernel on a ring link, run for real: `encode` at the sending end (the block as the sender holds
 it, cast to the wire dtype, through the registry's codec), `decode` at the receiving end. A block forwarded on is
-the decoded one, so a lossy codec's error accumulates hop after hop as it would (REFERENCE §7). Band-keep's
+the decoded one, so a lossy codec's error accumulates hop after hop as it would (docs/reference.md §7). Band-keep's
 analogue noise (`precision_bits`) is drawn afresh every hop, seeded by the hop number as the offline measure
 (kernels/ring_attention.py: wire_codec) seeds it.
 

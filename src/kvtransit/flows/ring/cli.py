@@ -9,10 +9,10 @@ computes blockwise attention on the block it holds (the model's roofline time, h
 that block to the next rank over the ring link, n − 1 hops a layer; a step lasts whichever is longer (overlap),
 as measured. The blocks are the real-KV sample's (SmolLM2-135M, tests/data/smollm2_kv_sample.npz), so a hop's
 bytes are a sample block standing for the model's: the scale is their ratio, printed. A codec on the ring's links
-(--codec) runs on every hop, on the real blocks, in the module when its policy allows it (REFERENCE §5), and the
+(--codec) runs on every hop, on the real blocks, in the module when its policy allows it (docs/reference.md §5), and the
 rank holding the sample's decode queries measures the ring's attention-output error against exact attention,
 next to the same codec's error measured offline (one pass, n − 1 hops). Printed: the measured prompt and hop next
-to the model's (REFERENCE §7), whether the hop is link- or compute-bound, the scale and the dilation.
+to the model's (docs/reference.md §7), whether the hop is link- or compute-bound, the scale and the dilation.
 """
 
 from __future__ import annotations

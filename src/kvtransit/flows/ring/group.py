@@ -1,4 +1,4 @@
-"""A ring inside `kvtransit up` (issue 18 part 4, flows/ring/ring_class.py): the prefill instance's GPU is rank 0 and
+"""A ring inside `kvtransit up` (flows/ring/ring_class.py): the prefill instance's GPU is rank 0 and
 leads n − 1 ring follower processes (follower.py), one prompt at a time.
 
 The shape is a TP group's (flows/tp/group/): the launcher starts the followers first, each binds a control port

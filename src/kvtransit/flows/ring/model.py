@@ -1,16 +1,17 @@
-"""Ring attention, first-order model (Liu et al., arXiv:2310.01889; REFERENCE §7): the time of a hop, and where a
-codec on the ring's links starts to pay.
+"""Ring attention, first-order model (Liu et al., arXiv:2310.01889; docs/reference.md §7): the time of a hop, and where
+a codec on the ring's links starts to pay.
 
 n devices each hold a block of `block_tokens` of a long prompt. Per layer, every device sends its KV block to the
 next n − 1 times while computing blockwise attention on the block it holds; overlapped, a hop costs
-`max(block_bytes / bw + latency, block attention compute)` (REFERENCE §7). One layer = the first block's compute
+`max(block_bytes / bw + latency, block attention compute)` (docs/reference.md §7). One layer = the first block's compute
 (the device's own block, nothing in flight yet) + (n − 1) hops.
 
-- block_bytes: one layer's K and V of the block, 2 × kv_heads × head_dim × bytes_per_value a token (REFERENCE §1),
+- block_bytes: one layer's K and V of the block, 2 × kv_heads × head_dim × bytes_per_value a token (docs/reference.md
+§1),
   divided by the codec's ratio on the wire. With a declared kernel the link leg is the module's transit time
-  (REFERENCE §5: latency + 1 µs + max(wire / bw, ops / (1.6 × bw))).
+  (docs/reference.md §5: latency + 1 µs + max(wire / bw, ops / (1.6 × bw))).
 - block attention compute: the block's queries against one KV block, off the diagonal (no causal mask):
-  QKᵀ and PV, 2 FLOPs a multiply-add each, 4 · d_model · t_q · t_k FLOPs (REFERENCE §3's attention term
+  QKᵀ and PV, 2 FLOPs a multiply-add each, 4 · d_model · t_q · t_k FLOPs (docs/reference.md §3's attention term
   2·d·s·(s+1) is the causal, halved form of this), and the HBM bytes of reading Q, K, V and writing O, costed on
   the roofline of model/cost/roofline.py (`step_time`, peak × 0.55 and HBM × 0.80), without the per-step overhead
   (a hop is not a step).
@@ -55,7 +56,7 @@ def hops_per_layer(n: int) -> int:
 
 
 def block_bytes(model: ModelSpec, block_tokens: int) -> int:
-    """One layer's K and V of a block: 2 × kv_dim × bytes_per_value per token (REFERENCE §1)."""
+    """One layer's K and V of a block: 2 × kv_dim × bytes_per_value per token (docs/reference.md §1)."""
     return _require_tokens(block_tokens) * KV_TENSORS * model.kv_dim * model.bytes_per_value
 
 
@@ -85,7 +86,7 @@ class Hop:
 def hop(model: ModelSpec, device: Device, link: Link, block_tokens: int, ratio: float = 1.0,
         kernel: KernelDeclaration | None = None, module: Module = Module()) -> Hop:
     """One overlapped hop. `ratio` compresses the block on the wire (no module time); a `kernel` instead runs on
-    the module, with its own ratio and transit time (REFERENCE §5)."""
+    the module, with its own ratio and transit time (docs/reference.md §5)."""
     nbytes = block_bytes(model, block_tokens)
     compute = block_attention_s(model, device, block_tokens)
     if kernel is not None:

@@ -1,4 +1,4 @@
-"""One rank of ring attention (Liu et al., arXiv:2310.01889; REFERENCE §7): per layer, it computes blockwise
+"""One rank of ring attention (Liu et al., arXiv:2310.01889; docs/reference.md §7): per layer, it computes blockwise
 attention on the block it holds (the model's roofline time, held on the clock) while passing that block to the
 next rank over the shaped ring link, n steps a layer, n − 1 of them a hop. A step lasts whichever is longer, the
 compute or the hop (overlap), as measured: the next step starts when both its block has arrived and the compute

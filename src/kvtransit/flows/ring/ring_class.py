@@ -1,16 +1,16 @@
-"""Ring attention inside `kvtransit up` (issue 18 part 4): which requests are prefilled by a ring, and what the model
+"""Ring attention inside `kvtransit up`: which requests are prefilled by a ring, and what the model
 says their prefill takes.
 
 A share (`ring_share`) of the requests is a long-prompt class: each has a prompt of `ring_prompt` tokens, too long
 for one GPU's prefill, and is prefilled by a ring of `ring_ranks` GPUs (the prefill instance's GPU is rank 0, the
-other n − 1 are the ring's own processes) joined by `ring_link` (Liu et al., arXiv:2310.01889; REFERENCE §7). The
-prompt is split into n blocks of `ring_prompt / n` tokens, one a rank (sequence parallelism). A ring request's step
+other n − 1 are the ring's own processes) joined by `ring_link` (Liu et al., arXiv:2310.01889; docs/reference.md §7).
+The prompt is split into n blocks of `ring_prompt / n` tokens, one a rank (sequence parallelism). A ring request's step
 runs alone on the instance (its GPU is a rank of the ring for the whole prompt) and has two parts:
 
 - **the rest of the prompt** (projections and MLP): each rank computes its block's tokens through every weight,
   2·P FLOPs a token, streaming all the weights once (every rank holds them: the ring splits the sequence, not the
-  model), plus its block's activations and KV written (REFERENCE §3's prefill terms at t = ring_prompt / n tokens),
-  on the roofline of model/cost/roofline.py; held by the prefill, the step's overhead once;
+  model), plus its block's activations and KV written (docs/reference.md §3's prefill terms at t = ring_prompt / n
+  tokens), on the roofline of model/cost/roofline.py; held by the prefill, the step's overhead once;
 - **the attention**: per layer, every rank computes blockwise attention on the block it holds while passing that
   block on round the ring, n steps a layer, n − 1 of them a hop (flows/ring/model.py: `hop`, `layer_s`): run live by the
   ring's ranks over the shaped ring link, each hop's time measured, the blocks real bytes at the run's scale.
@@ -41,7 +41,7 @@ from kvtransit.model.serving.workload import RequestSpec
 
 # The ring class's draw is its own: a request's membership of the remote-KV class says nothing of this one.
 RING_CLASS_SALT = 0x52494E47  # "RING"
-# Ring sizes this emulation starts (REFERENCE §7's n = 2, 4, 8; each rank past the first is a process).
+# Ring sizes this emulation starts (docs/reference.md §7's n = 2, 4, 8; each rank past the first is a process).
 RING_RANKS = (2, 4, 8)
 
 
@@ -83,7 +83,8 @@ class RingPrefill(StepExtra):
 
 def rest_of_prompt_s(model: ModelSpec, device: Device, block_tokens: int) -> float:
     """One rank's projections and MLP over its block (module docstring): 2·P FLOPs a token; every weight streamed
-    once, the block's activations (2·t·d values) and its KV written (REFERENCE §3, without attention's FLOPs)."""
+    once, the block's activations (2·t·d values) and its KV written (docs/reference.md §3, without attention's
+    FLOPs)."""
     flops = 2 * model.matmul_params * block_tokens
     nbytes = (model.weights_streamed_bytes + model.bytes_per_value * block_tokens * model.d_model
               + block_tokens * model.kv_bytes_per_token)

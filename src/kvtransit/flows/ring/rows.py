@@ -22,7 +22,7 @@ from kvtransit.harness.studies.candidates.rows import (
 from kvtransit.harness.studies.candidates.table import Candidate, PrecisionFigure, RowMeasured
 from kvtransit.model.catalog.links import link_by_name
 
-# Ring attention as the offline row had it (REFERENCE §7's long context): llama3-8b on h100, 4 ranks of 4,096
+# Ring attention as the offline row had it (docs/reference.md §7's long context): llama3-8b on h100, 4 ranks of 4,096
 # tokens (a 16k prompt), raw and with band-keep on every hop; 3 prompts, the first a warm-up.
 RING_RUN: dict[str, Any] = dict(model="llama3-8b", n=4, block_tokens=4096, prompts=3)
 RING_BAND_KEEP: dict[str, Any] = {"keep": 0.5, "sinks": 4}

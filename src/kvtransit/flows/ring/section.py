@@ -44,7 +44,7 @@ class RingSection(Section):
     }
 
     ring_share: float = 0.0  # share of the requests in the ring class (0: none)
-    ring_ranks: int = 4  # GPUs in the ring (REFERENCE §7: 2, 4, 8)
+    ring_ranks: int = 4  # GPUs in the ring (docs/reference.md §7: 2, 4, 8)
     ring_link: str = "eth-100g"  # the link between ring neighbours (`kvtransit ring`'s default)
     ring_prompt: int = 32768  # tokens of a ring request's prompt (the deck's 32k)
 

@@ -1,3 +1,3 @@
-"""Query-aware KV selection live (issue 18 part 1): a pool holding a long context's KV, a module on the link that
+"""Query-aware KV selection live: a pool holding a long context's KV, a module on the link that
 scores the pages' key summaries against each decode step's query, and a decode host that ranks and fetches only
 the chosen pages, as three processes over a shaped link."""

@@ -6,7 +6,7 @@
 
 The flags it shares with `kvtransit up` are spelled as there (docs/flags.md).
 
-Three processes over a shaped link (agents/selection): a pool holding the context's KV, the module at decode's
+Three processes over a shaped link (flows/selection/roles.py): a pool holding the context's KV, the module at decode's
 end of the link, and decode. With `--select top-k` (the default) each decode step sends its query to the module,
 which scores the pages' key summaries as they arrive from the pool (the mean key: one dot product, 1.00 op/B of
 MAC, checked against the module's budget; Quest's min/max bound needs a max, so only `--policy host` runs it, at

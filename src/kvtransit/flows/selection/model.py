@@ -1,9 +1,9 @@
-"""Query-aware KV selection, first-order model (Quest arXiv:2406.10774; REFERENCE §7): bytes per decode step and
+"""Query-aware KV selection, first-order model (Quest arXiv:2406.10774; docs/reference.md §7): bytes per decode step and
 whether the scoring kernel fits the module.
 
 A request's context KV lives remotely (the KV pool). Per decode step, every page's key summary crosses the link
-and is scored against the query; the host ranks one number per page (comparisons: not the module's, REFERENCE §5)
-and fetches only the chosen pages' K and V. Without selection the step fetches all of the context's KV.
+and is scored against the query; the host ranks one number per page (comparisons: not the module's, docs/reference.md
+§5) and fetches only the chosen pages' K and V. Without selection the step fetches all of the context's KV.
 
 Bytes per step, over every layer (`SelectionStep`):
   all KV        = context × kv_bytes_per_token
@@ -14,7 +14,7 @@ The score each page returns (one BF16 value a page and kv head) and the query go
 (`score_bytes`, `query_bytes`): they are small, and they cross the other way or leave the module.
 
 The scoring kernels (`scoring_declaration`): the representative key is a dot product, 2 FLOPs per BF16 value =
-1.00 op/B of MAC (REFERENCE §5, §7), in the published set: fits the high budget (3.96), transit-bound at the
+1.00 op/B of MAC (docs/reference.md §5, §7), in the published set: fits the high budget (3.96), transit-bound at the
 low (0.40). With GQA the summed query of a group is used (Σ_h q_h·k̄ = (Σ_h q_h)·k̄), so the rate stays 1.00 op/B
 (kernels/selection.py does the same). Quest's bound Σ max(q·min, q·max) needs a per-channel max: a comparison,
 not published, so it is refused or runs on the host (`Policy.HOST`); it is bounded per query head, so its
@@ -45,11 +45,11 @@ from kvtransit.model.module.budget import (
 from kvtransit.model.serving.traces import BLOCK_TOKENS
 
 SUMMARY_KINDS: tuple[str, ...] = ("mean", "minmax")
-DEFAULT_PAGE_SIZE = 16  # Quest's page (REFERENCE §7)
-# A dot product: 2 FLOPs per BF16 value (2 bytes) = 1.00 op/B (REFERENCE §5 "other kernels", §7).
+DEFAULT_PAGE_SIZE = 16  # Quest's page (docs/reference.md §7)
+# A dot product: 2 FLOPs per BF16 value (2 bytes) = 1.00 op/B (docs/reference.md §5 "other kernels", §7).
 SCORING_FLOPS_PER_VALUE = 2
 SCORING_OPS_PER_BYTE = SCORING_FLOPS_PER_VALUE / BF16_BYTES
-# The module's two budgets (REFERENCE §5), as modules for budget_check.
+# The module's two budgets (docs/reference.md §5), as modules for budget_check.
 MODULE_HIGH = Module(name="budget-high", ops_per_byte=BUDGET_HIGH_OPS_PER_BYTE)
 MODULE_LOW = Module(name="budget-low", ops_per_byte=BUDGET_LOW_OPS_PER_BYTE)
 
@@ -165,9 +165,9 @@ class SelectionStep:
 
     def fetch_time_s(self, link: Link, module: Module | None = None) -> float:
         """Two sequential legs when selecting (summaries, then the chosen pages: the host must rank between them),
-        one without. A leg is a request to the pool and its answer: 2 latencies + bytes / bandwidth (REFERENCE §2).
-        `module`: the summaries are scored in transit on their way in (their bytes are the module's input), which
-        adds its latency and, when the module is slower than the wire, its compute (REFERENCE §5)."""
+        one without. A leg is a request to the pool and its answer: 2 latencies + bytes / bandwidth (docs/reference.md
+        §2). `module`: the summaries are scored in transit on their way in (their bytes are the module's input), which
+        adds its latency and, when the module is slower than the wire, its compute (docs/reference.md §5)."""
         if self.budget is None:
             return link.latency_s + link.transfer_time_s(self.all_kv_bytes)
         summaries = link.latency_s + link.transfer_time_s(self.summary_bytes)

@@ -1,4 +1,4 @@
-"""Remote KV with query-aware selection inside `kvtransit up` (issue 18 part 4): which requests are long-context, what
+"""Remote KV with query-aware selection inside `kvtransit up`: which requests are long-context, what
 a decode step moves for them, and how long the model says those legs take.
 
 A share (`remote_share`) of the requests is a long-context class: each also attends to a context of
@@ -13,10 +13,10 @@ decode link (the link the hand-offs cross, so both flows queue on one clock):
 - **all** (`select="all"`): FETCH then every token's K and V, one leg.
 
 The step's remote requests share the legs (one QUERY, one SUMMARIES, ... a step, their bytes summed), as a batch's
-attention reads its KV together. Each leg is a request over the link and its answer (REFERENCE §2):
+attention reads its KV together. Each leg is a request over the link and its answer (docs/reference.md §2):
 `2 × latency + module latency + max(bytes, module occupancy) / bandwidth`; the summaries' leg is the one the module
-computes on (occupancy = bytes × charged ops / budget when transit-bound, REFERENCE §5). `legs_model_s` is what the
-run's measured legs are judged against, at the bytes they moved.
+computes on (occupancy = bytes × charged ops / budget when transit-bound, docs/reference.md §5). `legs_model_s` is what
+the run's measured legs are judged against, at the bytes they moved.
 
 Which requests are remote is a pure function of the seed and the request id (`in_remote_class`), so the decode, the
 pool and the load generator's report agree without telling each other.

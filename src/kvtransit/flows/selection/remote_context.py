@@ -40,7 +40,7 @@ GROUP = 2
 # Between steps decode may say nothing for a long time (an idle run): a connection is kept through silence; only an
 # answer owed has a deadline.
 IDLE_WAIT_S = 3600.0
-BF16 = np.dtype(bfloat16)  # the KV's dtype on the wire (REFERENCE §1)
+BF16 = np.dtype(bfloat16)  # the KV's dtype on the wire (docs/reference.md §1)
 SCORE_DTYPE = np.dtype(np.float32)
 PAGE_ID_DTYPE = np.dtype(np.int32)
 ID_DTYPE = np.dtype(np.int64)

@@ -7,11 +7,11 @@
 
 Per decode step (top-k): the query goes to the module, which asks the pool for the pages' summaries; they cross
 the link (shaped: latency + bytes / rate, and the module's latency and compute where it scores them,
-REFERENCE §5), the module scores them (kernels/selection.py: group_scores, the MAC of the summed query) and hands
-decode one score per page and kv head; decode ranks them (the host's comparisons: rank_pages) and fetches the
-chosen pages over the same link; then it holds its step's compute (the model's decode step at the context it
-attends to). Quest's min/max bound needs a max, so with `scoring="host"` the summaries go through to decode, which
-scores them itself. Without selection (`budget=None`) decode fetches every token, one leg a step.
+docs/reference.md §5), the module scores them (kernels/selection.py: group_scores, the MAC of the summed query) and
+hands decode one score per page and kv head; decode ranks them (the host's comparisons: rank_pages) and fetches the
+chosen pages over the same link; then it holds its step's compute (the model's decode step at the context it attends
+to). Quest's min/max bound needs a max, so with `scoring="host"` the summaries go through to decode, which scores them
+itself. Without selection (`budget=None`) decode fetches every token, one leg a step.
 
 Model time runs on absolute deadlines as the other live groups' (flows/tp/rank/rank.py): each frame is
 stamped with when it is due on the modelled link, counted from when the frame it answers was due (`at_ns`); the

@@ -1,5 +1,5 @@
 """`kvtransit select`: query-aware KV selection live, a pool, a module that scores and a decode host as three
-processes over a shaped link (agents/selection), measured beside the model (flows/selection/model.py).
+processes over a shaped link (flows/selection/roles.py), measured beside the model (flows/selection/model.py).
 
 Plan: the model's decode step for a remote context of `context` tokens, without selection (every token fetched, one
 leg) or with it (the summaries' leg through the module, the host's ranking, the chosen pages' leg), plus the step's

@@ -52,9 +52,9 @@ class SelectionSection(Section):
 
     kv_placement: str = "local"
     select: str = ""  # top-k | all with remote KV ("": top-k); an error without it
-    select_budget: float = 0.0625  # fraction of the pages fetched (REFERENCE §7: PRISM's 16x less traffic)
+    select_budget: float = 0.0625  # fraction of the pages fetched (docs/reference.md §7: PRISM's 16x less traffic)
     select_summary: str = "mean"  # the page summary: mean (one key, MAC) or minmax (Quest's bound: needs a max)
-    page_size: int = DEFAULT_PAGE_SIZE  # tokens a page (Quest's 16, REFERENCE §7)
+    page_size: int = DEFAULT_PAGE_SIZE  # tokens a page (Quest's 16, docs/reference.md §7)
     remote_context: int = 32768  # tokens of each remote context (the deck's 32k)
     remote_share: float = 0.5  # share of the requests in the long-context class
 
@@ -123,8 +123,8 @@ class SelectionSection(Section):
         return scoring_budget(scenario.model_spec, self.select_summary, scenario.module, Policy(scenario.policy))
 
     def scoring_occupancy(self, scenario: Scenario) -> float:
-        """Link bytes per summary byte while the module scores them (> 1: transit-bound, REFERENCE §5); 0 when the
-        module does not score."""
+        """Link bytes per summary byte while the module scores them (> 1: transit-bound, docs/reference.md §5); 0 when
+        the module does not score."""
         check = self.scoring_check(scenario)
         if check is None or check.action is not Action.IN_TRANSIT:
             return 0.0

@@ -29,6 +29,10 @@ from kvtransit.wire.events import Request, Role
 
 log = logging.getLogger(__name__)
 
+# How long /stats waits for the prefill's write-backs in flight: well inside the shortest /stats reader's timeout
+# (the launcher's 2 s; runtime/http_client.py's default is longer), and far longer than a write-back takes.
+WRITE_BACK_SETTLE_S = 1.0
+
 
 def add_flags(parser: argparse.ArgumentParser, role: str) -> None:
     if role == "prefill":
@@ -105,6 +109,11 @@ class PrefixPart(PrefillPart):
 
     def stats(self) -> dict[str, Any]:
         return {"prefix": self.reuse.stats()}
+
+    async def settled(self) -> None:
+        # The middlebox's relay counts a write-back's bytes as they cross; this side counts them once the pool
+        # has answered. Bounded: a write-back stuck on a dead pool must not hold /stats past the reader's 2 s.
+        await self.reuse.write_backs_settled(timeout_s=WRITE_BACK_SETTLE_S)
 
     async def close(self) -> None:
         await self._tasks.close()

@@ -14,7 +14,7 @@ POOL_FETCH_BUCKETS_S = HANDOFF_BUCKETS_S
 
 @dataclass(frozen=True)
 class KvPoolMetrics:
-    """The shared KV pool: blocks held per tier, what it serves, evicts, and refuses (agents/kvpool/)."""
+    """The shared KV pool: blocks held per tier, what it serves, evicts, and refuses (flows/tier/pool/)."""
 
     blocks: Gauge
     stored_bytes: Gauge

@@ -13,11 +13,11 @@
   an Error naming the request (it drops what it holds), the prefill a FAILED Ack.
 - **Fetch**: the pool streams the blocks as stored; they cross the fetch lane of the pool link at their wire
   (compact) size, paced by the link's rate and latency, and the module is charged the inverse transform
-  (REFERENCE §5's pricing, the same `ModuleStage` as the forward direction: its modelled compute holds the
+  (docs/reference.md §5's pricing, the same `ModuleStage` as the forward direction: its modelled compute holds the
   link when the module is slower than the wire). The prefill accepts the compact form (the KV's content is
   not used by the emulated GPU; its raw size is in every chunk header).
 - The pool link is the scenario's link (`--link`), shaped at the same scale and dilation as the hand-off
-  link, with one lane per direction (full duplex), each a FIFO (REFERENCE §4 style).
+  link, with one lane per direction (full duplex), each a FIFO (docs/reference.md §4 style).
 
 A pool that cannot be reached or goes away fails the fetches and puts in flight with a reason (an Error
 naming the request), so the prefill falls back to recomputing; it is redialled on the next request.
@@ -199,7 +199,7 @@ class PoolRelay:
                             item = ChunkInFlight(chunk=chunk, raw_bytes=chunk.raw_bytes,
                                                  codec=kernel.name if chunk.codec_id else "none", runs_on=runs_on)
                             # Decompressing on the way in costs the module what compressing did (the inverse
-                            # transform, REFERENCE §5 pricing); a module slower than the wire holds the link.
+                            # transform, docs/reference.md §5 pricing); a module slower than the wire holds the link.
                             item = module.price(item, kernel)
                             await link.send(chunk, ready_ns=start_ns, min_serialise_s=item.modelled_compute_s)
                             self.accounting.chunk("fetch", item, raw=chunk.raw_bytes, wire=len(chunk.payload),

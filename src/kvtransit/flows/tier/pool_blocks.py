@@ -7,8 +7,8 @@ rows is a valid chunk.
 
 The codec a write-back runs (`write_back_codec`) is where the scenario compresses: in transit the middlebox's
 kernel (`transit_codec`, the one `agents/middlebox/stages/kernel.py: activate` builds), at the GPU the prefill's
-(kv_frames.codec_for). Its output is the same bytes wherever it runs: `tests/integration/test_pool_warm.py` holds a
-warmed block equal to one written back through a real middlebox.
+(kv_frames.codec_for). Its output is the same bytes wherever it runs: `tests/integration/flows/tier/test_pool_warm.py`
+holds a warmed block equal to one written back through a real middlebox.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from kvtransit.wire.events import (
 log = logging.getLogger(__name__)
 
 # A fetch not answered within this many wall seconds (× dilation) is given up and recomputed: generous, a
-# 32k-token prefix over eth-25g takes 1.4 s (REFERENCE §2), but bounded.
+# 32k-token prefix over eth-25g takes 1.4 s (docs/reference.md §2), but bounded.
 FETCH_TIMEOUT_S = 10.0
 # After a failed dial, lookups count pool-down for this long before dialling again (on the injected clock, as the
 # middlebox's pool relay holds off: flows/tier/middlebox_pool.py POOL_RETRY_S). One second: a restarted middlebox is
@@ -231,11 +231,11 @@ class PrefixReuse:
             return  # nothing to write to; the next lookup dials again
         self._write_backs.spawn(self._put(request_id, result), f"put {request_id}")
 
-    async def write_backs_settled(self) -> None:
-        """Return once every write-back begun so far has ended (stored, refused, or failed and counted). Waiting is
-        all it does: a waiter that is cancelled leaves the write-backs running."""
+    async def write_backs_settled(self, timeout_s: float | None = None) -> None:
+        """Return once every write-back begun so far has ended (stored, refused, or failed and counted), or after
+        `timeout_s`. Waiting is all it does: a waiter that is cancelled leaves the write-backs running."""
         if pending := list(self._write_backs):
-            await asyncio.wait(pending)
+            await asyncio.wait(pending, timeout=timeout_s)
 
     def _put_frames(self, request_id: int, result: Lookup) -> list:
         """PoolPut, then KvBegin and each new block's chunks (flows/tier/pool_blocks.py: the layout a warmed

@@ -20,7 +20,7 @@ PRESETS: dict[str, tuple[str, list[Any]]] = {}
 
 # The KV tier: 4 shared 2,048-token system prompts (+ ~256-token user parts), light load, over the
 # slow eth-25g; no cache, a local cache (no fetch cost), and the pool behind the middlebox without and with
-# the band-keep kernel. TTFT excludes the hand-off (REFERENCE §4), so the codec moves only the fetch's share.
+# the band-keep kernel. TTFT excludes the hand-off (docs/reference.md §4), so the codec moves only the fetch's share.
 KVPOOL_WORKLOAD = dict(model="llama3-8b", device="h100", gpus=1, prefill=1, decode=1,
                        prefix_workload="system-prompts", system_prompts=4, system_prompt_tokens=2048,
                        prompt_mean=256.0, prompt_cv=0.5, output_mean=64.0, output_cv=0.5, requests=60, rate=2.0,

@@ -11,7 +11,7 @@ from kvtransit.harness.studies.candidates.rows import Row, RowContext, RowRun
 from kvtransit.harness.studies.candidates.table import Candidate
 
 # requests whose KV decode compares with the exact (the report's accuracy block)
-# The tier at the deck's size (issue 19 part 4): the `tier-deck` sweep preset's in-transit point
+# The tier at the deck's size: the `tier-deck` sweep preset's in-transit point
 # (harness/studies/sweep/plan.py: llama3-70b, prefixes up to 32k tokens, the Mooncake conversation trace's reuse from a
 # warmed pool), on the row's link. The trace is the shared copy beside the checkout when the working directory has none.
 TIER_PRESET, TIER_POINT = "tier-deck", {"compress_at": "transit"}

@@ -1,6 +1,6 @@
 """Request streams whose prompts share prefixes, with the hash ids of their KV blocks (flows/tier/prefix.py).
 
-Both follow REFERENCE §4's generator conventions: one `random.Random(seed)`, a fixed call order per request
+Both follow docs/reference.md §4's generator conventions: one `random.Random(seed)`, a fixed call order per request
 (or per session), lengths from `LengthDist.sample`.
 
 - **System prompts** (`system_prompts`): N shared system prompts of L tokens each; per request, in order:

@@ -5,20 +5,20 @@
     kvtransit collective --model mixtral-8x7b --ep 2 --prefill-prompts 2048,2048,2048,2048 --scale 0.001 --dilation 2
 
 With --ep N (a mixture of experts, EP = TP = N) each layer has one all-reduce (attention) and a dispatch +
-combine all-to-all (the MLP), both between the ranks of a ring; --prefill makes the step a prefill of those
+combine all-to-all (the MLP), both between the ranks of a ring; --prefill-prompts makes the step a prefill of those
 prompts instead of a decode step. --dispatch fp8 sends the dispatch through the fp8 kernel (the combine stays
 BF16): it needs rounding, so it runs at the GPU (--dispatch-at gpu, the default), and in transit the module
 refuses it (--policy reject) or the policy moves it to the GPU (--policy host). Its error is measured on the real
 model's MLP inputs when the realkv extra is installed (--no-dispatch-accuracy skips it), else marked not measured.
 
-    kvtransit collective --model mixtral-8x7b --ep 2 --prefill-prompts 2048,2048,2048,2048 --dispatch fp8 \
+    kvtransit collective --model mixtral-8x7b --ep 2 --prefill-prompts 2048,2048,2048,2048 --dispatch fp8 \\
         --scale 0.001 --dilation 2
 
 n rank processes (one OS process each; + a switch process with --allreduce switch) hold their shard's
 roofline compute, then all-reduce real bytes: a ring between neighbours, or through a switch that sums the n
 streams. Every rank checks every sum against the exact sum. Printed: the measured decode step and all-reduce
-share next to the model's (REFERENCE §7), the scale, the dilation and the granularity (per layer, or per step with
-the per-layer latency held by the model when the host cannot carry per-layer messages at that dilation). The flags
+share next to the model's (docs/reference.md §7), the scale, the dilation and the granularity (per layer, or per step
+with the per-layer latency held by the model when the host cannot carry per-layer messages at that dilation). The flags
 it shares with `kvtransit up` are spelled as there (docs/flags.md).
 """
 

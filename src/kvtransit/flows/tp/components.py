@@ -15,8 +15,10 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from kvtransit.agents.decode.parts import DecodePart
+from kvtransit.agents.prefill.parts import PrefillPart
 from kvtransit.agents.skeleton import AgentContext, Part
-from kvtransit.agents.stepping import StepFailed, StepHeld, StepHolder, StepTiming
+from kvtransit.agents.stepping import StepFailed, StepHeld, StepTiming
 from kvtransit.flows.tp.group.leader import GroupFailed, GroupLeader, LeaderConfig
 from kvtransit.flows.tp.group.steps import TpSteps
 from kvtransit.flows.tp.section import ROLES, TpSection
@@ -62,8 +64,9 @@ def components(role: str, agent: Any, args: Mapping[str, Any]) -> list[Part]:
     return [GroupPart(agent, role, leader_config(role, size, args.get(ARG)))]
 
 
-class GroupPart(StepHolder):
-    """Rank 0 of the instance's TP group: it leads the followers and holds the group's steps."""
+class GroupPart(PrefillPart, DecodePart):
+    """Rank 0 of the instance's TP group: it leads the followers and holds the group's steps (a prefill's or a
+    decode's: it answers only the step hooks both roles share, the others' defaults say nothing)."""
 
     STEP_FLOWS: ClassVar[tuple[str, ...]] = ("tp",)
     name = "TP group"

@@ -1,5 +1,5 @@
 """`kvtransit cost --tp N | --ep N`: a step split into the group's roofline compute and its collectives over the
-scale-up link, not overlapped (REFERENCE §7): 2·L all-reduces (TP), or L all-reduces and L dispatch + combine
+scale-up link, not overlapped (docs/reference.md §7): 2·L all-reduces (TP), or L all-reduces and L dispatch + combine
 all-to-alls (EP). The core's cost command reaches it through the registry (flows/tp/cli.py: COST_SPLIT)."""
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allreduce", choices=("ring", "switch"), default="ring",
                    help="ring over the link, or summed in the network by a switch (default ring)")
     parser.add_argument("--module-budget", choices=("low", "sim", "high"), default="sim",
-                   help="with --allreduce switch: the switch's ops per line byte (REFERENCE §5; default sim 1.6)")
+                   help="with --allreduce switch: the switch's ops per line byte (docs/reference.md §5; default sim "
+                        "1.6)")
     parser.add_argument("--expert-imbalance", type=float, default=1.0, metavar="X",
                    help="the busiest rank's expert FLOPs over the mean, with --ep (default 1.0)")
     parser.add_argument("--dispatch", choices=("bf16", "fp8"), default="bf16",
@@ -92,7 +93,8 @@ def show_split(split: list[dict[str, Any]]) -> None:
              f"{r['alltoall_share']:.1%}" if r["alltoalls"] else "-"]
             for r in split
         ],
-        caption="step = compute on the group (roofline, REFERENCE §3) + collectives, not overlapped (REFERENCE §7)"
+        caption="step = compute on the group (roofline, docs/reference.md §3) + collectives, not overlapped "
+                "(docs/reference.md §7)"
                 + ("; FP8 dispatch: + the GPU's casts " + ", ".join(f"{r['step']} {r['cast_s'] * MS:,.3f} ms"
                                                                     for r in split)
                    if first["dispatch"] == "fp8" else ""),

@@ -1,4 +1,4 @@
-"""FP8 dispatch on real activations (issue 17 part 5): the relative error the fp8 kernel puts on what an MoE
+"""FP8 dispatch on real activations: the relative error the fp8 kernel puts on what an MoE
 layer dispatches, measured on SmolLM2-135M's MLP inputs.
 
 SmolLM2 is dense, so there is no router: every layer's MLP input (the post-attention RMSNorm's output, [tokens,

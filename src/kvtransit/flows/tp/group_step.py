@@ -1,5 +1,5 @@
-"""What a TP group's live step carries as real bytes and what it holds (`--prefill-tp`, `--decode-tp N`; issue 17
-part 4), the same for the prefill's steps and the decode's.
+"""What a TP group's live step carries as real bytes and what it holds (`--prefill-tp`, `--decode-tp N`), the
+same for the prefill's steps and the decode's.
 
 A step's collectives (flows/tp/model.py: `ParallelStep`, 2·L all-reduces dense, L all-reduces and L all-to-alls
 with EP) go as one real all-reduce a step carrying every all-reduce's bytes at the run's scale, with one set of
@@ -43,7 +43,8 @@ def live_collectives(scenario: Scenario, tp: TpSection, n: int, step: ParallelSt
     """`step`'s collectives (the model's, of a group of `n` on the scenario's scale-up link) as the live group runs
     them: real at the run's scale, the rest held."""
     model, link = scenario.model_spec, tp.link_spec
-    per_reduce = step.allreduce_bytes // model.bytes_per_value  # one all-reduce's values: tokens × d (REFERENCE §7)
+    # one all-reduce's values: tokens × d (docs/reference.md §7.2)
+    per_reduce = step.allreduce_bytes // model.bytes_per_value
     values = max(n, math.ceil(step.allreduces * per_reduce * scenario.effective_scale / n) * n)
     real_s = allreduce_s(step.allreduce_kind, step.allreduces * step.allreduce_bytes, n, link, scenario.module)
     alltoall_values = 0

@@ -21,14 +21,14 @@ def switch_metrics(registry: CollectorRegistry) -> SwitchMetrics:
     return SwitchMetrics(
         merged_streams=counter(
             registry, "switch_merged_streams",
-            "Ingress streams the switch summed into one: n for each sum of a group of n (REFERENCE §5: a kernel "
-            "that combines streams needs a switch; the placement test's streams seen)."),
+            "Ingress streams the switch summed into one: n for each sum of a group of n (docs/reference.md §5: a "
+            "kernel that combines streams needs a switch; the placement test's streams seen)."),
     )
 
 
 @dataclass(frozen=True)
 class TpGroupMetrics:
-    """A prefill or decode instance that is a TP group (`--prefill-tp`, `--decode-tp`; issue 17 part 4): its
+    """A prefill or decode instance that is a TP group (`--prefill-tp`, `--decode-tp`): its
     collectives measured beside the model's, by the role of the process that leads it (flows/tp/group/steps.py)."""
 
     collective_seconds: Counter

@@ -1,4 +1,4 @@
-"""Tensor- and expert-parallel collectives, first order (REFERENCE §7): how long a TP all-reduce or a MoE
+"""Tensor- and expert-parallel collectives, first order (docs/reference.md §7): how long a TP all-reduce or a MoE
 all-to-all holds a step, and what share of the step the collectives are.
 
 - TP all-reduce, two per layer (after attention and after the MLP) of the activations S = tokens × d × 2 B:
@@ -8,7 +8,7 @@ all-to-all holds a step, and what share of the step the collectives are.
   over the link plus `2(n−1) · latency` (FP8 dispatch, flows/tp/moe_dispatch.py: the dispatch's half at ~1 B a
   value, the GPU's casts fused into the layer); experts touched `E · (1 − (1 − k/E)^tokens)`; the busiest rank's expert
   FLOPs × `expert_imbalance`.
-- The step: roofline compute on n GPUs (REFERENCE §3, `cost.step_time`) + the collectives, not overlapped.
+- The step: roofline compute on n GPUs (docs/reference.md §3, `cost.step_time`) + the collectives, not overlapped.
   Dense TP: 2·L all-reduces. EP = TP = n: the attention's all-reduce stays (L of them) and the MLP's becomes
   the dispatch + combine (L all-to-alls).
 
@@ -35,12 +35,12 @@ from kvtransit.model.cost.roofline import StepTime, StepWork, decode_work, prefi
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.module.budget import Module
 
-# REFERENCE §7: two all-reduces per layer, after attention and after the MLP.
+# docs/reference.md §7: two all-reduces per layer, after attention and after the MLP.
 ALLREDUCES_PER_LAYER = 2
-# REFERENCE §5: "summing two streams (all-reduce) = 0.50 op/byte (needs a switch)". The same figure as
+# docs/reference.md §5: "summing two streams (all-reduce) = 0.50 op/byte (needs a switch)". The same figure as
 # kernels/stream_sum.py's declaration (model may not import kernels; a unit test holds the two equal).
 SUM_OPS_PER_BYTE = 0.50
-# SwiGLU: gate, up and down projections per expert (REFERENCE §3's 3·d·d_ff).
+# SwiGLU: gate, up and down projections per expert (docs/reference.md §3's 3·d·d_ff).
 MLP_MATRICES = 3
 
 ALLREDUCE_RING = "ring"
@@ -67,12 +67,12 @@ def _require_tokens(tokens: int) -> int:
 
 
 def activation_bytes(model: ModelSpec, tokens: int) -> int:
-    """S = tokens × d_model × 2 B: what one all-reduce sums (REFERENCE §7)."""
+    """S = tokens × d_model × 2 B: what one all-reduce sums (docs/reference.md §7)."""
     return _require_tokens(tokens) * model.d_model * model.bytes_per_value
 
 
 def ring_allreduce_s(nbytes: float, n: int, link: Link) -> float:
-    """`2(n−1)/n · S/B + 2(n−1) · latency` (REFERENCE §7): reduce-scatter then all-gather, n−1 hops each,
+    """`2(n−1)/n · S/B + 2(n−1) · latency` (docs/reference.md §7): reduce-scatter then all-gather, n−1 hops each,
     S/n bytes a hop. One rank alone reduces nothing: 0."""
     _require_group(n)
     _require_bytes(nbytes)
@@ -94,7 +94,7 @@ class SwitchAllReduce:
 
 
 def switch_sum_s(nbytes: float, link: Link, module: Module = Module()) -> float:
-    """The switch's sum of one S-byte stream per port: REFERENCE §5's module arithmetic, 0.50 op per input
+    """The switch's sum of one S-byte stream per port: docs/reference.md §5's module arithmetic, 0.50 op per input
     byte against `module.ops_per_byte` ops per line byte at the port's rate B, plus the module's added latency
     (its 1 µs). Held after the last stream arrived, not overlapped with the hops (a first-order bound: the
     sum of a byte needs that byte from every rank)."""
@@ -103,7 +103,7 @@ def switch_sum_s(nbytes: float, link: Link, module: Module = Module()) -> float:
 
 
 def switch_allreduce(nbytes: float, n: int, link: Link, module: Module = Module()) -> SwitchAllReduce:
-    """One hop up, the sum, one hop down (REFERENCE §7, "in the network"). One rank alone: 0."""
+    """One hop up, the sum, one hop down (docs/reference.md §7, "in the network"). One rank alone: 0."""
     _require_group(n)
     _require_bytes(nbytes)
     if n == 1:
@@ -128,7 +128,7 @@ def _require_moe(model: ModelSpec) -> None:
 
 
 def alltoall_bytes(model: ModelSpec, tokens: int, n: int, dispatch: str = DISPATCH_BF16) -> float:
-    """One MoE layer's dispatch + combine: `2 · tokens · k · d · (n−1)/n` activations × 2 B (REFERENCE §7); with
+    """One MoE layer's dispatch + combine: `2 · tokens · k · d · (n−1)/n` activations × 2 B (docs/reference.md §7); with
     FP8 dispatch the dispatch's half is the fp8 kernel's 1.0625 B a value (the combine stays BF16)."""
     _require_moe(model)
     _require_group(n)
@@ -138,12 +138,12 @@ def alltoall_bytes(model: ModelSpec, tokens: int, n: int, dispatch: str = DISPAT
 
 
 def alltoall_s(model: ModelSpec, tokens: int, n: int, link: Link, dispatch: str = DISPATCH_BF16) -> float:
-    """`bytes / B + 2(n−1) · latency` for one MoE layer's dispatch + combine (REFERENCE §7)."""
+    """`bytes / B + 2(n−1) · latency` for one MoE layer's dispatch + combine (docs/reference.md §7)."""
     return link.serialisation_s(alltoall_bytes(model, tokens, n, dispatch)) + 2 * (n - 1) * link.latency_s
 
 
 def experts_touched(experts: int, active: int, tokens: int) -> float:
-    """`E · (1 − (1 − k/E)^tokens)`: the expected experts a layer reads weights for (REFERENCE §7)."""
+    """`E · (1 − (1 − k/E)^tokens)`: the expected experts a layer reads weights for (docs/reference.md §7)."""
     if isinstance(experts, bool) or not isinstance(experts, int) or experts < 1:
         raise ConfigError(f"experts must be a positive integer, got {experts!r}")
     if isinstance(active, bool) or not isinstance(active, int) or not 1 <= active <= experts:
@@ -153,7 +153,7 @@ def experts_touched(experts: int, active: int, tokens: int) -> float:
 
 
 def moe_work(model: ModelSpec, work: StepWork, tokens: int, expert_imbalance: float = 1.0) -> StepWork:
-    """REFERENCE §3's step `work` (which counts k active experts a token) made MoE-aware (REFERENCE §7):
+    """docs/reference.md §3's step `work` (which counts k active experts a token) made MoE-aware (docs/reference.md §7):
     expert weights streamed for the experts touched, not k; the expert FLOPs × `expert_imbalance`, since the
     step waits for the busiest rank (its share of the expert FLOPs is imbalance × the mean)."""
     _require_moe(model)
@@ -200,7 +200,7 @@ def check_ep(model: ModelSpec, n: int) -> int:
 
 @dataclass(frozen=True)
 class ParallelStep:
-    """One step of a TP-n (or EP=TP=n) group: compute, then the collectives, not overlapped (REFERENCE §7)."""
+    """One step of a TP-n (or EP=TP=n) group: compute, then the collectives, not overlapped (docs/reference.md §7)."""
 
     n: int
     compute: StepTime  # roofline on n GPUs, with its 0.5 ms overhead
@@ -268,7 +268,7 @@ def parallel_step(model: ModelSpec, device: Device, work: StepWork, tokens: int,
                             alltoall_s(model, tokens, n, link, dispatch.codec), dispatch, cast_each_s)
     if dispatch.codec != DISPATCH_BF16:
         raise ConfigError(f"a {dispatch.codec.upper()} dispatch needs an all-to-all: expert parallelism (--ep)")
-    # TP of a MoE model without EP: every expert split n ways, the step as REFERENCE §3 has it (k a token).
+    # TP of a MoE model without EP: every expert split n ways, the step as docs/reference.md §3 has it (k a token).
     n = check_tp(model, tp)
     return ParallelStep(n, step_time(work, device, n), allreduce, nbytes, ALLREDUCES_PER_LAYER * model.layers,
                         allreduce_s(allreduce, nbytes, n, link, module), 0, 0.0, 0.0)

@@ -1,13 +1,13 @@
-"""FP8 dispatch on the MoE all-to-all (issue 17 part 5): what the dispatch carries, where its codec may run, and
+"""FP8 dispatch on the MoE all-to-all: what the dispatch carries, where its codec may run, and
 what running it at the GPU costs.
 
 An EP group's all-to-all is a dispatch (each token's activations to its experts' ranks) and a combine (the
-experts' outputs back), REFERENCE §7. The usual compression is FP8 on the dispatch only (the combine stays BF16,
+experts' outputs back), docs/reference.md §7. The usual compression is FP8 on the dispatch only (the combine stays BF16,
 as DeepSeek-V3 trains and serves it): the dispatch's bytes halve, so one layer's all-to-all carries
 `tokens · k · d · (n−1)/n · (1.0625 + 2)` bytes instead of `… · (2 + 2)` (an E4M3 byte a value and a float32
 scale per 64 values, as kernels/quant.py's fp8 sends them).
 
-FP8 needs rounding, which the module's published op set lacks (REFERENCE §5; `module.UNPUBLISHED_OPS`), so in
+FP8 needs rounding, which the module's published op set lacks (docs/reference.md §5; `module.UNPUBLISHED_OPS`), so in
 transit it is judged like any kernel (`module.budget_check`): refused under `--policy reject`, moved to the GPU
 under `--policy host`. At the GPU the cast is fused into the layer (no step overhead of its own): each rank casts
 down what it dispatches and casts back up what it receives, one op per value each way (the fp8 preset's
@@ -33,7 +33,7 @@ DISPATCH_FP8 = "fp8"
 # The fp8 kernel's block: one float32 scale per 64 values (kernels/quant.py: DEFAULT_FP8_BLOCK; model may not
 # import kernels, and a unit test holds the two equal).
 FP8_BLOCK = 64
-# What one dispatched value takes on the wire: BF16 2 B (REFERENCE §1); FP8 an E4M3 byte plus its share of the
+# What one dispatched value takes on the wire: BF16 2 B (docs/reference.md §1); FP8 an E4M3 byte plus its share of the
 # block's 4-byte scale, as the kernel the ranks run sends it.
 DISPATCH_VALUE_BYTES = {DISPATCH_BF16: 2.0, DISPATCH_FP8: 1.0 + 4.0 / FP8_BLOCK}
 AT_GPU = "gpu"
@@ -78,8 +78,8 @@ def place_dispatch(codec: str, at: str = AT_GPU, module: Module = Module(),
     if result.verdict is Verdict.NOT_ALLOWED and result.action is Action.REJECTED:
         needs = ", ".join(sorted(result.unpublished_ops))
         raise ConfigError(f"FP8 dispatch refused in transit: it needs {needs}, which the module ({module.name}) "
-                          "does not publish (REFERENCE §5); run it at the GPU (--dispatch-at gpu) or let the policy "
-                          "move it there (--policy host)")
+                          "does not publish (docs/reference.md §5); run it at the GPU (--dispatch-at gpu) or let the "
+                          "policy move it there (--policy host)")
     if result.action is Action.ON_HOST:
         return DispatchPlacement(codec, at, AT_GPU, f"moved to the GPU by --policy host: {result.describe()}",
                                  result)
@@ -91,7 +91,7 @@ BF16_DISPATCH = DispatchPlacement(DISPATCH_BF16, AT_GPU, "-", "BF16 dispatch: no
 
 
 def dispatched_values(model: ModelSpec, tokens: int, n: int) -> float:
-    """Values one rank dispatches (and receives) in one MoE layer: `tokens · k · d · (n−1)/n` (REFERENCE §7)."""
+    """Values one rank dispatches (and receives) in one MoE layer: `tokens · k · d · (n−1)/n` (docs/reference.md §7)."""
     return tokens * model.experts_active * model.d_model * (n - 1) / n
 
 

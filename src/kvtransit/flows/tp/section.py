@@ -2,10 +2,10 @@
 which scale-up link, and whether the decode group of a mixture-of-experts model is expert-parallel.
 
 The group sizes themselves are the core's (`Scenario.prefill_tp`, `decode_tp`: an instance's roofline runs on its N
-GPUs); this flow adds what the group does between them: 2·L all-reduces a step (REFERENCE §7), in a ring between the
-ranks or through a switch that sums (`allreduce`), over `scaleup_link`; with `decode_ep` (EP = TP = decode_tp) L
-all-reduces and L dispatch + combine all-to-alls (flows/tp/model.py), and of them what the live group carries for
-real (flows/tp/group_step.py).
+GPUs); this flow adds what the group does between them: 2·L all-reduces a step (docs/reference.md §7), in a ring between
+the ranks or through a switch that sums (`allreduce`), over `scaleup_link`; with `decode_ep` (EP = TP = decode_tp) L
+all-reduces and L dispatch + combine all-to-alls (flows/tp/model.py), and of them what the live group carries for real
+(flows/tp/group_step.py).
 
 Pure: no I/O, no clock.
 """

@@ -3,7 +3,7 @@
     kvtransit weights --model llama3-8b --link eth-25g --adapters 100 --rank 16 --adapter-capacity 8 --requests 40
     kvtransit weights --codec zstd --policy host
 
-Two processes over a shaped link (agents/weights): a store, and an instance that is unavailable until its BF16
+Two processes over a shaped link (flows/weights/roles.py): a store, and an instance that is unavailable until its BF16
 weights have streamed in (the cold start, measured), then serves --requests (Poisson at --rate, each naming one of
 --adapters adapters by a Zipf popularity) one at a time: an adapter not among its --capacity resident ones (an LRU)
 is paged in over the link before the prefill, so the request's TTFT includes the wait. A weight flow needs a

@@ -1,9 +1,10 @@
-"""Weights and LoRA adapters as a flow (REFERENCE §1, §7): their bytes, their load time, which adapters are resident.
+"""Weights and LoRA adapters as a flow (docs/reference.md §1, §7): their bytes, their load time, which adapters are
+resident.
 
 - `weight_load(model, link)`: a cold start, a model swap or an offload streams the model's BF16 weights
-  (`ModelSpec.resident_weight_bytes`, REFERENCE §1: Llama-3-8B 16.06 GB) in `latency + bytes / bw` (§2).
+  (`ModelSpec.resident_weight_bytes`, docs/reference.md §1: Llama-3-8B 16.06 GB) in `latency + bytes / bw` (§2).
 - `AdapterShape(model, rank)`: a LoRA adapter of rank r on every layer's q/k/v/o projections (S-LoRA,
-  arXiv:2311.03285), `2 · r · (d_in + d_out) · 2 B` per projection (REFERENCE §7), with the model's real
+  arXiv:2311.03285), `2 · r · (d_in + d_out) · 2 B` per projection (docs/reference.md §7), with the model's real
   projection shapes: q and o are d_model → d_model, k and v d_model → kv_dim (grouped-query attention).
 - `ZipfPopularity(adapters, exponent, seed)`: which adapter each request names, drawn with a seeded generator,
   so a workload is the same sequence every run.
@@ -26,23 +27,25 @@ from kvtransit.model.catalog.links import Link
 from kvtransit.model.catalog.models import ModelSpec
 from kvtransit.model.errors import ConfigError, require_positive
 
-# REFERENCE §7: "2 · r · (d_in + d_out) · 2 B per projection". The trailing 2 B is BF16 (§1). The leading 2 is
-# REFERENCE's as written: LoRA's A (r × d_in) and B (d_out × r) alone are r · (d_in + d_out) values, so the
-# formula counts twice that (kept as REFERENCE gives it, and named, so one edit changes it if REFERENCE does).
+# docs/reference.md §7: "2 · r · (d_in + d_out) · 2 B per projection". The trailing 2 B is BF16 (§1). The leading 2 is
+# docs/reference.md's as written: LoRA's A (r × d_in) and B (d_out × r) alone are r · (d_in + d_out) values, so the
+# formula counts twice that (kept as docs/reference.md gives it, and named, so one edit changes it if docs/reference.md
+# does).
 LORA_FORMULA_FACTOR = 2
-LORA_BYTES_PER_VALUE = 2  # BF16 (REFERENCE §1)
-# The projections an adapter adapts (REFERENCE §7: "a layer's q/k/v/o projections").
+LORA_BYTES_PER_VALUE = 2  # BF16 (docs/reference.md §1)
+# The projections an adapter adapts (docs/reference.md §7: "a layer's q/k/v/o projections").
 LORA_PROJECTIONS = ("q", "k", "v", "o")
 
 
 def weight_bytes(model: ModelSpec) -> int:
-    """The model's BF16 weights as stored: every layer, every expert, untied embedding and head (REFERENCE §1)."""
+    """The model's BF16 weights as stored: every layer, every expert, untied embedding and head (docs/reference.md
+    §1)."""
     return model.resident_weight_bytes
 
 
 @dataclass(frozen=True)
 class WeightLoad:
-    """One load of `nbytes` over `link` (REFERENCE §2: latency + bytes / bandwidth)."""
+    """One load of `nbytes` over `link` (docs/reference.md §2: latency + bytes / bandwidth)."""
 
     what: str
     nbytes: int
@@ -54,13 +57,13 @@ class WeightLoad:
 
 
 def weight_load(model: ModelSpec, link: Link) -> WeightLoad:
-    """A cold start or swap of `model` over `link` (REFERENCE §1: Llama-3-8B over pcie5, 0.25 s)."""
+    """A cold start or swap of `model` over `link` (docs/reference.md §1: Llama-3-8B over pcie5, 0.25 s)."""
     return WeightLoad(f"{model.name} weights", weight_bytes(model), link)
 
 
 @dataclass(frozen=True)
 class AdapterShape:
-    """A LoRA adapter of rank `rank` on each of `model`'s layers' q/k/v/o projections (REFERENCE §7)."""
+    """A LoRA adapter of rank `rank` on each of `model`'s layers' q/k/v/o projections (docs/reference.md §7)."""
 
     model: ModelSpec
     rank: int
@@ -83,7 +86,7 @@ class AdapterShape:
                 from None
 
     def projection_bytes(self, projection: str) -> int:
-        """2 · r · (d_in + d_out) · 2 B (REFERENCE §7)."""
+        """2 · r · (d_in + d_out) · 2 B (docs/reference.md §7)."""
         d_in, d_out = self.projection_shape(projection)
         return LORA_FORMULA_FACTOR * self.rank * (d_in + d_out) * LORA_BYTES_PER_VALUE
 
@@ -97,7 +100,7 @@ class AdapterShape:
         return self.model.layers * self.layer_bytes
 
     def load(self, link: Link) -> WeightLoad:
-        """Paging this adapter in over `link`: latency + bytes / bandwidth (REFERENCE §2)."""
+        """Paging this adapter in over `link`: latency + bytes / bandwidth (docs/reference.md §2)."""
         return WeightLoad(f"{self.model.name} LoRA r={self.rank}", self.nbytes, link)
 
 
@@ -174,14 +177,14 @@ def page_adapters(adapters: Iterable[int], capacity: int) -> list[AdapterAccess]
 def adapter_wait_s(accesses: Sequence[AdapterAccess], shape: AdapterShape, link: Link) -> list[float]:
     """What each request waits for its adapter before its prefill (a miss: the load; a hit: 0), one at a time.
 
-    First-order (REFERENCE §7): no queueing behind another request's load; the live flow measures that."""
+    First-order (docs/reference.md §7): no queueing behind another request's load; the live flow measures that."""
     load_s = require_positive("adapter load time", shape.load(link).seconds)
     return [0.0 if a.hit else load_s for a in accesses]
 
 
 def pull_s(nbytes: float, link: Link, ratio: float = 1.0) -> float:
     """A load the instance asks for: the request's latency, then the answer's latency + bytes / bandwidth
-    (REFERENCE §2), the bytes divided by a lossless kernel's `ratio`."""
+    (docs/reference.md §2), the bytes divided by a lossless kernel's `ratio`."""
     if not ratio > 0:
         raise ConfigError(f"compression ratio must be > 0, got {ratio!r}")
     return 2 * link.latency_s + link.serialisation_s(nbytes / ratio)

@@ -89,6 +89,6 @@ def row_weight_streaming(ctx: RowContext) -> RowRun:
 ROWS = (
     Row(Candidate("weight-streaming", "BF16 weights or a LoRA adapter paged to an instance",
               "none (lossless; model/module/budget.py: flow_check refuses a lossy kernel)",
-              "bit-exact (lossless only, REFERENCE §7)"),
+              "bit-exact (lossless only, docs/reference.md §7)"),
         link="eth-25g", order=7, run=row_weight_streaming),
 )

@@ -1,4 +1,4 @@
-"""`kvtransit weights`: weight streaming live, a store and an instance over a shaped link (agents/weights): the
+"""`kvtransit weights`: weight streaming live, a store and an instance over a shaped link (flows/weights/roles.py): the
 instance's cold start (its weights streamed in before it serves), then LoRA adapters paged in on demand while it
 serves a request stream, measured beside the model (flows/weights/model.py).
 
@@ -51,7 +51,7 @@ ZSTD_DECLARED_RATIO = 1.28
 # buffers): a 2-core, 24 GiB box; scale down a larger model.
 MAX_SCALED_WEIGHT_BYTES = 1 << 30
 HOST_TIMING_REPEATS = 3
-# The light-load target (issue 19): a paged-in adapter's TTFT within 2 % of the model.
+# The light-load target: a paged-in adapter's TTFT within 2 % of the model.
 TTFT_TOLERANCE = 0.02
 
 LOSSLESS_KERNELS = {

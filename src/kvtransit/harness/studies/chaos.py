@@ -36,7 +36,7 @@ from kvtransit.wire.limits import MAX_PAYLOAD, WIRE_VERSION
 
 # When the fault starts, after every agent is ready: the load has been flowing for a while by then.
 FAULT_AT_S = 2.0
-# How long a timed fault stays on (the "link down 2 s then up").
+# How long a timed fault stays on ("link down 2 s then up").
 FAULT_FOR_S = 2.0
 # RSS is sampled this often from /proc for the prefill and the middlebox.
 RSS_POLL_S = 0.1

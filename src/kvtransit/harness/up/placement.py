@@ -16,7 +16,7 @@ namespace and puts the middlebox and the decode pool in namespaces of their own:
 Only the middlebox → decode veth is shaped (its tbf rate is the scenario's scaled link rate, as goodput: the
 shaping layer adds the header overhead). The two root veths are unshaped; they are how the root namespace
 reaches every agent's /metrics, /stats and ports, with plain connected routes (no forwarding, no NAT). The
-decode pool shares one namespace, so it shares the one shaped link (REFERENCE §4: one shared FIFO link).
+decode pool shares one namespace, so it shares the one shaped link (docs/reference.md §4: one shared FIFO link).
 
 The link's latency (× dilation, e.g. 20 µs) stays with the middlebox's user-space delay line either way: the
 middlebox always holds it, so a netem delay on the veth too would count it twice.

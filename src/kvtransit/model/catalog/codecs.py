@@ -1,12 +1,12 @@
-"""What the built-in codecs and kernels cost on the module, as declarations (REFERENCE §5).
+"""What the built-in codecs and kernels cost on the module, as declarations (docs/reference.md §5).
 
-Two lists, both from REFERENCE §5:
+Two lists, both from docs/reference.md §5:
 - `CODECS`: the presets a link can run (none, fp8, fp4-block, freq-keep-k, kivi-2, kivi-3), built by
   `codec_declaration`.
 - `KERNEL_TABLE_ROWS`: the four rows of the kernel table, which `kernel_table_row` turns back into the
   table's columns.
 
-Inconsistencies in REFERENCE §5 and how they are resolved here:
+Inconsistencies in docs/reference.md §5 and how they are resolved here:
 - The fp8 preset is "1 op per value", i.e. 0.50 op/byte on BF16 input, but the kernel table's "Requantise
   BF16 to FP8 (per-block scale)" row says 1.00 op/byte. They are kept apart: the table row is an oracle and
   keeps its printed 1.00 (a per-block scale costs a scale multiply besides the rounding: 2 ops per value);
@@ -14,7 +14,7 @@ Inconsistencies in REFERENCE §5 and how they are resolved here:
   budget verdict (not allowed) is the same.
 - The table's "fits" columns are arithmetic only (requantise is "in set: no" but "fits high: yes"), so
   `kernel_table_row` calls `fits_budget(..., require_published_ops=False)`.
-- A per-block scale also needs a comparison (the block's absolute maximum); REFERENCE names only rounding
+- A per-block scale also needs a comparison (the block's absolute maximum); docs/reference.md names only rounding
   as the unpublished op these kernels need, and so do the declarations here.
 """
 
@@ -32,26 +32,26 @@ from kvtransit.model.module.budget import (
     fits_budget,
 )
 
-# REFERENCE §5 codec presets (ratio = input bytes / output bytes).
+# docs/reference.md §5 codec presets (ratio = input bytes / output bytes).
 FP8_RATIO = 2.0  # BF16 → FP8: 16 bits → 8 bits
 FP8_OPS_PER_VALUE = 1  # "1 op per value; needs rounding"
 FP4_OPS_PER_VALUE = 2  # "2 ops per value"
 FP4_BITS = 4
 # fp4-block is OCP MXFP4 (as `kernels/quant.py` runs it): 32 values share one 1-byte E8M0 scale, so 64 bytes
-# of BF16 become 16 bytes of codes + 1 byte of scale: ratio 64/17 ≈ 3.765, REFERENCE §5's figure.
+# of BF16 become 16 bytes of codes + 1 byte of scale: ratio 64/17 ≈ 3.765, docs/reference.md §5's figure.
 DEFAULT_FP4_BLOCK = 32
 FP4_SCALE_BYTES = 1
-DEFAULT_KEEP = 0.5  # freq-keep-k keeps half, counted in real values (REFERENCE §5, §6)
+DEFAULT_KEEP = 0.5  # freq-keep-k keeps half, counted in real values (docs/reference.md §5, §6)
 DEFAULT_TRANSFORM_LENGTH = 64  # tokens per FFT block along the token axis (the simulator's stage)
-# The band-keep codec's default variant is the DCT-II (FreqKV, REFERENCE §6; `kernels/registry.py`), which
+# The band-keep codec's default variant is the DCT-II (FreqKV, docs/reference.md §6; `kernels/registry.py`), which
 # takes any block length >= 2; it runs on the module's FFT and is charged as one.
 DEFAULT_BAND_KEEP_TRANSFORM = "dct"
 # The band-keep kernels in the kernel table keep half the band (a fixed band; the ratio does not enter the
 # table's columns, only the wire bytes).
 TABLE_BAND_KEEP = 0.5
-TABLE_REQUANTISE_OPS_PER_BYTE = 1.00  # REFERENCE §5 kernel table, printed as is (see the module docstring)
+TABLE_REQUANTISE_OPS_PER_BYTE = 1.00  # docs/reference.md §5 kernel table, printed as is (see the module docstring)
 
-# KIVI-style requantisers (REFERENCE §5: KIVI arXiv:2402.02750, 2-bit; KVQuant arXiv:2401.18079, 3-bit), as
+# KIVI-style requantisers (docs/reference.md §5: KIVI arXiv:2402.02750, 2-bit; KVQuant arXiv:2401.18079, 3-bit), as
 # `kernels/kivi.py` runs them: asymmetric, keys grouped per channel along tokens, values per token along channels,
 # G = 32 values a group (KIVI's group size), each group storing a float16 step and a float16 zero point.
 # The one ratio a preset declares assumes whole groups: tokens and head_dim multiples of 32 (head_dim 128, as the
@@ -141,7 +141,7 @@ def _band_keep_row(n: int) -> KernelDeclaration:
     )
 
 
-# REFERENCE §5 kernel table, in its order.
+# docs/reference.md §5 kernel table, in its order.
 KERNEL_TABLE_ROWS: tuple[KernelDeclaration, ...] = (
     _band_keep_row(8),
     _band_keep_row(64),
@@ -157,7 +157,7 @@ KERNEL_TABLE_ROWS: tuple[KernelDeclaration, ...] = (
 
 @dataclass(frozen=True)
 class KernelTableRow:
-    """One row of REFERENCE §5's kernel table, computed from a declaration."""
+    """One row of docs/reference.md §5's kernel table, computed from a declaration."""
 
     name: str
     transform_ops_per_byte: float

@@ -1,4 +1,4 @@
-"""GPUs the roofline cost model knows (REFERENCE §3)."""
+"""GPUs the roofline cost model knows (docs/reference.md §3)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class Device:
                 raise ConfigError(f"device {self.name!r}: {field_name} must be >= 0")
 
 
-# REFERENCE §3: peak BF16, HBM bandwidth, HBM size, TDP, idle, pJ/FLOP, pJ/byte.
+# docs/reference.md §3: peak BF16, HBM bandwidth, HBM size, TDP, idle, pJ/FLOP, pJ/byte.
 DEVICES: dict[str, Device] = {
     d.name: d
     for d in (

@@ -1,4 +1,4 @@
-"""The links a KV hand-off can cross (REFERENCE §2): bandwidth, latency, energy per bit."""
+"""The links a KV hand-off can cross (docs/reference.md §2): bandwidth, latency, energy per bit."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kvtransit.model.errors import ConfigError, require_positive, unknown_name
 
-GB = 1e9  # REFERENCE §2: GB = 1e9 bytes
+GB = 1e9  # docs/reference.md §2: GB = 1e9 bytes
 US = 1e-6
 BITS_PER_BYTE = 8
 PJ = 1e-12
@@ -29,28 +29,28 @@ class Link:
             raise ConfigError(f"link {self.name!r}: pj_per_bit must be >= 0, got {self.pj_per_bit!r}")
 
     def serialisation_s(self, nbytes: float) -> float:
-        """How long `nbytes` occupy the link (what link busy sums, REFERENCE §2)."""
+        """How long `nbytes` occupy the link (what link busy sums, docs/reference.md §2)."""
         if nbytes < 0:
             raise ConfigError(f"bytes must be >= 0, got {nbytes!r}")
         return nbytes / self.bandwidth_Bps
 
     def transfer_time_s(self, nbytes: float) -> float:
-        """latency + bytes / bandwidth (REFERENCE §2)."""
+        """latency + bytes / bandwidth (docs/reference.md §2)."""
         return self.latency_s + self.serialisation_s(nbytes)
 
     def energy_j(self, nbytes: float) -> float:
-        """Wire bits × pJ per bit (REFERENCE §5)."""
+        """Wire bits × pJ per bit (docs/reference.md §5)."""
         if nbytes < 0:
             raise ConfigError(f"bytes must be >= 0, got {nbytes!r}")
         return nbytes * BITS_PER_BYTE * self.pj_per_bit * PJ
 
 
-# REFERENCE §2: bandwidth, latency, pJ/bit.
+# docs/reference.md §2: bandwidth, latency, pJ/bit.
 LINKS: dict[str, Link] = {
     link.name: link
     for link in (
         Link("nvlink4", 450 * GB, 5 * US, 5.0),
-        # REFERENCE §7, scale-up links (the TP group's): nvlink3 (A100) and nvlink5 (B200), 5 µs as nvlink4.
+        # docs/reference.md §7, scale-up links (the TP group's): nvlink3 (A100) and nvlink5 (B200), 5 µs as nvlink4.
         # §7 gives no energy for them; nvlink4's 5 pJ/bit (§2) stands in, a documented assumption.
         Link("nvlink3", 300 * GB, 5 * US, 5.0),
         Link("nvlink5", 900 * GB, 5 * US, 5.0),
@@ -59,7 +59,7 @@ LINKS: dict[str, Link] = {
         Link("eth-25g", 3.125 * GB, 20 * US, 15.0),
         Link("pcie5", 64 * GB, 5 * US, 6.0),
         Link("pcie4", 32 * GB, 5 * US, 6.0),
-        # The module's line rate only: REFERENCE §2 gives it no latency and no energy per bit (the
+        # The module's line rate only: docs/reference.md §2 gives it no latency and no energy per bit (the
         # module's own 1 µs and 1 pJ/bit live in module.Module), so both are zero here.
         Link("qsfp56", 25 * GB, 0.0, 0.0),
     )

@@ -1,4 +1,4 @@
-"""Model shapes and what they weigh: KV bytes per token, matmul parameters, weights (REFERENCE §1, §3).
+"""Model shapes and what they weigh: KV bytes per token, matmul parameters, weights (docs/reference.md §1, §3).
 
 A model is its shape; every byte count the emulator uses is derived here from that shape, so a user can
 add a model by giving its shape (`ModelSpec.from_shape("layers=32,d_model=4096,...")`).
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from kvtransit.model.catalog.spec_text import as_int, parse_key_values
 from kvtransit.model.errors import ConfigError, require_positive, unknown_name
 
-# BF16: 2 bytes per value (REFERENCE §1).
+# BF16: 2 bytes per value (docs/reference.md §1).
 BF16_BYTES = 2
-# K and V (REFERENCE §1).
+# K and V (docs/reference.md §1).
 KV_TENSORS = 2
 
 
@@ -66,7 +66,7 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """2 (K and V) × layers × kv_heads × head_dim × bytes per value (REFERENCE §1)."""
+        """2 (K and V) × layers × kv_heads × head_dim × bytes per value (docs/reference.md §1)."""
         return KV_TENSORS * self.layers * self.kv_dim * self.bytes_per_value
 
     def kv_bytes(self, tokens: int) -> int:
@@ -74,7 +74,7 @@ class ModelSpec:
         require_positive("tokens", tokens)
         return tokens * self.kv_bytes_per_token
 
-    # --- parameters (REFERENCE §3; norms and biases are left out, as there) -----------------------------
+    # --- parameters (docs/reference.md §3; norms and biases are left out, as there) -----------------------------
     def _layer_params(self, experts: int) -> int:
         d = self.d_model
         attention = 2 * d * d + 2 * d * self.kv_dim  # Q and O, K and V
@@ -88,7 +88,7 @@ class ModelSpec:
 
     @property
     def matmul_params(self) -> int:
-        """L·(2d² + 2d·kv_dim + 3d·d_ff) + vocab·d: weights one token multiplies by (REFERENCE §3).
+        """L·(2d² + 2d·kv_dim + 3d·d_ff) + vocab·d: weights one token multiplies by (docs/reference.md §3).
 
         The embedding lookup is not a matmul, so the vocabulary counts once (the head). A mixture of
         experts counts its active experts only.
@@ -97,12 +97,12 @@ class ModelSpec:
 
     @property
     def weights_streamed_bytes(self) -> int:
-        """Weights read from HBM once per step: 2 × matmul_params in BF16 (REFERENCE §3)."""
+        """Weights read from HBM once per step: 2 × matmul_params in BF16 (docs/reference.md §3)."""
         return self.bytes_per_value * self.matmul_params
 
     @property
     def resident_weight_bytes(self) -> int:
-        """2 × (layer params + 2·vocab·d): untied embedding and head (REFERENCE §1, §3)."""
+        """2 × (layer params + 2·vocab·d): untied embedding and head (docs/reference.md §1, §3)."""
         return self.bytes_per_value * (self.layer_params + 2 * self.vocab * self.d_model)
 
     # --- construction from text -------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def _model(name: str, layers: int, d_model: int, heads: int, kv_heads: int, d_ff
     return ModelSpec(name, layers, d_model, heads, kv_heads, d_ff, vocab, experts, experts_active)
 
 
-# REFERENCE §1: layers, d_model, heads / kv heads, d_ff, vocab.
+# docs/reference.md §1: layers, d_model, heads / kv heads, d_ff, vocab.
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in (

@@ -1,9 +1,9 @@
-"""The hand-off calculator: what moving one prompt's KV cache over a link costs (REFERENCE §1, §2, §5).
+"""The hand-off calculator: what moving one prompt's KV cache over a link costs (docs/reference.md §1, §2, §5).
 
 Without a codec the KV crosses the bare link: `latency + bytes / bandwidth`. With a codec that runs in
 transit, it crosses the module too: `latency + module latency + max(wire / bw, ops / (budget × bw))`
 (module.transit_time), and its module energy counts both stages, the encoding module's and the decoding
-one's at the far end (energy.handoff_module_energy_j; REFERENCE §5's formula counts the first). A codec that
+one's at the far end (energy.handoff_module_energy_j; docs/reference.md §5's formula counts the first). A codec that
 needs an operation the module does not publish is rejected, or runs on the host before the link (fewer bytes
 on the wire, no module time or energy), by policy.
 """
@@ -29,11 +29,11 @@ from kvtransit.model.module.budget import (
     transit_time,
 )
 
-# REFERENCE §2 hand-off oracle table: its rows (model × prompt) and its link columns, in order.
+# docs/reference.md §2 hand-off oracle table: its rows (model × prompt) and its link columns, in order.
 HANDOFF_TABLE_MODELS = ("llama3-8b", "llama3-70b")
 HANDOFF_TABLE_PROMPTS = (2048, 32768)
 HANDOFF_TABLE_LINKS = ("nvlink4", "ib-ndr", "eth-100g", "eth-25g")
-# REFERENCE §1: weights are loaded over PCIe Gen5 x16.
+# docs/reference.md §1: weights are loaded over PCIe Gen5 x16.
 WEIGHT_LOAD_LINK = "pcie5"
 
 # Where the codec ran.
@@ -60,7 +60,7 @@ class HandoffEstimate:
 
     @property
     def handoffs_per_s_to_fill(self) -> float:
-        """Bandwidth / hand-off bytes (REFERENCE §2); with a codec, 1 / the busier of wire and module."""
+        """Bandwidth / hand-off bytes (docs/reference.md §2); with a codec, 1 / the busier of wire and module."""
         return 1.0 / self.occupancy_s
 
 
@@ -114,5 +114,6 @@ def handoff(
 
 
 def weight_load_s(model: ModelSpec, link: Link | None = None) -> float:
-    """Resident BF16 weights over PCIe Gen5 x16 by default: 0.25 s for llama3-8b, 2.20 s for 70b (REFERENCE §1)."""
+    """Resident BF16 weights over PCIe Gen5 x16 by default: 0.25 s for llama3-8b, 2.20 s for 70b (docs/reference.md
+    §1)."""
     return (link or LINKS[WEIGHT_LOAD_LINK]).transfer_time_s(model.resident_weight_bytes)

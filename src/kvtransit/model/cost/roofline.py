@@ -1,4 +1,4 @@
-"""The GPU roofline cost model of the simulator (REFERENCE §3): how long a prefill or decode step holds.
+"""The GPU roofline cost model of the simulator (docs/reference.md §3): how long a prefill or decode step holds.
 
 `t_step = max(FLOPs / (peak × 0.55 × n_gpus), bytes / (hbm_bw × 0.80 × n_gpus)) + 0.5 ms`
 """
@@ -14,11 +14,11 @@ from kvtransit.model.catalog.models import ModelSpec
 from kvtransit.model.cost.energy import gpu_energy_j
 from kvtransit.model.errors import ConfigError
 
-# REFERENCE §3: achieved fraction of peak FLOP/s and of HBM bandwidth, and the fixed per-step overhead.
+# docs/reference.md §3: achieved fraction of peak FLOP/s and of HBM bandwidth, and the fixed per-step overhead.
 FLOPS_EFFICIENCY = 0.55
 HBM_EFFICIENCY = 0.80
 STEP_OVERHEAD_S = 0.5e-3
-# REFERENCE §3: the share of HBM usable for weights and KV.
+# docs/reference.md §3: the share of HBM usable for weights and KV.
 HBM_USABLE_FRACTION = 0.9
 
 
@@ -53,7 +53,7 @@ def _require_count(name: str, value: int) -> int:
 
 def prefill_work(model: ModelSpec, prompt_lens: Sequence[int]) -> StepWork:
     """Prompts s_i, T = Σ s_i: FLOPs = 2·P·T + Σ 2·L·d·s_i·(s_i+1);
-    bytes = weights_streamed + 2·T·d + T·kv_bytes_per_token (REFERENCE §3)."""
+    bytes = weights_streamed + 2·T·d + T·kv_bytes_per_token (docs/reference.md §3)."""
     if not prompt_lens:
         raise ConfigError("a prefill step needs at least one prompt")
     for s in prompt_lens:
@@ -67,7 +67,7 @@ def prefill_work(model: ModelSpec, prompt_lens: Sequence[int]) -> StepWork:
 
 def decode_work(model: ModelSpec, batch: int, context_tokens: int) -> StepWork:
     """Batch b, ctx = Σ(prompt + tokens so far) over the batch: FLOPs = 2·P·b + 4·L·d·(ctx + b);
-    bytes = weights_streamed + 2·b·d + (ctx + b)·kv_bytes_per_token (REFERENCE §3)."""
+    bytes = weights_streamed + 2·b·d + (ctx + b)·kv_bytes_per_token (docs/reference.md §3)."""
     _require_count("decode batch", batch)
     if isinstance(context_tokens, bool) or not isinstance(context_tokens, int) or context_tokens < 0:
         raise ConfigError(f"context tokens must be an integer >= 0, got {context_tokens!r}")
@@ -96,7 +96,7 @@ def decode_step_s(model: ModelSpec, device: Device, n_gpus: int, batch: int, con
 
 
 def kv_capacity_tokens(model: ModelSpec, device: Device, n_gpus: int) -> int:
-    """⌊(hbm × n × 0.9 − resident_weights) / kv_bytes_per_token⌋ (REFERENCE §3); 0 if weights do not fit."""
+    """⌊(hbm × n × 0.9 − resident_weights) / kv_bytes_per_token⌋ (docs/reference.md §3); 0 if weights do not fit."""
     _require_count("number of GPUs", n_gpus)
     free = device.hbm_bytes * n_gpus * HBM_USABLE_FRACTION - model.resident_weight_bytes
     return max(0, math.floor(free / model.kv_bytes_per_token))
@@ -110,7 +110,7 @@ def step_energy_j(device: Device, work: StepWork) -> float:
 def prefill_work_cached(model: ModelSpec, prompts: Sequence[tuple[int, int]]) -> StepWork:
     """Prefill with a cached prefix: prompts (s_i, c_i), c_i of the s_i tokens already held as KV.
 
-    REFERENCE §3's prefill with the cached tokens' KV re-read, not recomputed. Only the n_i = s_i - c_i new
+    docs/reference.md §3's prefill with the cached tokens' KV re-read, not recomputed. Only the n_i = s_i - c_i new
     tokens go through the matmuls and write KV; each new token at position p attends to all p tokens before
     it and itself, so attention FLOPs are Σ_{p=c+1..s} 4·L·d·p = 2·L·d·(s(s+1) − c(c+1)) (which is the full
     prefill's 2·L·d·s(s+1) at c = 0); bytes = weights_streamed + 2·N·d + N·kv_bytes_per_token (new KV

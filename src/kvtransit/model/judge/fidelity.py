@@ -1,4 +1,5 @@
-"""The fidelity guard's judgement (DESIGN §2): did the host emulate what the scenario asked of it?
+"""The fidelity guard's judgement (ARCHITECTURE.md, time and scale): did the host emulate what the scenario asked of
+it?
 
 The agents measure three gaps; this module judges them and says what would fix each:
 - **timer lateness**: how late the step loops woke past their absolute deadlines. Steps are scheduled on
@@ -14,7 +15,7 @@ The agents measure three gaps; this module judges them and says what would fix e
   or more dilation.
 - **hand-off vs the model**: each hand-off that found a lane of the link free, measured at the client (prefill's
   first-token stamp to decode's KV-ready stamp), over what the model prescribes for it: latency + wire bytes /
-  bandwidth, plus the module's latency and compute when the codec runs in transit (REFERENCE §2, §5). The
+  bandwidth, plus the module's latency and compute when the codec runs in transit (docs/reference.md §2, §5). The
   median must be within `HANDOFF_REL_TOLERANCE` (or 1 ms); the distribution is reported beside it, its tail
   not judged (one late wake-up on a loaded box), as with the timers.
 
@@ -43,7 +44,8 @@ from kvtransit.model.serving.layerwise import (
     streamed_ready_s,
 )
 
-# The issue's fidelity targets: TPOT within 3 % of the roofline step, hand-off within 2 % (or 1 ms).
+# kvtransit's fidelity targets (docs/reference.md §8.3): TPOT within 3 % of the roofline step, hand-off within 2 % (or 1
+# ms).
 TIMER_TOLERANCE = 0.03
 LINK_RATE_TOLERANCE = 0.02
 HANDOFF_REL_TOLERANCE = 0.02
@@ -158,7 +160,8 @@ def model_gap(measured_s: float | None, modelled_s: float, dilation: float, what
     return Gap(error, tolerance, ok, hint)
 
 
-# Issue 17's target for a TP group's step: the all-reduce share of the step within 3 points of the model's.
+# The target for a TP group's step (docs/reference.md §8.3): the all-reduce share of the step within 3 points of the
+# model's.
 COLLECTIVE_SHARE_TOLERANCE = 0.03
 
 
@@ -201,7 +204,7 @@ def assess(gaps: dict[str, Gap]) -> tuple[bool, dict[str, dict[str, Any]]]:
 
 
 def handoff_within_target(measured_s: float, modelled_s: float) -> bool:
-    """The issue's hand-off target: within 2 % or 1 ms of latency + bytes / bandwidth."""
+    """The hand-off target (docs/reference.md §8.3): within 2 % or 1 ms of latency + bytes / bandwidth."""
     return abs(measured_s - modelled_s) <= max(HANDOFF_REL_TOLERANCE * modelled_s, HANDOFF_ABS_TOLERANCE_S)
 
 
@@ -225,7 +228,7 @@ def prescribed_handoff_s(scenario: Scenario, kv_bytes: float, wire_bytes: float)
     """What the model prescribes for one hand-off of `kv_bytes` that crossed the link as `wire_bytes` (model
     units): latency + wire / bandwidth; in transit, plus the module's added latency and the wait for its compute
     when that is slower than the wire, `max(wire / bw, ops / (budget × bw))`, ops over the KV (input) bytes
-    (REFERENCE §2, §5). The module's terms are the scenario's (budget, added latency, transform charged or
+    (docs/reference.md §2, §5). The module's terms are the scenario's (budget, added latency, transform charged or
     not: `Scenario.module`, `Scenario.codec_declaration`), the very ones the middlebox holds a hand-off by."""
     return prescribed_latency_s(scenario) + prescribed_serialise_s(scenario, kv_bytes, wire_bytes)
 
@@ -256,10 +259,10 @@ def prescribed_serialise_s(scenario: Scenario, kv_bytes: float, wire_bytes: floa
 def prescribed_fetches_s(scenario: Scenario, fetches: Sequence[tuple[float, float, float, float]]) -> list[float]:
     """What the model prescribes for each KV-pool fetch (`fetches`: asked at, KV bytes, wire bytes, the prefill GPU's
     decode of it, in model units), in the given order: the pool link's fetch lane is one FIFO
-    (flows/tier/middlebox_pool.py, REFERENCE §4 style), so a fetch waits for the ones asked before it, then occupies the
-    lane for its wire bytes (or the module's inverse when that is slower, `prescribed_serialise_s`) and arrives a
-    latency later; with --compress-at gpu the GPU's decode follows. The request leg and the pool's lookup are not
-    modelled (no link holds them): a fetch on an idle lane is `prescribed_handoff_s` of its bytes."""
+    (flows/tier/middlebox_pool.py, docs/reference.md §4 style), so a fetch waits for the ones asked before it, then
+    occupies the lane for its wire bytes (or the module's inverse when that is slower, `prescribed_serialise_s`) and
+    arrives a latency later; with --compress-at gpu the GPU's decode follows. The request leg and the pool's lookup are
+    not modelled (no link holds them): a fetch on an idle lane is `prescribed_handoff_s` of its bytes."""
     order = sorted(range(len(fetches)), key=lambda i: fetches[i][0])
     out = [0.0] * len(fetches)
     lane_free = -math.inf
@@ -272,7 +275,7 @@ def prescribed_fetches_s(scenario: Scenario, fetches: Sequence[tuple[float, floa
 
 
 def prescribed_exposed_s(scenario: Scenario, chunks: Sequence[tuple[float, float, float]], layers: int) -> float:
-    """What the model prescribes for the exposed part of a streamed hand-off (issue 20, model/serving/layerwise.py) on a
+    """What the model prescribes for the exposed part of a streamed hand-off (model/serving/layerwise.py) on a
     free link, model seconds after its first token. `chunks`: (release time, KV bytes, wire bytes) of each chunk in wire
     order, times in model seconds relative to the first token, bytes in model units.
 
@@ -297,7 +300,7 @@ def prescribed_exposed_s(scenario: Scenario, chunks: Sequence[tuple[float, float
 
 def link_rate_target_Bps(scenario: Scenario, link_Bps: float, wire_per_kv_byte: float) -> float:
     """The rate a busy link should reach: `link_Bps`, or less when the module's compute outlasts the wire
-    (transit-bound, REFERENCE §5): a hand-off then occupies the link for ops / (budget × bw) while it carries
+    (transit-bound, docs/reference.md §5): a hand-off then occupies the link for ops / (budget × bw) while it carries
     only its wire bytes, so the busy rate is bw × (wire / KV) × budget / charged. `wire_per_kv_byte`: the
     codec's real ratio in the run (wire bytes / KV bytes)."""
     verdict = scenario.module_verdict
@@ -317,7 +320,7 @@ def handoff_gap(measured_s: Sequence[float], modelled_s: Sequence[float], dilati
     pairs = list(zip(measured_s, modelled_s, strict=True))
     ratio = _quantile([m / p for m, p in pairs], 0.5)
     excess_s = _quantile([m - p for m, p in pairs], 0.5)
-    # The issue's rule (`handoff_within_target`) applied to the median hand-off: 2 %, or 1 ms for short ones.
+    # The hand-off rule (`handoff_within_target`) applied to the median hand-off: 2 %, or 1 ms for short ones.
     ok = abs(ratio - 1) <= HANDOFF_REL_TOLERANCE or abs(excess_s) <= HANDOFF_ABS_TOLERANCE_S
     if ok:
         hint = "ok"

@@ -1,19 +1,19 @@
-"""The five tests every candidate is judged by (REFERENCE §8), from what a run measured, by one rule.
+"""The five tests every candidate is judged by (docs/reference.md §8), from what a run measured, by one rule.
 
 A *candidate* is a flow with a kernel on its link. The five tests:
 - **bottleneck**: is the flow link-bound? Its measured share of end-to-end time must reach
   `BOTTLENECK_MIN_SHARE` (a kernel cannot win back more than the flow's share: Amdahl).
-- **operations**: does the kernel use only published operations (REFERENCE §5)? Its declared op types, less
+- **operations**: does the kernel use only published operations (docs/reference.md §5)? Its declared op types, less
   the published set and wiring (`gather`), must be empty.
 - **budget**: is its work per byte within the module's budget? By the arithmetic (charged ops per input byte ×
-  ratio = ops per line byte ≤ budget: otherwise the module's compute outlasts the wire, REFERENCE §5's
+  ratio = ops per line byte ≤ budget: otherwise the module's compute outlasts the wire, docs/reference.md §5's
   transit-bound) and by what the run measured (the frames the middlebox found transit-bound).
 - **precision**: does the flow tolerate the kernel's loss and the analogue path's precision? Given a measured
   task-level loss (model/judge/task_accuracy.py: a real model's perplexity over the kernel's codec'd cache, from
   `kvtransit accuracy --end-to-end --results FILE`), the kernel must raise perplexity by at most
   PPL_INCREASE_TOLERANCE (1 %) on the worst text. Without one (today's default), the kernel's error measured on
   the run's sampled requests must be no worse than an equal-bytes baseline quantiser's on the very same tensors
-  (REFERENCE §6: "Equal-memory baselines ... did better on a frozen model. So accuracy must be measured"), and
+  (docs/reference.md §6: "Equal-memory baselines ... did better on a frozen model. So accuracy must be measured"), and
   the reason says that no task-level result was given. A lossless kernel must give back exactly what it took
   (error 0).
 - **placement**: a pluggable sees one point-to-point stream, a switch sees many and can sum them: the streams
@@ -50,15 +50,15 @@ NO_KERNEL = "no kernel"
 NOT_A_CANDIDATE = "not a candidate"
 NO_KERNEL_ON_LINK = "no kernel on this link"
 
-# The flows the report judges (REFERENCE §8's candidates); only the KV hand-off runs live today.
+# The flows the report judges (docs/reference.md §8's candidates); only the KV hand-off runs live today.
 FLOW_KV_HANDOFF = "kv-handoff"
 
 # --- bottleneck ---------------------------------------------------------------------------------------------
 # The emulator's own error band on a request's E2E: each decode step may run TIMER_TOLERANCE (3 %) late and each
-# hand-off HANDOFF_REL_TOLERANCE (2 %) off the model (model/judge/fidelity.py, the issue's targets). A gain smaller
+# hand-off HANDOFF_REL_TOLERANCE (2 %) off the model (model/judge/fidelity.py, docs/reference.md §8.3). A gain smaller
 # than their sum cannot be told from the run's own tolerance.
 E2E_RESOLUTION = TIMER_TOLERANCE + HANDOFF_REL_TOLERANCE
-# The reference kernels' ratio: fp8 and freq-keep-k at keep 0.5 both halve the bytes (REFERENCE §5 presets), so
+# The reference kernels' ratio: fp8 and freq-keep-k at keep 0.5 both halve the bytes (docs/reference.md §5 presets), so
 # they remove at most 1 − 1/2 of the flow's wire time.
 REFERENCE_KERNEL_RATIO = FP8_RATIO
 # The least share of E2E the flow must hold. A kernel that removed all of the flow's time could not move E2E by
@@ -68,7 +68,7 @@ REFERENCE_KERNEL_RATIO = FP8_RATIO
 BOTTLENECK_MIN_SHARE = E2E_RESOLUTION / (1 - 1 / REFERENCE_KERNEL_RATIO)
 
 # --- budget -------------------------------------------------------------------------------------------------
-# REFERENCE §5: through the module, time = max(wire_bytes / bw, ops / (budget × bw)); "transit-bound" when the
+# docs/reference.md §5: through the module, time = max(wire_bytes / bw, ops / (budget × bw)); "transit-bound" when the
 # second term wins, i.e. charged ops per input byte × ratio (= ops per line byte) > budget. At the limit (1.0)
 # the compute exactly keeps pace with the wire.
 MAX_COMPUTE_OVER_WIRE = 1.0
@@ -78,8 +78,8 @@ MAX_COMPUTE_OVER_WIRE = 1.0
 MAX_TRANSIT_BOUND_FRAME_SHARE = 0.0
 
 # --- precision ----------------------------------------------------------------------------------------------
-# The equal-bytes baselines and their declared ratios (REFERENCE §5 presets): fp8 per-block scale (2.0) and
-# fp4-block (64/17 ≈ 3.765, "4-bit quantisation", REFERENCE §6). The kernel is compared with the one whose
+# The equal-bytes baselines and their declared ratios (docs/reference.md §5 presets): fp8 per-block scale (2.0) and
+# fp4-block (64/17 ≈ 3.765, "4-bit quantisation", docs/reference.md §6). The kernel is compared with the one whose
 # ratio is nearest its own (see `equal_bytes_baseline`).
 EQUAL_BYTES_BASELINES: dict[str, float] = {"fp8": FP8_RATIO, "fp4-block": fp4_block_ratio(DEFAULT_FP4_BLOCK)}
 # A lossless kernel must give back exactly what it took: any error at all is a loss.
@@ -125,7 +125,7 @@ class FiveTests:
 
     @property
     def failing(self) -> tuple[str, ...]:
-        """Tests that did not pass, in REFERENCE §8's order; a test not measured is one (fail closed)."""
+        """Tests that did not pass, in docs/reference.md §8's order; a test not measured is one (fail closed)."""
         return tuple(t.test for t in self.tests if t.passed is not True)
 
     @property
@@ -175,7 +175,7 @@ def bottleneck_test(share: float | None, *, share_of: str, busy: float | None = 
 
 
 def operations_test(decl: KernelDeclaration) -> Judgement:
-    """The declared op types, less the published set and wiring, must be empty (REFERENCE §5)."""
+    """The declared op types, less the published set and wiring, must be empty (docs/reference.md §5)."""
     unpublished = sorted(decl.op_types - PUBLISHED_OPS - WIRING_OPS)
     ops = ", ".join(sorted(decl.op_types)) or "none"
     target = f"within {{{', '.join(sorted(PUBLISHED_OPS))}}} (+ wiring: {', '.join(sorted(WIRING_OPS))})"
@@ -188,7 +188,7 @@ def operations_test(decl: KernelDeclaration) -> Judgement:
 
 def budget_test(decl: KernelDeclaration, budget_ops_per_byte: float, *, transit_bound_frames: int | None,
                 frames: int | None) -> Judgement:
-    """Arithmetic: charged ops per input byte × ratio ≤ budget (not transit-bound, REFERENCE §5); measured: the
+    """Arithmetic: charged ops per input byte × ratio ≤ budget (not transit-bound, docs/reference.md §5); measured: the
     share of the frames the module stage found transit-bound ≤ MAX_TRANSIT_BOUND_FRAME_SHARE. Both must hold."""
     charged = decl.charged_ops_per_byte
     per_line_byte = charged * decl.ratio
@@ -355,7 +355,7 @@ class HandoffMeasured:
 
 
 # The hand-off in the share is KV ready − first token (model/judge/slo.py), the part a user waits for: with layer-wise
-# streaming (issue 20) that is the exposed part only, not the transfer, most of which may hide behind the prefill.
+# streaming that is the exposed part only, not the transfer, most of which may hide behind the prefill.
 HANDOFF_SHARE_OF = "exposed hand-off + decode queue wait"
 HANDOFF_STREAMS_MEASURED_AS = "middlebox KV frames in per frame out"
 

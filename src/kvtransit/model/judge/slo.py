@@ -1,4 +1,4 @@
-"""What a run is judged by: per-request latencies, SLO, and the run summary (REFERENCE §4).
+"""What a run is judged by: per-request latencies, SLO, and the run summary (docs/reference.md §4).
 
 Definitions are the simulator's (`Disaggregated_Inference_Sim`, `metrics.py`), so the emulator's report and
 the simulator's line up number for number:
@@ -14,7 +14,7 @@ the simulator's line up number for number:
 - Goodput = SLO-met requests in the steady window / (last − first arrival in that window), seconds.
 - KV wait + transfer share of E2E = the mean, over the steady window's finished requests with at least two
   output tokens, of (hand-off + decode queue wait) / E2E, where the decode queue wait is KV ready → admitted
-  into decode's batch (REFERENCE §4: admitted FIFO at a step boundary). How much of what a user waits for is the
+  into decode's batch (docs/reference.md §4: admitted FIFO at a step boundary). How much of what a user waits for is the
   KV getting to, and waiting at, decode: the study's question, which no single latency above answers.
 
 One difference, on purpose: the simulator only knows finished requests; a live run can also lose requests
@@ -35,12 +35,12 @@ from typing import Any, cast
 
 from kvtransit.model.errors import ConfigError
 
-# SLO thresholds (REFERENCE §4; the simulator's `ttft_slo`, `tpot_slo`).
+# SLO thresholds (docs/reference.md §4; the simulator's `ttft_slo`, `tpot_slo`).
 TTFT_SLO_S = 1.0
 TPOT_SLO_S = 0.025
-# Fraction of the earliest requests (by arrival) left out of every summary (REFERENCE §4; `warmup_frac`).
+# Fraction of the earliest requests (by arrival) left out of every summary (docs/reference.md §4; `warmup_frac`).
 WARMUP_FRACTION = 0.1
-# The percentiles every distribution in a report carries (the issue's report keys).
+# The percentiles every distribution in a report carries (the report's keys, report/build.py).
 SUMMARY_PERCENTILES = (50, 90, 99)
 
 

@@ -1,4 +1,4 @@
-"""What a codec costs a real model, as the five tests' precision test reads it (issue 16). Pure: no I/O.
+"""What a codec costs a real model, as the five tests' precision test reads it. Pure: no I/O.
 
 `kvtransit accuracy --end-to-end --results FILE` (kvtransit/realmodel/) measures, for every codec setting, the
 perplexity of a real model (SmolLM2-135M) teacher-forced over a KV cache that went through the codec, against
@@ -7,9 +7,9 @@ gives too, so the precision test can find the row for the kernel a run put on it
 (`task_loss_from_results`; the CLI reads the file, this module only looks in what it read).
 
 The tolerance: a lossy KV codec is "within tolerance" when it raises perplexity by at most 1 % over the exact
-cache (issue 16's threshold for KV; KVQuant's bar for 3-bit KV was under 0.1 perplexity on models of about
-5–6 perplexity, i.e. about 1–2 %, REFERENCE §5), on the worst of the texts measured, so a codec that is fine
-on prose but not on code is not within it.
+cache (kvtransit's threshold for KV, docs/reference.md §8.2; KVQuant's bar for 3-bit KV was under 0.1 perplexity on
+models of about 5–6 perplexity, i.e. about 1–2 %, docs/reference.md §5), on the worst of the texts measured, so a codec
+that is fine on prose but not on code is not within it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from kvtransit.model.errors import ConfigError
 
-# Issue 16: "≤ 1 % perplexity increase = within tolerance for KV" (see the module docstring).
+# "≤ 1 % perplexity increase = within tolerance for KV" (see the module docstring).
 PPL_INCREASE_TOLERANCE = 0.01
 RESULTS_KIND = "kvtransit-accuracy-end-to-end"
 RESULTS_VERSION = 1

@@ -1,4 +1,4 @@
-"""The compute-in-transit module: kernel declarations and the budget check (REFERENCE §5).
+"""The compute-in-transit module: kernel declarations and the budget check (docs/reference.md §5).
 
 A *declaration* says what a kernel costs; a *module* says what the optics can afford. `budget_check`
 judges one against the other: fits, transit-bound (and by how much it slows the link), not allowed (the
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, replace
 
 from kvtransit.model.errors import ConfigError, require_positive
 
-# Operations the module publishes (Kundu et al., arXiv:2608.21536, via REFERENCE §5).
+# Operations the module publishes (Kundu et al., arXiv:2608.21536, via docs/reference.md §5).
 PUBLISHED_OPS = frozenset({"fft", "ntt", "mac", "modular", "float"})
-# Operations kernels may ask for that the module does not publish (REFERENCE §5).
+# Operations kernels may ask for that the module does not publish (docs/reference.md §5).
 UNPUBLISHED_OPS = frozenset({"comparison", "rounding", "topk"})
-# Wiring, not arithmetic: `gather` is the fixed selection of the kept band (REFERENCE §5, under the deck's
+# Wiring, not arithmetic: `gather` is the fixed selection of the kept band (docs/reference.md §5, under the deck's
 # sketch). It costs no operations and needs nothing published, so the budget check ignores it.
 WIRING_OPS = frozenset({"gather"})
 KNOWN_OPS = PUBLISHED_OPS | UNPUBLISHED_OPS | WIRING_OPS
@@ -27,19 +27,19 @@ KNOWN_OPS = PUBLISHED_OPS | UNPUBLISHED_OPS | WIRING_OPS
 # is a fixed map: n input bytes always become n / ratio output bytes (see `lossless` below).
 DATA_DEPENDENT_OPS = frozenset({"comparison", "topk"})
 
-# Arithmetic budget at line rate, operations per byte (REFERENCE §5).
+# Arithmetic budget at line rate, operations per byte (docs/reference.md §5).
 BUDGET_LOW_OPS_PER_BYTE = 0.40
 BUDGET_HIGH_OPS_PER_BYTE = 3.96
 # The simulator's illustrative in-transit stage: 1.6 ops per line byte, 1 pJ per input bit, 1 µs added,
-# FFT free because it is passive optics (REFERENCE §5).
+# FFT free because it is passive optics (docs/reference.md §5).
 SIM_OPS_PER_LINE_BYTE = 1.6
 SIM_PJ_PER_INPUT_BIT = 1.0
 SIM_ADDED_LATENCY_S = 1e-6
-# QSFP56: 200 Gb/s line rate = 25 GB/s (REFERENCE §2).
+# QSFP56: 200 Gb/s line rate = 25 GB/s (docs/reference.md §2).
 QSFP56_LINE_RATE_BPS = 25e9
 
 # A real FFT of length N costs 2.5·N·log2 N flops, i.e. 2.5·log2 N per value; on BF16 (2 bytes per
-# value) that is 1.25·log2 N operations per byte (REFERENCE §5 kernel table).
+# value) that is 1.25·log2 N operations per byte (docs/reference.md §5 kernel table).
 FFT_OPS_PER_VALUE_PER_LOG2N = 2.5
 BF16_BYTES = 2
 
@@ -47,7 +47,7 @@ BF16_BYTES = 2
 # the FFT's 1.25·log2 N per BF16 byte for all three:
 # - dct: a DCT-II of length N is computed through one real FFT of length N (Makhoul 1980, and the codec's
 #   own `kernels/bandkeep.py`), so it is counted as that FFT; any N >= 2 (the codec takes any block).
-# - ntt: REFERENCE §5 gives the NTT no count of its own ("ML-KEM polynomial multiplication = NTT (in set)"),
+# - ntt: docs/reference.md §5 gives the NTT no count of its own ("ML-KEM polynomial multiplication = NTT (in set)"),
 #   so it is charged as the FFT: the same N/2·log2 N butterflies, in modular instead of complex arithmetic.
 # fft and ntt need N a power of two (the radix-2 butterflies; ML-KEM's NTT is of length 256).
 TRANSFORM_NONE = "none"
@@ -55,7 +55,7 @@ TRANSFORM_OPS = {"fft": "fft", "dct": "fft", "ntt": "ntt"}
 TRANSFORMS = (TRANSFORM_NONE, *TRANSFORM_OPS)
 POWER_OF_TWO_TRANSFORMS = frozenset({"fft", "ntt"})
 
-# What each placement sees (REFERENCE §5, the deck's sketch: "pluggable": one stream; "switch": many
+# What each placement sees (docs/reference.md §5, the deck's sketch: "pluggable": one stream; "switch": many
 # streams, can sum them). None: as many as the switch has ports, i.e. no limit the model knows.
 PLACEMENT_STREAMS: dict[str, int | None] = {"pluggable": 1, "switch": None}
 PLACEMENTS = tuple(PLACEMENT_STREAMS)
@@ -77,12 +77,12 @@ def _is_int(value: object) -> bool:
 
 @dataclass(frozen=True)
 class KernelDeclaration:
-    """What a kernel costs on the module (the deck's sketch, REFERENCE §5; `LinkKernel` is the deck's name).
+    """What a kernel costs on the module (the deck's sketch, docs/reference.md §5; `LinkKernel` is the deck's name).
 
     `ops_per_byte` counts operations per *input* byte besides the transform; the transform's own cost
     comes from `transform` and `transform_length` N and counts against the budget only when
     `transform_charged` (passive optics make it free). `transform` left unsaid (None) means an FFT when a
-    length is given (what REFERENCE §5's table and earlier declarations mean by a bare length), else none.
+    length is given (what docs/reference.md §5's table and earlier declarations mean by a bare length), else none.
     `streams` is how many streams the kernel combines (2 for a sum of two): more than one needs a switch.
     `lossless` says the output gives back the input exactly; `precision_bits` is what the analogue path
     delivers (None: not declared).
@@ -199,14 +199,15 @@ class KernelDeclaration:
         return not self.unpublished_ops
 
 
-# Flows whose bytes must arrive bit for bit: "Weights need a lossless kernel" (REFERENCE §7); a LoRA adapter is
+# Flows whose bytes must arrive bit for bit: "Weights need a lossless kernel" (docs/reference.md §7); a LoRA adapter is
 # weights too. Any other flow (KV, activations, ciphertexts' transfer) is judged by its precision test instead.
 LOSSLESS_FLOWS = frozenset({"weights", "adapters"})
-WEIGHT_VALUE_BITS = 8 * BF16_BYTES  # a BF16 weight (REFERENCE §1)
+WEIGHT_VALUE_BITS = 8 * BF16_BYTES  # a BF16 weight (docs/reference.md §1)
 
 
 def flow_check(decl: KernelDeclaration, flow: str) -> None:
-    """Refuse, with a one-line ConfigError, a kernel declared lossy on a flow that needs lossless (REFERENCE §7).
+    """Refuse, with a one-line ConfigError, a kernel declared lossy on a flow that needs lossless (docs/reference.md
+    §7).
 
     `lossless` is the declaration's own claim (its consistency with the ratio is `_check_lossless`'s job); a
     kernel that is not declared lossless may drop or round values, and a weight so changed is another model."""
@@ -214,7 +215,7 @@ def flow_check(decl: KernelDeclaration, flow: str) -> None:
         return
     if not decl.lossless:
         raise ConfigError(f"kernel {decl.name!r} refused on flow {flow!r}: the flow needs a lossless kernel "
-                          f"(REFERENCE §7) and this one is not declared lossless (lossless=false)")
+                          f"(docs/reference.md §7) and this one is not declared lossless (lossless=false)")
     # An analogue path that delivers fewer bits than a BF16 value holds cannot give its 16 bits back exactly,
     # whatever the kernel claims.
     if decl.precision_bits is not None and decl.precision_bits < WEIGHT_VALUE_BITS:
@@ -222,14 +223,14 @@ def flow_check(decl: KernelDeclaration, flow: str) -> None:
                           f"delivers {decl.precision_bits} bits < the {WEIGHT_VALUE_BITS} bits of a BF16 weight")
 
 
-# The deck's name for a declaration (REFERENCE §5: "illustrative, not an existing API"). The class keeps the
+# The deck's name for a declaration (docs/reference.md §5: "illustrative, not an existing API"). The class keeps the
 # name the code base uses everywhere (type hints, the middlebox's kernel stage, the hand-off model).
 LinkKernel = KernelDeclaration
 
 
 @dataclass(frozen=True)
 class PlacementCheck:
-    """Whether the placement sees every stream the kernel combines (REFERENCE §5: a sum needs a switch)."""
+    """Whether the placement sees every stream the kernel combines (docs/reference.md §5: a sum needs a switch)."""
 
     placement: str
     streams_needed: int
@@ -269,7 +270,7 @@ class Module:
             raise ConfigError("module energy and added latency must be >= 0")
 
     def energy_j(self, input_bytes: float) -> float:
-        """Stage energy = input bits × pJ per input bit (REFERENCE §5)."""
+        """Stage energy = input bits × pJ per input bit (docs/reference.md §5)."""
         return input_bytes * 8 * self.pj_per_input_bit * 1e-12
 
 
@@ -340,7 +341,7 @@ def budget_check(decl: KernelDeclaration, module: Module = Module(), policy: Pol
     A kernel that combines more streams than its placement sees is refused whatever the policy: the host
     at one end of the link sees one stream too. Slowdown: the module must do `charged` ops per byte but
     affords `budget` per byte at line rate, so it runs at line_rate × budget / charged, i.e.
-    time = max(bytes/rate, ops/(budget × rate)) (REFERENCE §5).
+    time = max(bytes/rate, ops/(budget × rate)) (docs/reference.md §5).
     """
     charged = decl.charged_ops_per_byte
     budget = module.ops_per_byte
@@ -361,7 +362,7 @@ def fits_budget(
 ) -> bool:
     """Within `budget` ops per byte (and, unless `require_published_ops=False`, in the published set).
 
-    REFERENCE §5's kernel table judges its two "fits" columns on arithmetic alone: requantise BF16→FP8
+    docs/reference.md §5's kernel table judges its two "fits" columns on arithmetic alone: requantise BF16→FP8
     is "in set: no" yet "fits high budget: yes". The table passes `require_published_ops=False`.
     """
     d = replace(decl, transform_charged=transform_charged)
@@ -371,7 +372,7 @@ def fits_budget(
 
 @dataclass(frozen=True)
 class TransitTime:
-    """The modelled time of one hand-off through the module onto a link (REFERENCE §5)."""
+    """The modelled time of one hand-off through the module onto a link (docs/reference.md §5)."""
 
     latency_s: float  # link latency + the module's added latency
     wire_s: float  # wire bytes / link bandwidth
@@ -390,7 +391,7 @@ def transit_time(
     input_bytes: int, decl: KernelDeclaration, link_bandwidth_Bps: float, link_latency_s: float,
     module: Module = Module(),
 ) -> TransitTime:
-    """`link_latency + 1 µs + max(wire_bytes / link_bw, ops / (1.6 × link_bw))` (REFERENCE §5)."""
+    """`link_latency + 1 µs + max(wire_bytes / link_bw, ops / (1.6 × link_bw))` (docs/reference.md §5)."""
     require_positive("link bandwidth", link_bandwidth_Bps)
     wire_bytes = input_bytes / decl.ratio
     ops = input_bytes * decl.charged_ops_per_byte

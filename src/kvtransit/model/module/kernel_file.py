@@ -1,4 +1,5 @@
-"""A kernel declaration in a file: TOML or JSON by suffix, one kernel per file (REFERENCE §5, the deck's sketch).
+"""A kernel declaration in a file: TOML or JSON by suffix, one kernel per file (docs/reference.md §5, the deck's
+sketch).
 
 The fields are `KernelDeclaration`'s, by name, as in the deck's sketch (`op_types` a list):
 

@@ -1,4 +1,4 @@
-"""Which live implementation runs a declared kernel (issue 15): one implementation per shape, chosen by transform.
+"""Which live implementation runs a declared kernel: one implementation per shape, chosen by transform.
 
 A declaration (`KernelDeclaration`, the deck's `LinkKernel`, usually from a file: `kernel_file.py`) says what a
 kernel costs; a live run is configured by `Scenario` fields. `scenario_fields_for` maps the one onto the other:
@@ -12,13 +12,13 @@ Runnable on the KV hand-off (the shapes `RUNNABLE_SHAPES` lists in every refusal
   The fft variant needs no more than that (any block >= 2, any kept count in 1..N, `kernels/registry.py`);
   the declaration already holds N to a power of two for fft (`model/module/budget.py`).
   Sinks: a declaration has no sink field, so the scenario's `sinks` stays as given (4 by default, FreqKV's,
-  REFERENCE §6); they travel exact ahead of the blocks, outside the declared ratio.
-- transform none, rounding, ratio 2: codec "fp8"; ratio 64/17 ≈ 3.765: codec "fp4-block" (REFERENCE §5 presets);
-  rounding + comparison, ratio 4: codec "kivi-3", ratio 16/3 ≈ 5.333: codec "kivi-2" (KIVI-style, REFERENCE §5;
+  docs/reference.md §6); they travel exact ahead of the blocks, outside the declared ratio.
+- transform none, rounding, ratio 2: codec "fp8"; ratio 64/17 ≈ 3.765: codec "fp4-block" (docs/reference.md §5 presets);
+  rounding + comparison, ratio 4: codec "kivi-3", ratio 16/3 ≈ 5.333: codec "kivi-2" (KIVI-style, docs/reference.md §5;
   group 32, `model/catalog/codecs.py: kivi_ratio`).
 - transform none, no ops, ratio 1: codec "none".
 Refused: an NTT (ML-KEM polynomial multiplication) or a kernel that combines streams (a sum) belongs to the
-ciphertext and collective flows (REFERENCE §7), which do not run live yet; anything else matches no
+ciphertext and collective flows (docs/reference.md §7), which do not run live yet; anything else matches no
 implementation. Every refusal says why and lists the runnable shapes, or the nearest runnable ratios.
 
 The declaration's transform_charged, precision_bits and placement become the same-named scenario fields, and
@@ -55,20 +55,20 @@ BAND_KEEP_TRANSFORMS = ("dct", "fft")  # the band-keep codec's variants (Scenari
 # FP4_BLOCK`, refused otherwise by `kernels/registry.py: get_codec`); model/ cannot import kernels/, and
 # tests/unit/test_kernel_runs.py holds the two equal.
 LIVE_FP4_BLOCK = 32
-# A declared ratio matches a requantiser preset within 0.5 %: REFERENCE §5 prints fp4-block's 64/17 as 3.765, and
-# a file cannot write a fraction (TOML and JSON numbers), so a ratio copied to 3 significant figures (3.76, 3.77:
-# at most 0.14 % off) must match; the closest presets (fp4-block 3.765 and kivi-3 4.0) are 6 % apart, so no ratio
-# matches two.
+# A declared ratio matches a requantiser preset within 0.5 %: docs/reference.md §5 prints fp4-block's 64/17 as 3.765,
+# and a file cannot write a fraction (TOML and JSON numbers), so a ratio copied to 3 significant figures (3.76, 3.77: at
+# most 0.14 % off) must match; the closest presets (fp4-block 3.765 and kivi-3 4.0) are 6 % apart, so no ratio matches
+# two.
 RATIO_MATCH_REL_TOL = 5e-3
 # Numbers a file states "agree" when equal up to float error in its decimals (0.1 + 0.2 style): not a modelling
 # tolerance (ops_per_byte, ratio 1, a whole kept count).
 _FLOAT_REL_TOL = 1e-9
 _FLOAT_ABS_TOL = 1e-12
-# transform none, rounding: matched by ratio (REFERENCE §5 presets; the kivi ones also need comparison)
+# transform none, rounding: matched by ratio (docs/reference.md §5 presets; the kivi ones also need comparison)
 ROUNDING_CODECS = ("fp8", "fp4-block", "kivi-2", "kivi-3")
 
-# Where NTT kernels and stream sums belong (REFERENCE §7: ciphertexts; the tensor-parallel all-reduce).
-_OTHER_FLOWS = ("it belongs to the ciphertext and collective flows (REFERENCE §7), which do not run live yet, "
+# Where NTT kernels and stream sums belong (docs/reference.md §7: ciphertexts; the tensor-parallel all-reduce).
+_OTHER_FLOWS = ("it belongs to the ciphertext and collective flows (docs/reference.md §7), which do not run live yet, "
                 "not to the KV hand-off")
 RUNNABLE_SHAPES = (
     "band-keep (transform dct|fft, transform_length N, op_types fft[+gather], ratio N/k for a whole k in 1..N-1), "
@@ -108,7 +108,7 @@ def _band_keep_fields(decl: KernelDeclaration) -> dict[str, Any]:
 
 
 def _preset_by_ratio(decl: KernelDeclaration) -> str:
-    """The transform-less preset whose declared ratio (REFERENCE §5) the declaration's ratio is."""
+    """The transform-less preset whose declared ratio (docs/reference.md §5) the declaration's ratio is."""
     if math.isclose(decl.ratio, 1.0, rel_tol=_FLOAT_REL_TOL):
         return "none"
     for name in ROUNDING_CODECS:

@@ -1,4 +1,4 @@
-"""One decode step, planned before it is held (REFERENCE §3-§4; the I/O is agents/decode/agent.py).
+"""One decode step, planned before it is held (docs/reference.md §3-§4; the I/O is agents/decode/agent.py).
 
 The batch is what `DecodeBatcher.admit` left running (model/serving/policies.py); `admitted_prompts` are the prompt
 lengths of the requests admitted at this step's boundary. For them the plan says how long the step holds and
@@ -7,7 +7,7 @@ what it costs:
 - **time**: the roofline decode of the running batch (`decode_step_s`), plus, when the codec ran on the prefill
   GPU (`compress_at="gpu"`), the inverse of every request admitted at this boundary
   (`Scenario.gpu_codec_inverse_s`: decode's GPU restores the full-size KV before the request's first decode
-  step, fused into that step with no overhead of its own; a documented model, issue 14); held on the wall
+  step, fused into that step with no overhead of its own; a documented model); held on the wall
   clock × dilation;
 - **energy**: the step's GPU energy (`step_energy_j` of `decode_work`) plus, with the codec on the GPU, the
   inverse's work (`Scenario.gpu_codec_inverse_work`), by the same rule as the prefill's codec
@@ -15,7 +15,7 @@ what it costs:
 
 With `decode_tp` = n > 1 the instance is a TP group, and the step is held as the group holds it (model/sections.py:
 `Section.group_step`, answered by the tp flow, flows/tp/section.py): the roofline on n GPUs, then 2·L all-reduces of
-the batch's activations over the scale-up link, not overlapped (REFERENCE §7), or with expert parallelism (a MoE
+the batch's activations over the scale-up link, not overlapped (docs/reference.md §7), or with expert parallelism (a MoE
 model, EP = TP = n) L all-reduces and L dispatch + combine all-to-alls. What the live group carries for real and
 what it holds is the flow's (`extra`).
 

@@ -1,4 +1,5 @@
-"""What a decode instance does with a KV hand-off as it arrives (REFERENCE §4; the I/O is agents/decode/agent.py).
+"""What a decode instance does with a KV hand-off as it arrives (docs/reference.md §4; the I/O is
+agents/decode/agent.py).
 
 A hand-off is a KvBegin, its chunks and a KvEnd. At its KvBegin decode decides whether the stream is a retry
 of one it already took (then its bytes are drained, never used) and whether it is in the accuracy sample. At

@@ -1,10 +1,10 @@
-"""Layer-wise KV streaming (issue 20): when each part of a request's KV exists, and how much of its hand-off a user
+"""Layer-wise KV streaming: when each part of a request's KV exists, and how much of its hand-off a user
 waits for.
 
-The reference model hands a request's KV off whole, after its prefill step (REFERENCE §4: every request of a step
-gets its first token at the step's end, "then its KV is handed off (whole, after prefill)"). Production systems
-stream it as the prefill makes it: Mooncake streams new KV to decode in chunks or layers, vLLM's and Dynamo's
-connectors send it per layer. A transformer computes its layers in order, so:
+The reference model hands a request's KV off whole, after its prefill step (docs/reference.md §4: every request of a
+step gets its first token at the step's end, "then its KV is handed off (whole, after prefill)"). Production systems
+stream it as the prefill makes it: Mooncake streams new KV to decode in chunks or layers, vLLM's and Dynamo's connectors
+send it per layer. A transformer computes its layers in order, so:
 
 - **whole** (`HANDOFF_MODES[0]`, the default and the reference model's): every layer of a step's KV is released at
   the step's end, its first token;
@@ -13,22 +13,23 @@ connectors send it per layer. A transformer computes its layers in order, so:
 - **chunked prefill** (`Scenario.prefill_chunk`): a prompt is computed a chunk of tokens a step, and each chunk's KV
   is released by its own step's schedule (whole: at its step's end; layer-wise: layer by layer within it).
 
-What of the hand-off a user waits for (`HandoffSplit`): **exposed** = KV ready − first token (REFERENCE §4's
+What of the hand-off a user waits for (`HandoffSplit`): **exposed** = KV ready − first token (docs/reference.md §4's
 hand-off, ≥ 0), and **hidden** = the part of the hand-off in flight before the first token (its time: first KV
 bytes at decode → the first token; its bytes: those that reached decode by then). In whole mode nothing hides.
 
-The model of the exposed part (`layerwise_exposed_s`): with REFERENCE §2's `transfer = latency + bytes / bandwidth`
-(plus REFERENCE §5's module terms in transit) and L equal layers released every T/L over a step of T on a link that
-is free, layer l's bytes leave when it is released or when the layer before it is through, whichever is later. If a
-layer crosses within T/L, each one is through before the next exists and the last one, released at the first
+The model of the exposed part (`layerwise_exposed_s`): with docs/reference.md §2's `transfer = latency + bytes /
+bandwidth` (plus docs/reference.md §5's module terms in transit) and L equal layers released every T/L over a step of T
+on a link that is free, layer l's bytes leave when it is released or when the layer before it is through, whichever is
+later. If a layer crosses within T/L, each one is through before the next exists and the last one, released at the first
 token, is all that shows: exposed = latency + serialisation / L. Otherwise the link is busy from the first layer's
-release, T/L into the step, and exposed = latency + serialisation − (L−1)/L × T. Both are
-`max(0, transfer − overlap)` with the **prefill compute overlap** `(L−1)/L × min(T, serialisation)`
-(`prefill_overlap_s`). `streamed_ready_s` is the same FIFO for any release schedule (chunks, unequal layers); the
-two agree on a layer-wise step (tests/unit/test_layerwise.py).
+release, T/L into the step, and exposed = latency + serialisation − (L−1)/L × T. Both are `max(0, transfer − overlap)`
+with the **prefill compute overlap** `(L−1)/L × min(T, serialisation)` (`prefill_overlap_s`). `streamed_ready_s` is the
+same FIFO for any release schedule (chunks, unequal layers); the two agree on a layer-wise step
+(tests/unit/test_layerwise.py).
 
-Not in REFERENCE: the release schedule is issue 20's; the link arithmetic is REFERENCE §2 (transfer time), §4 (one
-FIFO link, hand-off = KV ready − first token) and §5 (through the module, `max(wire / bw, ops / (budget × bw))`).
+Not in docs/reference.md: the release schedule is kvtransit's own (below); the link arithmetic is docs/reference.md §2
+(transfer time), §4 (one FIFO link, hand-off = KV ready − first token) and §5 (through the module, `max(wire / bw, ops /
+(budget × bw))`).
 
 Pure: integers and floats in, numbers out.
 """
@@ -105,7 +106,7 @@ class StepWindow:
 class HandoffSplit:
     """One hand-off split at its first token (seconds and bytes of whatever units the caller measured in).
 
-    exposed: KV ready − first token, ≥ 0 (the REFERENCE §4 hand-off a user waits for);
+    exposed: KV ready − first token, ≥ 0 (the docs/reference.md §4 hand-off a user waits for);
     hidden: first KV bytes at decode → min(first token, KV ready), ≥ 0 (in flight while the prefill still computed);
     hidden_bytes: of `bytes`, those that reached decode by the first token."""
 
@@ -135,7 +136,7 @@ class HandoffSplit:
 def prefill_overlap_s(step_s: float, serialise_s: float, layers: int) -> float:
     """The part of a layer-wise hand-off that hides behind its prefill step on a free link: (L−1)/L × min(step,
     serialisation) (module docstring). `serialise_s`: the transfer without its latency (bytes / bandwidth, or the
-    module's compute when that is slower, REFERENCE §5)."""
+    module's compute when that is slower, docs/reference.md §5)."""
     if layers < 1:
         raise ConfigError(f"layers must be >= 1, got {layers}")
     if step_s < 0 or serialise_s < 0:
@@ -144,16 +145,16 @@ def prefill_overlap_s(step_s: float, serialise_s: float, layers: int) -> float:
 
 
 def layerwise_exposed_s(transfer_s: float, overlap_s: float) -> float:
-    """Issue 20's model of the exposed hand-off: max(0, transfer − prefill compute overlap), with REFERENCE §2's
-    transfer = latency + bytes / bandwidth (+ §5's module terms) and the overlap of `prefill_overlap_s`."""
+    """kvtransit's model of the exposed hand-off: max(0, transfer − prefill compute overlap), with docs/reference.md
+    §2's transfer = latency + bytes / bandwidth (+ §5's module terms) and the overlap of `prefill_overlap_s`."""
     return max(0.0, transfer_s - overlap_s)
 
 
 def streamed_ready_s(parts: Sequence[tuple[float, float]], latency_s: float) -> float:
     """When the last byte of a hand-off sent in `parts` (release time, serialisation time), in order, over a free
     FIFO link is at the far end: each part leaves at its release or when the one before it is through, whichever
-    is later (REFERENCE §4's one FIFO link; §2's latency + bytes / bandwidth). Whole mode is one part released at
-    the first token: ready = first token + transfer."""
+    is later (docs/reference.md §4's one FIFO link; §2's latency + bytes / bandwidth). Whole mode is one part released
+    at the first token: ready = first token + transfer."""
     if not parts:
         raise ConfigError("a hand-off needs at least one part")
     through = -math.inf

@@ -3,7 +3,7 @@
 A replay that asks more of the modelled GPUs or link than they can serve ends with queues that grow for the
 whole run (timeouts, an SLO attainment near 0 %), however faithfully the testbed emulates it; `kvtransit up`
 says so before it starts. The check is first-order, from the request stream alone (arrival, prompt and output
-lengths), per stage of REFERENCE §3–§4:
+lengths), per stage of docs/reference.md §3–§4:
 
 - **prefill**: each request costs its share of a full batch of prompts of its own length (FIFO batches of at
   most `PREFILL_BATCH_TOKEN_LIMIT` tokens), held for the roofline step time (`cost.prefill_step_s`); a ring

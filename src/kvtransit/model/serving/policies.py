@@ -1,4 +1,4 @@
-"""The serving policies of REFERENCE §4, as pure state machines: the agents feed them, a clock does not.
+"""The serving policies of docs/reference.md §4, as pure state machines: the agents feed them, a clock does not.
 
 - `PrefillQueue`: one prefill instance's FIFO queue and its batcher (head, then more while ≤ 8,192 tokens).
 - `PrefillRouter`: the instance with the fewest queued prompt tokens.
@@ -9,7 +9,7 @@ A request whose client went away is `cancel`led: out of a prefill queue before i
 with its KV reservation freed (the simulator has no cancellation; this is the live testbed's).
 - `DecodeRouter`: the instance with the smallest queue + running.
 
-Everything follows the public simulator `Disaggregated_Inference_Sim` (REFERENCE §4) so a live run and a
+Everything follows the public simulator `Disaggregated_Inference_Sim` (docs/reference.md §4) so a live run and a
 simulated one can be put side by side; where the simulator made a choice the text does not spell out, the
 docstring says which. Times never appear here: the agents hold the step durations on their own clocks.
 """
@@ -23,9 +23,9 @@ from typing import Generic, TypeVar
 
 from kvtransit.model.errors import ConfigError
 
-# Token budget of one prefill step (REFERENCE §4; the simulator's `max_prefill_tokens`).
+# Token budget of one prefill step (docs/reference.md §4; the simulator's `max_prefill_tokens`).
 PREFILL_BATCH_TOKEN_LIMIT = 8192
-# Most sequences one decode instance runs at once (REFERENCE §4; the simulator's `max_decode_batch`).
+# Most sequences one decode instance runs at once (docs/reference.md §4; the simulator's `max_decode_batch`).
 MAX_DECODE_BATCH = 256
 
 
@@ -45,7 +45,7 @@ class ServingRequest:
 
     @property
     def kv_reservation_tokens(self) -> int:
-        """KV a decode instance reserves up front for the whole sequence: prompt + output (REFERENCE §4)."""
+        """KV a decode instance reserves up front for the whole sequence: prompt + output (docs/reference.md §4)."""
         return self.prompt_tokens + self.output_tokens
 
 
@@ -206,7 +206,7 @@ class StepResult:
 
 
 class DecodeBatcher:
-    """One decode instance's continuous batch (REFERENCE §4; the simulator's `admit_decode` + `decode_once`).
+    """One decode instance's continuous batch (docs/reference.md §4; the simulator's `admit_decode` + `decode_once`).
 
     Call `admit()` at each step boundary, then, if anything runs, hold the step for the time
     `model.decode_plan.plan_decode_step` gives (the roofline `decode_step_s(batch_size, context_tokens)`, plus,

@@ -1,4 +1,4 @@
-"""One prefill step, planned before it is held (REFERENCE §3-§4; the I/O is agents/prefill/agent.py).
+"""One prefill step, planned before it is held (docs/reference.md §3-§4; the I/O is agents/prefill/agent.py).
 
 The batch is what `PrefillQueue.take_batch` gave (model/serving/policies.py). For it the plan says how long the step
 holds and what it costs:
@@ -17,7 +17,7 @@ a batch of its own that the queue keeps alone), and an instance of more than one
 the group holds it (`Section.group_step`: the shard's roofline and the step's collectives). Either way the plan
 carries what the flow's live part needs (`extra`), and the agent hands such a step to that flow's component.
 
-With chunked prefill (`Scenario.prefill_chunk`, issue 20) the batch is what `ChunkedPrefillQueue.take_batch`
+With chunked prefill (`Scenario.prefill_chunk`) the batch is what `ChunkedPrefillQueue.take_batch`
 gave: the next chunk of each request it holds, in FIFO order (Sarathi-Serve's chunked prefill, as vLLM schedules
 it: one chunk of a prompt a step, the prompt's earlier chunks read back as context). An entry is then one chunk:
 `prompt_tokens` is the context after it, `cached_tokens` the context before it (its prefix found cached, and its
@@ -163,8 +163,8 @@ class PrefillChunk:
 class ChunkedPrefillQueue(PromptFifo[tuple[ServingRequest, int]]):
     """One prefill instance's FIFO queue with chunked prefill: a step takes the next chunk (at most `chunk_tokens`)
     of the head request, then the next chunk of each request behind it while the batch stays within the token
-    budget, stopping at the first that would overflow it (REFERENCE §4's strict FIFO, one chunk a request a step:
-    a chunk needs the KV of the chunks before it). A request keeps its place until its last chunk has run. The
+    budget, stopping at the first that would overflow it (docs/reference.md §4's strict FIFO, one chunk a request a
+    step: a chunk needs the KV of the chunks before it). A request keeps its place until its last chunk has run. The
     same face as `serving.PrefillQueue`, whose batches it gives when every prompt fits in one chunk."""
 
     def __init__(self, chunk_tokens: int, token_limit: int = PREFILL_BATCH_TOKEN_LIMIT) -> None:

@@ -1,4 +1,4 @@
-"""The request stream, drawn exactly as the simulator draws it (REFERENCE §4), so runs can be compared.
+"""The request stream, drawn exactly as the simulator draws it (docs/reference.md §4), so runs can be compared.
 
 Per request, in this order and from one `random.Random(seed)`: the arrival gap, the prompt length, the
 output length. Changing that order, or drawing anything else from the same generator, changes every
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kvtransit.model.errors import ConfigError, require_positive
 
-# REFERENCE §4: lengths are clipped to [1, 32768].
+# docs/reference.md §4: lengths are clipped to [1, 32768].
 DEFAULT_MIN_TOKENS = 1
 DEFAULT_MAX_TOKENS = 32768
 ARRIVALS = ("poisson", "gamma")
@@ -21,7 +21,7 @@ ARRIVALS = ("poisson", "gamma")
 
 @dataclass(frozen=True)
 class LengthDist:
-    """A lognormal token count with the given mean and coefficient of variation (REFERENCE §4)."""
+    """A lognormal token count with the given mean and coefficient of variation (docs/reference.md §4)."""
 
     mean: float
     cv: float
@@ -43,7 +43,7 @@ class LengthDist:
     def sample(self, rng: random.Random) -> int:
         """σ² = ln(1+cv²), μ = ln(mean) − σ²/2, int(min(hi, max(lo, round(lognormvariate(μ, σ))))).
 
-        cv = 0 is a fixed length and draws nothing from `rng` (REFERENCE §4 "cv = 0 is a fixed length";
+        cv = 0 is a fixed length and draws nothing from `rng` (docs/reference.md §4 "cv = 0 is a fixed length";
         we read that as a short cut that leaves the generator untouched).
         """
         if self.cv == 0:
@@ -65,7 +65,7 @@ class RequestSpec:
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """REFERENCE §4 defaults: 800 requests, prompt 2048 cv 0.5, output 256 cv 0.5, seed 1, Poisson.
+    """docs/reference.md §4 defaults: 800 requests, prompt 2048 cv 0.5, output 256 cv 0.5, seed 1, Poisson.
 
     `arrival="gamma"` draws gaps from Γ(shape=burstiness, scale=1/(rate·burstiness)), as `vllm bench
     serve` does: mean gap 1/rate, burstier below 1, smoother above; burstiness 1 is Poisson in law but not

@@ -89,7 +89,7 @@ class Channel:
         its due time is then counted from there, not from whenever the host got round to sending it, so a late
         wake-up is not carried into every later hop (absolute deadlines, as DeadlineSchedule holds steps).
         `occupy_bytes`: how many bytes' time the frame holds the link for, when a module on the link is slower
-        than its wire bytes (REFERENCE §5: max(wire, ops / budget)); `added_latency_s`: the module's latency.
+        than its wire bytes (docs/reference.md §5: max(wire, ops / budget)); `added_latency_s`: the module's latency.
         `due_ns`: already stamped on a link shared with another flow (the middlebox's decode link); sent as is."""
         now_ns = self.clock.now_ns()
         nbytes = memoryview(frame.payload).nbytes

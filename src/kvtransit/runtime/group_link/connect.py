@@ -1,7 +1,7 @@
 """Joining a group over TCP: a ring member listens for its previous rank and dials its next; a switch member
 dials the switch. Both say JOIN first, so a wrong peer is found before any step.
 
-A ring of any kind joins the same way: the TP all-reduce's ranks (rank.py) and ring attention's (agents/ring) both
+A ring of any kind joins the same way: the TP all-reduce's ranks (rank.py) and ring attention's (flows/ring) both
 take `RingMember.connect_channels`; `connect` makes the all-reduce's ring of them."""
 
 from __future__ import annotations

@@ -36,13 +36,13 @@ def keep_alive(sock: Any) -> None:
 
 
 # Every kvtransit TCP socket runs CUBIC, a loss-based controller that does not pace: each hop is either the shaped
-# link itself or a host-internal hop feeding it, and the modelled link (REFERENCE §2) carries latency + bytes / rate
-# from a transfer's first byte, so the link's shaper (tbf, or our token bucket) must be what paces the KV, not a
+# link itself or a host-internal hop feeding it, and the modelled link (docs/reference.md §2) carries latency + bytes /
+# rate from a transfer's first byte, so the link's shaper (tbf, or our token bucket) must be what paces the KV, not a
 # sender's congestion controller. This host's default, BBR, paces at its own bandwidth estimate, which lags after an
 # idle gap (and cycles below it to drain the queue it measured). Measured between two namespaces through tbf (2 MB
-# transfers at 50 MB/s after idle gaps of 0.05–1.3 s, tcp_slow_start_after_idle = 0 as shaping/commands.py sets
-# it, interleaved runs): after the gaps of 0.8 s and more, BBR ran +0.9 to +13 ms over bytes / rate, CUBIC +0.7 to
-# +8 ms; after short gaps both stay within ±0.7 ms. No packet was dropped by tbf either way.
+# transfers at 50 MB/s after idle gaps of 0.05–1.3 s, tcp_slow_start_after_idle = 0 as shaping/commands.py sets it,
+# interleaved runs): after the gaps of 0.8 s and more, BBR ran +0.9 to +13 ms over bytes / rate, CUBIC +0.7 to +8 ms;
+# after short gaps both stay within ±0.7 ms. No packet was dropped by tbf either way.
 LINK_CONGESTION_CONTROL = "cubic"
 
 

@@ -41,7 +41,7 @@ class ChainSettings:
     policy: Policy
     kernel_threads: int
     shaped_link: Link  # what is shaped: the scaled rate, the dilated latency
-    model_link: Link  # what is modelled (REFERENCE §2), for energy and reports
+    model_link: Link  # what is modelled (docs/reference.md §2), for energy and reports
     module_latency_s: float  # the module's added latency, dilated: it rides on the link's delay line
     dilation: float
     model_bytes_per_byte: float  # 1 / payload scale: energy and ops are reported for the modelled KV
@@ -62,7 +62,7 @@ class ChainSettings:
         dilation = scenario.effective_dilation
         # --compress-at gpu: the prefill already ran the codec; the module passes its bytes through.
         codec = "none" if scenario.compress_at == "gpu" else scenario.codec
-        # The module's unknowns come from the scenario (REFERENCE §5), so a run honours them from its start;
+        # The module's unknowns come from the scenario (docs/reference.md §5), so a run honours them from its start;
         # `PUT /kernel` can still change the kernel's live.
         kernel = KernelConfig(codec=codec, keep=scenario.keep, block=scenario.block, sinks=scenario.sinks,
                               variant=scenario.variant, precision_bits=scenario.precision_bits,

@@ -28,7 +28,7 @@ from kvtransit.wire.events import DType
 if TYPE_CHECKING:
     from kvtransit.agents.middlebox.stages.chain import ChainSettings
 
-# Wire element types the codecs accept (the prefill sends BF16, REFERENCE §1; tests also send f16/f32).
+# Wire element types the codecs accept (the prefill sends BF16, docs/reference.md §1; tests also send f16/f32).
 NUMPY_DTYPES = {DType.BF16: np.dtype(ml_dtypes.bfloat16), DType.F16: np.dtype(np.float16),
                 DType.F32: np.dtype(np.float32)}
 
@@ -50,9 +50,9 @@ class KernelConfig:
     variant: str = "dct"
     precision_bits: int | None = None
     # Does the transform count against the module's budget? False models passive optics (the simulator's
-    # stage, REFERENCE §5); True charges 1.25·log2 N ops per byte (the kernel table's "transform charged").
+    # stage, docs/reference.md §5); True charges 1.25·log2 N ops per byte (the kernel table's "transform charged").
     transform_charged: bool = False
-    placement: str = "pluggable"  # the declaration's placement (REFERENCE §5): "pluggable" or "switch"
+    placement: str = "pluggable"  # the declaration's placement (docs/reference.md §5): "pluggable" or "switch"
 
     def as_dict(self) -> dict:
         return {"codec": self.codec, "keep": self.keep, "block": self.block, "sinks": self.sinks,
@@ -113,7 +113,7 @@ class KernelStage(Stage):
 
     def describe(self) -> dict:
         k, decl = self.kernel, self.kernel.declaration
-        # Transit-bound (REFERENCE §5): ops / (budget × bw) > wire / bw, i.e. charged × ratio > budget.
+        # Transit-bound (docs/reference.md §5): ops / (budget × bw) > wire / bw, i.e. charged × ratio > budget.
         bound = (k.runs_on == RUNS_ON_MODULE and decl is not None
                  and decl.charged_ops_per_byte * decl.ratio > self.module.ops_per_byte)
         return {"stage": self.name, **k.config.as_dict(), "runs": k.runs_on,

@@ -1,4 +1,4 @@
-"""Link stage: the shared FIFO hand-off link (REFERENCE §4), shaped in user space.
+"""Link stage: the shared FIFO hand-off link (docs/reference.md §4), shaped in user space.
 
 A thin face on runtime.egress.EgressShaper: `channels` concurrent hand-offs in FIFO order, each paced by
 a token bucket at the scaled link rate and released one link latency later. Chunks are not processed here:
@@ -90,7 +90,7 @@ class LinkStage(Stage):
                  dilation: float, backend: str = "userspace"):
         """`backend`: one of LINK_BACKENDS (ChainSettings checks it, before any stage is built)."""
         self.link = link  # what is shaped (scaled rate, dilated latency)
-        self.model_link = model_link  # what is modelled (REFERENCE §2), for energy and reports
+        self.model_link = model_link  # what is modelled (docs/reference.md §2), for energy and reports
         self.shaper = shaper
         self.module_latency_s = module_latency_s
         # The delay line carries three delays: the link's, the module's, and a fault's (a toxiproxy latency
@@ -135,8 +135,8 @@ class LinkStage(Stage):
 
     def stamp(self, nbytes: int, ready_ns: int, *, occupy_bytes: int | None = None) -> int:
         """When a frame of another flow (remote KV's legs) of `nbytes`, ready at `ready_ns`, is due at the far end of
-        this link: its time on our bucket (`occupy_bytes`' when the module holds the link longer, REFERENCE §5) and
-        the delay line's latency. Under tc the bytes themselves queue in tbf behind the hand-offs' (a frame that
+        this link: its time on our bucket (`occupy_bytes`' when the module holds the link longer, docs/reference.md §5)
+        and the delay line's latency. Under tc the bytes themselves queue in tbf behind the hand-offs' (a frame that
         comes late is counted late by its receiver): the mirror takes their tokens and the stamp is the link's own
         latency + bytes / rate from `ready_ns`."""
         held = nbytes if occupy_bytes is None else max(nbytes, occupy_bytes)
@@ -197,5 +197,5 @@ class LinkStage(Stage):
         self.shaper.set_latency(link_latency_s + self.module_latency_s + self.fault_latency_s, jitter_s)
 
     def energy_j(self, wire_bytes: int, model_bytes_per_byte: float) -> float:
-        """Link energy = wire bits × link pJ/bit, for the modelled bytes (REFERENCE §5)."""
+        """Link energy = wire bits × link pJ/bit, for the modelled bytes (docs/reference.md §5)."""
         return self.model_link.energy_j(wire_bytes * model_bytes_per_byte)

@@ -1,4 +1,4 @@
-"""Module stage: what the optics would charge for each chunk (REFERENCE §5).
+"""Module stage: what the optics would charge for each chunk (docs/reference.md §5).
 
 No host work happens here; the stage prices the chunk: operations against the module's budget, the
 modelled compute time `ops / (ops_per_line_byte × link_bw)` (which the link stage turns into a minimum
@@ -57,7 +57,7 @@ class ModuleStage(Stage):
         return item
 
     def energy_j(self, item: ChunkInFlight) -> float:
-        """This module's stage energy = input bits × pJ per input bit, for the modelled bytes (REFERENCE §5).
+        """This module's stage energy = input bits × pJ per input bit, for the modelled bytes (docs/reference.md §5).
         One stage: the pool path charges its encode (put) and its decode (fetch) each as a stage of its own."""
         if item.runs_on != RUNS_ON_MODULE:
             return 0.0

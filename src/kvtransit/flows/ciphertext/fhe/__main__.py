@@ -17,7 +17,7 @@ from kvtransit.model.catalog.links import link_by_name
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvtransit.flows.ciphertext.fhe", description=__doc__)
     parser.add_argument("--requests", type=int, default=5)
-    parser.add_argument("--link", help="a catalogued link (REFERENCE §2), e.g. eth-100g")
+    parser.add_argument("--link", help="a catalogued link (docs/reference.md §2), e.g. eth-100g")
     parser.add_argument("--rate-Bps", type=float, default=100e6)
     parser.add_argument("--latency-s", type=float, default=0.001)
     parser.add_argument("--dilation", type=dilation_arg, default="auto",

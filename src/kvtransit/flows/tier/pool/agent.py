@@ -1,6 +1,6 @@
 """The KV pool agent (`kvtransit kvpool`): a shared store of prefix KV blocks, by content hash.
 
-It sits behind the middlebox (DESIGN §7 "KV tier fetch and prefix caching"): what reaches it crossed the
+It sits behind the middlebox (docs/reference.md §7.1): what reaches it crossed the
 module and the shaped link. Per connection (role KVPOOL, the peer a MIDDLEBOX; docs/WIRE.md):
 - `PoolFetch(id, hash_ids)` → `PoolHit(id, blocks, block_tokens)`, then, when blocks > 0, one KV stream under
   the same id: KvBegin (prompt_tokens = blocks × block_tokens), each block's chunks in order (exactly as

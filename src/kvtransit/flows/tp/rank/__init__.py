@@ -1,2 +1,2 @@
-"""A TP group's rank processes and their collectives over real sockets (issue 17): payloads, the shaped
+"""A TP group's rank processes and their collectives over real sockets: payloads, the shaped
 channel between two collective endpoints, the rank's step loop (ring or switch all-reduce)."""

@@ -5,7 +5,7 @@ EP's all-to-all (ring only): the dispatch's n − 1 hops carry BF16, or with `di
 (kernels/registry.py: Fp8Codec, E4M3 with a scale per 64 values) makes of them, cast at the sending GPU and back
 at the receiving one; the combine's n − 1 hops stay BF16 (flows/tp/moe_dispatch.py).
 
-Ring (reduce-scatter then all-gather, REFERENCE §7): the payload is cut into n chunks; in n − 1 hops each rank
+Ring (reduce-scatter then all-gather, docs/reference.md §7): the payload is cut into n chunks; in n − 1 hops each rank
 sends a chunk to the next rank and adds the one it receives from the previous (stream_sum, BF16), then in n − 1
 more hops the reduced chunks go round. Switch: every rank sends its whole part up and gets the sum back.
 
@@ -93,7 +93,8 @@ class CollectiveFailed(Exception):
 
 
 def _where(plan: RankPlan, step: int, collective: int) -> str:
-    """`step s, layer l (all-reduce j)`: two all-reduces a layer (REFERENCE §7); per-step granularity has one."""
+    """`step s, layer l (all-reduce j)`: two all-reduces a layer (docs/reference.md §7); per-step granularity has
+    one."""
     if plan.collectives == 1:
         return f"step {step}, every layer (one all-reduce a step)"
     return f"step {step}, layer {collective // plan.per_layer} (all-reduce {collective})"
@@ -159,7 +160,7 @@ class _Ring:
         return buf.reshape(-1), at_ns
 
     async def alltoall(self, parts: PartSource, step: int, collective: int, at_ns: int) -> int:
-        """The MoE dispatch + combine of one layer (REFERENCE §7) as 2(n − 1) ring hops of 1/n of the tokens'
+        """The MoE dispatch + combine of one layer (docs/reference.md §7) as 2(n − 1) ring hops of 1/n of the tokens'
         activations each: the model's bytes (2·t·k·d·(n − 1)/n values a rank) and its 2(n − 1) latencies. Each
         chunk received is checked against what its sender's part is (a lost or mixed-up chunk is found)."""
         n, me = self.plan.size, self.plan.rank
@@ -242,9 +243,9 @@ async def run_steps(plan: RankPlan, clock: Clock, algorithm: _Ring | _Switch, st
             return result
     await clock.sleep_until(start_ns)
     step = collective = 0
-    # Model time runs on absolute deadlines (DESIGN §2, as DeadlineSchedule holds steps): a step starts when the
-    # last one was due to end, its collectives when its compute was due to end, and each hop leaves when the one
-    # before it was due to arrive; a late wake-up is then not carried into every later hold. What is measured is
+    # Model time runs on absolute deadlines (ARCHITECTURE.md, time and scale, as DeadlineSchedule holds steps): a step
+    # starts when the last one was due to end, its collectives when its compute was due to end, and each hop leaves when
+    # the one before it was due to arrive; a late wake-up is then not carried into every later hold. What is measured is
     # real: the time between consecutive step ends, so a host that falls behind shows.
     model_ns = real_ns = start_ns
     try:

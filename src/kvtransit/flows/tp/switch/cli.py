@@ -1,5 +1,5 @@
 """`kvtransit middlebox --placement switch --ranks N`: the switch that sums a TP group's N streams (flows/tp/switch/),
-reached from the core's middlebox command through the registry (its flags: flows/tp/components.py)."""
+reached from the core's middlebox command through the registry (its flags: `add_switch_flags` below)."""
 
 from __future__ import annotations
 

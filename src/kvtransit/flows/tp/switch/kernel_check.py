@@ -1,4 +1,4 @@
-"""Which kernel the switch may run, checked before it serves a rank (issue 15 part 4). Sans-IO.
+"""Which kernel the switch may run, checked before it serves a rank. Sans-IO.
 
 The switch has one implementation, the stream sum (`kernels/stream_sum.py`, summed in blocks by `reducer.py`), so a
 declared kernel runs on it only when it *is* that sum, as the switch charges it:
@@ -6,7 +6,7 @@ declared kernel runs on it only when it *is* that sum, as the switch charges it:
   pluggable sees one stream and is refused a sum whatever the file says);
 - it combines exactly the group's streams (a sum merges every rank's part);
 - transform none, `float` adds among its op types, ratio n (n streams in, one out), 0.50 op per input byte
-  (REFERENCE §5: "summing two streams = 0.50 op/byte (needs a switch)", what `model.collectives.switch_sum_s`
+  (docs/reference.md §5: "summing two streams = 0.50 op/byte (needs a switch)", what `flows/tp/model.py: switch_sum_s`
   holds), not lossless (a sum does not give back its terms);
 - the module accepts it (`budget_check`, policy reject: a sum is in the published set, so only a misplaced or an
   unpublished-op declaration is refused; transit-bound is allowed, and the switch holds that time).
@@ -63,7 +63,8 @@ def check_switch_kernel(decl: KernelDeclaration, size: int, placement: str, modu
                           f"ratio {size})")
     if not math.isclose(decl.ops_per_byte, SUM_OPS_PER_BYTE, rel_tol=_FLOAT_REL_TOL):
         raise ConfigError(f"{where}: ops_per_byte {decl.ops_per_byte:g}, but the switch charges the sum "
-                          f"{SUM_OPS_PER_BYTE:g} op per input byte (REFERENCE §5): declare {SUM_OPS_PER_BYTE:g}")
+                          f"{SUM_OPS_PER_BYTE:g} op per input byte (docs/reference.md §5): "
+                          f"declare {SUM_OPS_PER_BYTE:g}")
     if decl.lossless:
         raise ConfigError(f"{where}: declared lossless, but a sum does not give back its terms")
     verdict = budget_check(replace(decl, placement=placement), module, Policy.REJECT)

@@ -6,7 +6,7 @@ readiness line (listen_port, metrics_port), serves one group until every rank sa
 it is stopped, then prints one `KVTRANSIT-RESULT {json}` line (SwitchServer.stats) and exits.
 
 `kvtransit middlebox --placement switch --ranks N` is the core's middlebox command reaching this flow through the
-registry (flows/tp/components.py: `serve_stream_sum`, and the flags it adds).
+registry (flows/tp/cli.py: STREAM_SUM, i.e. switch/cli.py: `serve_stream_sum` and the flags it adds).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ does not serve) is rejected with a reason naming it.
 
 The sum is the module kernel `kernels/stream_sum.py` declares (0.50 op/B, placement switch), or a kernel file's
 declaration of it (checked by `kernel_check.py`), judged once against the module's budget
-(`model.module.budget_check`) and charged its energy (`model.energy.module_energy_j`) per input byte at model
+(`model.module.budget_check`) and charged its energy (`model/cost/energy.py: module_energy_j`) per input byte at model
 scale. Each sum counts the streams it merged (`streams_merged`: the placement test's streams seen).
 """
 

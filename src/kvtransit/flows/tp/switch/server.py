@@ -1,15 +1,15 @@
 """The switch process's sockets: one connection per rank, parts in, sums out, each port shaped as the scale-up link.
 
 A part is held until its due time on the rank's uplink (the rank's shaper stamped it), then handed to the
-`GroupReducer`; when the last part is in, the switch holds the sum's modelled time (REFERENCE §5 module
-arithmetic at 0.50 op/B, `model.collectives.switch_sum_s`) from the last part's due time, then sends the sum
+`GroupReducer`; when the last part is in, the switch holds the sum's modelled time (docs/reference.md §5 module
+arithmetic at 0.50 op/B, `flows/tp/model.py: switch_sum_s`) from the last part's due time, then sends the sum
 down every port (each port its own shaper). A connection from an unknown group is refused with an ABORT; a
 part for an unknown step, a rank's ABORT, or a rank that leaves mid-run fails the collective for every rank,
 with a reason naming the rank, the step and the all-reduce.
 
 Every sum merges one stream from each rank: `switch_merged_streams_total` (runtime/metrics.py) and `/stats` count
-them, and `stats()` judges the placement test (REFERENCE §8, `model/five_tests.placement_test`) from the streams
-the switch measured merging per sum against those the kernel declared.
+them, and `stats()` judges the placement test (docs/reference.md §8, `model/judge/five_tests.py: placement_test`) from
+the streams the switch measured merging per sum against those the kernel declared.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""kvtransit past one machine: the testbed, its chaos and its sweeps as Kubernetes manifests (issue 22).
+"""kvtransit past one machine: the testbed, its chaos and its sweeps as Kubernetes manifests.
 
 The manifests are plain dicts built by pure functions, one module per job:
 

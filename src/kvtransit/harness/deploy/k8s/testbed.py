@@ -213,7 +213,7 @@ class _Builder:
             if self.options.link_shaper == "tc":
                 # docker/entrypoint.sh shapes the egress towards this host (the scenario's scaled link) before
                 # the agent starts: every decode is reached through the pod's one interface, so one tbf is the
-                # scenario's one shared link (REFERENCE §4).
+                # scenario's one shared link (docs/reference.md §4).
                 env.append({"name": "KVTRANSIT_SHAPE_TO", "value": self.names.pod_host("decode", 0)})
                 security["capabilities"]["add"] = ["NET_ADMIN"]
         container: dict = {

@@ -17,7 +17,7 @@ from kvtransit.model.judge.five_tests import Judgement
 # 4-60 % late (the first runs), and 6 % late on a quiet box (2026-12-02; the report's fidelity block, target 3 %).
 # The tier's run holds the tier-deck preset's own dilation; the other rows hold their own clocks.
 KV_DILATION = 2.0
-# Short live runs (the target: the whole table well under 15 minutes on 2 cores): a light workload that
+# Short live runs (kvtransit's target: the whole table well under 15 minutes on 2 cores): a light workload that
 # does not queue, short outputs, the real-KV sample's channels in the KV; the scale and dilation are the Scenario's
 # own choice ("auto").
 KV_RUN: dict[str, Any] = dict(dilation=KV_DILATION, requests=20, rate=2.0, output_mean=64.0, output_cv=0.5,

@@ -83,7 +83,8 @@ def _md_escape(text: str) -> str:
 
 def table_markdown(verdicts: list[RowVerdict], runs: list[RowRun], u: Unknowns, command: str, *,
                    png_note: str) -> str:
-    lines = ["# The candidate table, measured live (REFERENCE §8)", "", "Made by:", "", "```", command, "```", "",
+    lines = ["# The candidate table, measured live (docs/reference.md §8)", "", "Made by:", "", "```", command, "```",
+             "",
              (f"Judged under: {unknowns_text(u)}. The rule (harness/studies/candidates/table.py): **candidate** = all "
              "five tests pass; **promising** = exactly one measured failure, and one change of a stated unknown "
              "(module budget, transform charged/free, precision bits, or the link from the catalogue) makes all five "

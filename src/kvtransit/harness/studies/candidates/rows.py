@@ -1,9 +1,9 @@
-"""The candidate table's rows: what each row is (a `Row`: its candidate, its own link, its place in REFERENCE §8's
-list, the function that measures it), what a measurement is (`RowRun`), and the helpers every row shares.
+"""The candidate table's rows: what each row is (a `Row`: its candidate, its own link, its place in docs/reference.md
+§8's list, the function that measures it), what a measurement is (`RowRun`), and the helpers every row shares.
 
 The core has one row, the KV hand-off (harness/studies/candidates/kv_rows.py); every other row is its flow's
 (a flow's `rows.py`: ROWS, reached through the registry, kvtransit/flows/__init__.py), so a new flow brings its own
-row. `all_rows()` is the table, in REFERENCE §8's order.
+row. `all_rows()` is the table, in docs/reference.md §8's order.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def load_real_kv(ctx: RowContext) -> Any:
 @dataclass(frozen=True)
 class Row:
     """One row of the table: its candidate (what moves, the kernel, the precision test's tolerance), its own link
-    when --link does not say, its place in REFERENCE §8's list, and the function that measures it."""
+    when --link does not say, its place in docs/reference.md §8's list, and the function that measures it."""
 
     candidate: Candidate
     link: str
@@ -96,7 +96,7 @@ class Row:
 
 
 def all_rows() -> dict[str, Row]:
-    """Every row, the core's and the flows', in REFERENCE §8's order."""
+    """Every row, the core's and the flows', in docs/reference.md §8's order."""
     from kvtransit import flows  # the registry only: the core reaches a flow through it, by a string
     from kvtransit.harness.studies.candidates.kv_rows import ROWS as CORE_ROWS
 

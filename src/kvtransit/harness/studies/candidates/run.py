@@ -1,4 +1,5 @@
-"""`kvtransit candidates`' harness: one short scenario per candidate (REFERENCE §8), each test measured from its run.
+"""`kvtransit candidates`' harness: one short scenario per candidate (docs/reference.md §8), each test measured from its
+run.
 
 The rows are harness/studies/candidates/rows.py's `all_rows()`: the core's hand-off row (kv_rows.py) and each flow's
 (a flow's `rows.py`). Each row function runs its flow and returns a `RowRun`: the figures

@@ -1,12 +1,11 @@
-"""The candidate table (REFERENCE §8): every flow with a kernel on its link, its five tests, one verdict rule, and
-what would flip each verdict.
+"""The candidate table (docs/reference.md §8): every flow with a kernel on its link, its five tests, one verdict rule,
+and what would flip each verdict.
 
-The rows (harness/studies/candidates/rows.py: REFERENCE §8's list, in its order; each flow's row is its own) say what
-moves, which kernel is declared on it (the
-declaration comes from the existing declarations, built by the harness because some live in `kernels/`:
-`model/catalog/codecs.py`, `flows/selection/model.py`, `kernels/stream_sum.py`, `kernels/ntt.py`) and what the precision
-test holds it to. A harness (`harness/studies/candidates/run.py`) measures each row into a `RowMeasured`; this module
-judges it.
+The rows (harness/studies/candidates/rows.py: docs/reference.md §8's list, in its order; each flow's row is its own) say
+what moves, which kernel is declared on it (the declaration comes from the existing declarations, built by the harness
+because some live in `kernels/`: `model/catalog/codecs.py`, `flows/selection/model.py`, `kernels/stream_sum.py`,
+`kernels/ntt.py`) and what the precision test holds it to. A harness (`harness/studies/candidates/run.py`) measures each
+row into a `RowMeasured`; this module judges it.
 
 The five tests are model/judge/five_tests.py's functions with its thresholds; the only additions are for flows that have
 no middlebox counting frames (a budget checked on the declaration's arithmetic, said so) and a precision test
@@ -15,8 +14,8 @@ against a measured error and its tolerance (`PrecisionFigure`), with the bits an
 **The verdict rule** (one rule, no per-row constant), from the five Judgements:
 - `candidate`: all five passed. A test "not measured" never counts as passed (fail closed).
 - `promising`: exactly one test did not pass, it was measured (failed, not "not measured"), and one change of a
-  stated unknown (module budget, transform charged, precision bits, or the link from the link catalogue; REFERENCE
-  §5's unknowns) makes all five pass when the row is judged again with its own measured figures
+  stated unknown (module budget, transform charged, precision bits, or the link from the link catalogue;
+  docs/reference.md §5's unknowns) makes all five pass when the row is judged again with its own measured figures
   (`candidate_verdicts.py: flips`).
 - `not a candidate`: anything else; the failing tests are named.
 - `not run`: the row's flow could not run here (its extra is not installed); never a guess.
@@ -25,11 +24,11 @@ against a measured error and its tolerance (`PrecisionFigure`), with the bits an
 changes the verdict (or,
 when none does, the smallest that leaves fewer tests failing), found by judging the row again with the same
 measured figures; `flips` is the same search for whether all five pass, which "promising" uses. The changes
-tried: module budgets within REFERENCE §5's range (the named ones and the row's own ops per line byte), transform
-charged or free, precision bits from exact down to 1 (only for flows whose precision is a bit count their
-arithmetic needs; a lossy flow's error at other bits needs a new run), and every catalogued link ordered by how far
-its bandwidth is from the row's (a modelled row's share from the model on that link; a measured one rescaled by the
-link model's transfer time, REFERENCE §2). Pure: numbers in, verdicts out.
+tried: module budgets within docs/reference.md §5's range (the named ones and the row's own ops per line byte),
+transform charged or free, precision bits from exact down to 1 (only for flows whose precision is a bit count their
+arithmetic needs; a lossy flow's error at other bits needs a new run), and every catalogued link ordered by how far its
+bandwidth is from the row's (a modelled row's share from the model on that link; a measured one rescaled by the link
+model's transfer time, docs/reference.md §2). Pure: numbers in, verdicts out.
 """
 
 from __future__ import annotations
@@ -73,9 +72,9 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Unknowns:
-    """The unknowns the table is judged under (REFERENCE §5): the module's budget (ops per line byte), whether the
-    transform is charged (None: each declaration's own), the analogue path's bits (None: exact) and the link
-    (None: each row's own)."""
+    """The unknowns the table is judged under (docs/reference.md §5): the module's budget (ops per line byte), whether
+    the transform is charged (None: each declaration's own), the analogue path's bits (None: exact) and the link (None:
+    each row's own)."""
 
     module_budget: float = MODULE_BUDGETS["sim"]
     transform_charged: bool | None = None
@@ -125,7 +124,7 @@ class RowMeasured:
     link_messages: int = 1  # one-way messages per event (each pays the link's latency)
     link_busy: float | None = None
     # Which side of the kernel is the link's: "output" for a kernel that encodes before the link (line bytes = its
-    # output, ops per line byte = charged × ratio, REFERENCE §5's transit time), "input" for one that works on
+    # output, ops per line byte = charged × ratio, docs/reference.md §5's transit time), "input" for one that works on
     # what arrives (a sum, a score, an NTT on ciphertexts: line bytes = its input, model/module/budget.py:
     # budget_check).
     line: str = LINE_OUTPUT
@@ -152,7 +151,7 @@ def _modelled(j: Judgement, modelled: bool) -> Judgement:
 
 def rescaled_share(share: float, old: Link, new: Link, nbytes: float, messages: int = 1) -> float:
     """The flow's share of E2E on `new` when it was `share` on `old`: the flow's time scales by the link model's
-    time (`messages` latencies + bytes / bandwidth, REFERENCE §2), the rest of E2E stays."""
+    time (`messages` latencies + bytes / bandwidth, docs/reference.md §2), the rest of E2E stays."""
     if share <= 0 or old == new:
         return share
 
@@ -172,8 +171,8 @@ def ops_per_line_byte(decl: KernelDeclaration, line: str) -> float:
 
 def declared_budget_test(decl: KernelDeclaration, budget_ops_per_byte: float, why: str,
                          line: str = LINE_OUTPUT) -> Judgement:
-    """The budget on the declaration's arithmetic alone (charged ops per line byte ≤ budget, REFERENCE §5), for a
-    flow whose run had no module stage counting frames (`why` says so)."""
+    """The budget on the declaration's arithmetic alone (charged ops per line byte ≤ budget, docs/reference.md §5), for
+    a flow whose run had no module stage counting frames (`why` says so)."""
     per_line_byte = ops_per_line_byte(decl, line)
     over = per_line_byte / budget_ops_per_byte
     passed = over <= MAX_COMPUTE_OVER_WIRE

@@ -48,9 +48,9 @@ def _bits_text(bits: int | None) -> str:
 
 def _budget_options(row: RowMeasured, u: Unknowns) -> list[tuple[str, Unknowns]]:
     decl = decl_under(row, u)
-    threshold = ops_per_line_byte(decl, row.line)  # the least budget it fits (REFERENCE §5)
+    threshold = ops_per_line_byte(decl, row.line)  # the least budget it fits (docs/reference.md §5)
     named = {f"{v:g} ({k})": v for k, v in MODULE_BUDGETS.items()}
-    # Only budgets REFERENCE §5 publishes a range for (low..high): a kernel that needs more is not a module's.
+    # Only budgets docs/reference.md §5 publishes a range for (low..high): a kernel that needs more is not a module's.
     if min(MODULE_BUDGETS.values()) <= threshold <= max(MODULE_BUDGETS.values()):
         named.setdefault(f"{threshold:.3g} (its own ops per line byte)", threshold)
     options = [(label, b) for label, b in named.items() if b != u.module_budget]

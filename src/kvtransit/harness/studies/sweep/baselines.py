@@ -1,4 +1,4 @@
-"""Baselines at equal power (issue 15, the deck's last ask): is a kernel in transit worth its module, against
+"""Baselines at equal power (the deck's last ask): is a kernel in transit worth its module, against
 the two other ways to spend on the same hand-off?
 
 - **kernel in transit**: the scenario as given (its codec on the link, `compress_at="transit"`);
@@ -39,7 +39,7 @@ RESOLUTION = E2E_RESOLUTION
 TIE = "tie: "
 
 
-# The links a hand-off from one instance to another can cross (REFERENCE §2, the deck's link study: Ethernet,
+# The links a hand-off from one instance to another can cross (docs/reference.md §2, the deck's link study: Ethernet,
 # InfiniBand, NVLink). pcie4/pcie5 carry KV between a GPU and its own host (the KV tier), and qsfp56 is only the
 # module's line rate (no latency, no energy per bit: as "the faster link" it would win on energy by costing
 # nothing): neither is an alternative to a kernel on the hand-off's link.

@@ -136,7 +136,7 @@ class Grid:
 
 # --- presets (the deck's hand-off study) -----------------------------------------------------------------
 # The deck's workload: Llama-3-8B, 1 H100 per instance, 1P1D, 2,048-token prompts cv 0.5, 256-token outputs
-# cv 0.5, 800 requests, seed 1 (REFERENCE §4 defaults).
+# cv 0.5, 800 requests, seed 1 (docs/reference.md §4 defaults).
 DECK_WORKLOAD = dict(model="llama3-8b", device="h100", gpus=1, prefill=1, decode=1, prompt_mean=2048.0,
                      prompt_cv=0.5, output_mean=256.0, output_cv=0.5, requests=800, seed=1)
 # Emulation for this 2-core host, measured (benchmarks/sweep.py; RESULTS.md "## Sweep"): 40-request runs on
@@ -159,7 +159,7 @@ def preset_emulation(link: str, model: str = "llama3-8b") -> dict[str, float]:
 
 DECK_CODECS = ("none", "fp8", "freq-keep-k")
 DECK_LINKS = ("nvlink4", "ib-ndr", "eth-100g", "eth-25g")
-# fp8 needs rounding, which the module does not publish (REFERENCE §5): in transit it runs on the host.
+# fp8 needs rounding, which the module does not publish (docs/reference.md §5): in transit it runs on the host.
 DECK_POLICY = {"policy": "host"}
 
 
@@ -180,22 +180,22 @@ PRESETS: dict[str, tuple[str, list[Grid]]] = {
 }
 PRESETS["deck"] = ("both deck studies: handoff-25g then links-8rps",
                    PRESETS["handoff-25g"][1] + PRESETS["links-8rps"][1])
-# Issue 20: the 25 GbE load study again with the KV handed off whole (the reference model) and layer-wise (each layer
-# as its compute ends, overlapping the prefill): does a codec on the hand-off still matter once it overlaps?
+# Layer-wise streaming: the 25 GbE load study again with the KV handed off whole (the reference model) and layer-wise
+# (each layer as its compute ends, overlapping the prefill): does a codec on the hand-off still matter once it overlaps?
 # Layer-wise points run at LAYERWISE_PRESET_DILATION: at the preset's 2, a light band-keep layer-wise run reached 96.4 %
 # of the link's rate (its link idles between layers, and the check then judges a few ms of each hand-off), and
 # tests/integration/test_layerwise_live.py needed 3 beside a busy CPU; whole points stay at the preset's (faithful
 # there). Dilation is emulation: results are in model time either way.
 LAYERWISE_PRESET_DILATION = 3.0
 PRESETS["handoff-layerwise-25g"] = (
-    ("issue 20: loads 8/10/12/14 req/s x codecs none/freq-keep-k in transit x hand-off whole/layerwise, over "
-     "eth-25g (layer-wise at dilation 3)"),
+    ("layer-wise streaming: loads 8/10/12/14 req/s x codecs none/freq-keep-k in transit x hand-off whole/layerwise, "
+     "over eth-25g (layer-wise at dilation 3)"),
     [_link_grid("eth-25g", {"rate": [8.0, 10.0, 12.0, 14.0], "codec": ["none", "freq-keep-k"],
                             "handoff": ["whole"]}, compress_at="transit"),
      _link_grid("eth-25g", {"rate": [8.0, 10.0, 12.0, 14.0], "codec": ["none", "freq-keep-k"],
                             "handoff": ["layerwise"]}, compress_at="transit", dilation=LAYERWISE_PRESET_DILATION)])
 
-# Baselines at equal power (issue 15; harness/studies/sweep/baselines.py): the kernel in transit, the same codec at the
+# Baselines at equal power (harness/studies/sweep/baselines.py): the kernel in transit, the same codec at the
 # GPU, and no codec on the next faster link, for the deck's workload on eth-25g with freq-keep-k at 8 req/s. The user's
 # flags override the base (`--link eth-100g --codec fp8`): the faster link and every point's emulation are Derived, so
 # they follow the link given (each at preset_emulation(its link); an explicit --scale wins).

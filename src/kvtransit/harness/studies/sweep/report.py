@@ -26,8 +26,8 @@ TABLE_METRICS = (
     ("j_per_request", "J/request", lambda v: f"{v:.3f}"),
     ("wire_bytes", "wire bytes (GB)", lambda v: f"{v / 1e9:.2f}"),
     ("kv_wait_share", "KV wait + transfer share of E2E", lambda v: f"{v:.1%}"),
-    # Issue 20: of the hand-off's time, the part a user waits for (KV ready − first token); the rest hid behind the
-    # prefill (layer-wise streaming, chunked prefill). 100 % in whole mode, the reference model's.
+    # Layer-wise streaming: of the hand-off's time, the part a user waits for (KV ready − first token); the rest hid
+    # behind the prefill (layer-wise streaming, chunked prefill). 100 % in whole mode, the reference model's.
     ("exposed_share", "exposed share of the hand-off", lambda v: f"{v:.1%}"),
     ("placement", "placement (--links)", str),
 )
@@ -64,7 +64,7 @@ def markdown_tables(rows: list[dict]) -> str:
     rows = [with_j_per_request(r) for r in rows]
     for link in _ordered(r["link"] for r in rows):
         at_link = [r for r in rows if r["link"] == link]
-        # The baseline (codec none) first, in each hand-off mode ("none", "none layerwise": issue 20).
+        # The baseline (codec none) first, in each hand-off mode ("none", "none layerwise").
         codecs = sorted({r["codec_label"] for r in at_link}, key=lambda c: (c.split(" ")[0] != "none", c))
         rates = _ordered(r["rate"] for r in at_link)
         cell = {(r["rate"], r["codec_label"]): r for r in at_link}
@@ -131,7 +131,7 @@ def write_plots(rows: list[dict], directory: Path) -> list[Path]:
         for (link, codec), (xs, ys) in sorted(_series(rows, metric).items()):
             ax.plot(xs, ys, marker="o", label=codec if len(links) == 1 else f"{link} {codec}")
         if slo_line is not None:
-            # The threshold the rows were judged by, if they all share one; else REFERENCE §4's.
+            # The threshold the rows were judged by, if they all share one; else docs/reference.md §4's.
             thresholds = {r.get("tpot_slo_ms") for r in _ok(rows)}
             shared = thresholds.pop() if len(thresholds) == 1 else None
             value: float = shared if shared is not None else slo_line[1]

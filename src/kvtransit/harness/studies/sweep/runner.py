@@ -65,7 +65,7 @@ def row_from_report(key: str, scenario: Scenario, report: dict, *, wall_s: float
         "faithful": report["faithful"],
         "kv_wait_share": report.get("kv_wait_share"),
         "placement": placement(report),
-        # The hand-off split (issue 20): the exposed share of its time, the share of its bytes that hid before the
+        # The hand-off split: the exposed share of its time, the share of its bytes that hid before the
         # first token (None for a report written before the split existed).
         "exposed_share": (report.get("handoff_split") or {}).get("exposed_share"),
         "hidden_bytes_share": (report.get("handoff_split") or {}).get("hidden_bytes_share"),
@@ -90,7 +90,7 @@ def failed_row(key: str, scenario: Scenario, error: str, *, wall_s: float) -> di
 
 def handoff_label(scenario: Scenario) -> str:
     """How the hand-off was released, for a table's column heading: "" for the reference model's (whole, no
-    chunking), else e.g. " layerwise" or " whole, chunks 2048" (issue 20)."""
+    chunking), else e.g. " layerwise" or " whole, chunks 2048"."""
     parts = [scenario.handoff] if scenario.handoff != HANDOFF_WHOLE or scenario.prefill_chunk else []
     if scenario.prefill_chunk:
         parts.append(f"chunks {scenario.prefill_chunk}")
