@@ -10,7 +10,7 @@
 # Why private: the engine is Debian's, started by hand (no systemd here), and must not meet an engine a user
 # already runs: its own socket, pid file and data root keep the two apart. Why the bookkeeping: an engine
 # started with iptables leaves `FORWARD DROP` and its chains in nftables tables, and sets ip_forward=1; a
-# later engine without iptables then silently drops container traffic (shared/notes/docker-on-this-machine.md).
+# later engine without iptables then silently drops container traffic (benchmarks/RESULTS.md, "Docker on this machine").
 # Before starting, we record what existed; stopping removes only what did not. Swarm mode (tests/system/
 # test_swarm_stack.py) adds one more: `docker swarm leave --force` leaves the docker_gwbridge link behind.
 set -euo pipefail

@@ -5,7 +5,7 @@ The engine is docker/engine.sh's: its own socket, data root and pid file, stoppe
 the host (nftables tables, the docker0 and docker_gwbridge bridges, ip_forward) undone. The images are built as CI
 builds them with no registry: the debootstrap base (docker/build-base.sh), the host wheelhouse and Prometheus
 binary, then `docker-compose build` of the offline path (docker-compose.offline.yml over docker-compose.yml). About
-1.5 minutes cold on a 2-core box (shared/notes/docker-on-this-machine.md).
+1.5 minutes cold on a 2-core box (benchmarks/RESULTS.md, "Docker on this machine").
 """
 
 from __future__ import annotations

@@ -4,17 +4,16 @@ COMPOSE_FILE), a short shaped run.
 
 Checks that the run completed (the loadgen's report), that tc shaped the KV link inside the middlebox's
 container (`tc -s qdisc`: a tbf that carried bytes), and that the compose Prometheus scraped every agent.
-Then everything is torn down in a `finally`: the compose project (containers, networks, images), the engine
-by its pid, the nftables tables and docker0 bridge it created, ip_forward as it was, and its data root
-(docker/engine.sh, through tests/system/_docker_engine.py, which test_swarm_stack.py shares). About 1.5 minutes
-cold on a 2-core box (shared/notes/docker-on-this-machine.md).
+Then the compose project (containers, networks, volumes) is torn down in a `finally`. The engine and the images
+are the session's (tests/system/conftest.py, which test_swarm_stack.py shares): removed by exact name, and the engine
+stopped by its pid with the nftables tables, bridges and ip_forward it changed undone (docker/engine.sh). The build
+is about 1.5 minutes cold on a 2-core box (benchmarks/RESULTS.md, "Docker on this machine"), the run seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import secrets
 import shlex
@@ -31,10 +30,7 @@ from ._docker_engine import (
     SCENARIO,
     STEP_TIMEOUT_S,
     agents_scraped,
-    build_offline_images,
     free_port,
-    offline_env,
-    private_engine,
 )
 from ._docker_engine import run as _run
 
@@ -60,13 +56,12 @@ def _unready_container_logs(env: dict) -> str:
     return "\n".join(told) or f"(no container of the project is unready; docker ps said: {listed.stderr.strip()})"
 
 
-def test_compose_runs_a_shaped_scenario_scraped_by_its_prometheus(tmp_path):
+def test_compose_runs_a_shaped_scenario_scraped_by_its_prometheus(tmp_path, offline_engine):
     run_id = secrets.token_hex(3)
     runs = tmp_path / "runs"
     runs.mkdir()
     prometheus_port = free_port()
-    env = dict(os.environ)
-    env.update(offline_env(run_id))
+    env = dict(offline_engine)  # the session's engine and images (tests/system/conftest.py)
     env.update({
         "COMPOSE_PROJECT_NAME": f"kvtransit{run_id}",
         "KVTRANSIT_RUNS_DIR": str(runs),
@@ -76,19 +71,17 @@ def test_compose_runs_a_shaped_scenario_scraped_by_its_prometheus(tmp_path):
         "KVTRANSIT_SCENARIO": shlex.join(_canonical_scenario(SCENARIO)),
     })
     compose = ["docker-compose"]
-    with private_engine(env) as env:
-        try:
-            _compose_run(compose, env, runs, prometheus_port)
-        finally:
-            subprocess.run([*compose, "down", "--rmi", "all", "--volumes", "--timeout", "5"], cwd=ROOT, env=env,
-                           capture_output=True, timeout=120)
-            subprocess.run(["docker", "rmi", env["KVTRANSIT_OFFLINE_BASE_IMAGE"]], env=env, capture_output=True,
-                           timeout=60)
+    try:
+        _compose_run(compose, env, runs, prometheus_port)
+    finally:
+        # This project's containers, networks and volumes; its images are the session's, removed by name there.
+        subprocess.run([*compose, "down", "--volumes", "--timeout", "5"], cwd=ROOT, env=env, capture_output=True,
+                       timeout=120)
 
 
 def _compose_run(compose: list[str], env: dict, runs, prometheus_port: int) -> None:
-    """Build, `up`, and check the run, its tc shaping and the scraping (the caller tears everything down)."""
-    build_offline_images(env)
+    """`up` on the session's images, and check the run, its tc shaping and the scraping (the caller tears the
+    project down)."""
     up = subprocess.run([*compose, "up", "-d"], cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=STEP_TIMEOUT_S)
     # A dependency that never turns healthy only says "Container <id> is unhealthy": add what it printed.

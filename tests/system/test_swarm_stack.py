@@ -1,24 +1,24 @@
 """`docker stack deploy` for real: docker-stack.yml on a single-node swarm, on the private engine the compose test
 starts (tests/system/_docker_engine.py), with the offline images, driven by `kvtransit swarm run`.
 
-Two runs on one swarm (a module fixture: the engine, the images, the swarm and its labels are made once). One node
+Two runs on one swarm (a module fixture: the swarm and its labels are made once, on the session's engine and
+images, tests/system/conftest.py, which the compose test shares). One node
 carries every placement label (`kvtransit.ROLE=true`), so every constraint holds on it; the services reach
 each other over the stack's overlay networks by name (endpoint_mode dnsrr: this kernel has no IPVS for service VIPs).
 The run is short (12 requests); its report must account for every request (ok, slo-miss, or failed with a reason),
 its ledger must pass the chaos tests' checks, tc must have shaped the middlebox's egress, and the stack's Prometheus
 must have scraped every agent. A run whose decode cannot start fails in one line naming it, and its stack is removed
 all the same. Then everything goes, by exact name: the stack, its networks (waited for: a removal
-races the next deploy), the swarm (`docker swarm leave --force`), the docker_gwbridge network it leaves, the
-images, and the engine by its pid (docker/engine.sh, which also deletes a docker_gwbridge link left behind).
+races the next deploy), the swarm (`docker swarm leave --force`) and the docker_gwbridge network and link it leaves;
+the session then removes the images and stops the engine by its pid (docker/engine.sh).
 
-Skips where the kernel cannot make a VXLAN link (what an overlay network is), saying so. About 2.5 minutes cold on a
-2-core box (2.3-2.5 min measured), most of it the image builds.
+Skips where the kernel cannot make a VXLAN link (what an overlay network is), saying so. About a minute once the
+session's images are built (the builds, about 1.5 minutes, are the session's: whichever test comes first pays).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -38,11 +38,7 @@ from ._docker_engine import (
     SCENARIO,
     STEP_TIMEOUT_S,
     agents_scraped,
-    build_offline_images,
     free_port,
-    offline_env,
-    offline_images,
-    private_engine,
     run,
 )
 
@@ -73,40 +69,32 @@ class Swarm:
 
 
 @pytest.fixture(scope="module")
-def swarm() -> Iterator[Swarm]:
+def swarm(request: pytest.FixtureRequest) -> Iterator[Swarm]:
     run_id = secrets.token_hex(3)
     why = _no_overlay(f"kvtvx{run_id}")
     if why:
         pytest.skip(why)
     gwbridge_before = _link_exists(GWBRIDGE)
-    env = dict(os.environ)
-    env.update(offline_env(run_id))
-    env.update({
-        "COMPOSE_PROJECT_NAME": f"kvtransit{run_id}",  # docker-compose build's project; no container is made by it
-        "KVTRANSIT_PROMETHEUS_IMAGE": f"kvtransit-prometheus:{env['KVTRANSIT_IMAGE_TAG']}",
-        "KVTRANSIT_PROMETHEUS_PORT": str(free_port()),
-        # `kvtransit swarm run` from this checkout, whichever checkout the editable install points at.
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
-    })
-    with private_engine(env) as env:
-        in_swarm = False
-        try:
-            build_offline_images(env)
-            run(["docker", "swarm", "init", "--advertise-addr", "127.0.0.1"], env)
-            in_swarm = True
-            node = run(["docker", "info", "--format", "{{.Swarm.NodeID}}"], env).strip()
-            labels = [arg for label in sorted(set(PLACEMENT.values())) for arg in ("--label-add", f"{label}=true")]
-            run(["docker", "node", "update", *labels, node], env)
-            hostname = run(["docker", "node", "inspect", "--format", "{{.Description.Hostname}}", node], env).strip()
-            yield Swarm(env, hostname)
-        finally:
-            if in_swarm:
-                subprocess.run(["docker", "swarm", "leave", "--force"], env=env, capture_output=True, timeout=120)
-                networks = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], env=env,
-                                          capture_output=True, text=True, timeout=60).stdout.split()
-                if GWBRIDGE in networks:
-                    subprocess.run(["docker", "network", "rm", GWBRIDGE], env=env, capture_output=True, timeout=60)
-            subprocess.run(["docker", "rmi", *offline_images(env)], env=env, capture_output=True, timeout=120)
+    # The session's engine and images (tests/system/conftest.py); the swarm is this module's.
+    env = {**request.getfixturevalue("offline_engine"), "KVTRANSIT_PROMETHEUS_PORT": str(free_port())}
+    in_swarm = False
+    try:
+        run(["docker", "swarm", "init", "--advertise-addr", "127.0.0.1"], env)
+        in_swarm = True
+        node = run(["docker", "info", "--format", "{{.Swarm.NodeID}}"], env).strip()
+        labels = [arg for label in sorted(set(PLACEMENT.values())) for arg in ("--label-add", f"{label}=true")]
+        run(["docker", "node", "update", *labels, node], env)
+        hostname = run(["docker", "node", "inspect", "--format", "{{.Description.Hostname}}", node], env).strip()
+        yield Swarm(env, hostname)
+    finally:
+        if in_swarm:
+            subprocess.run(["docker", "swarm", "leave", "--force"], env=env, capture_output=True, timeout=120)
+            networks = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], env=env,
+                                      capture_output=True, text=True, timeout=60).stdout.split()
+            if GWBRIDGE in networks:
+                subprocess.run(["docker", "network", "rm", GWBRIDGE], env=env, capture_output=True, timeout=60)
+        if not gwbridge_before and _link_exists(GWBRIDGE):  # the engine runs on (the session's): ours to remove
+            subprocess.run(["ip", "link", "delete", GWBRIDGE], capture_output=True, timeout=10)
     assert gwbridge_before or not _link_exists(GWBRIDGE), f"{GWBRIDGE} was left behind"
 
 

@@ -33,8 +33,8 @@ from kvtransit.kernels.errors import KernelInputError
 
 SUMMARY_KINDS: tuple[str, ...] = ("mean", "minmax")
 DEFAULT_PAGE_SIZE = 16  # Quest's page (docs/reference.md §7)
-# The page budgets measured (docs/reference.md §7.5: PRISM's 1/16 among them) (fractions of the context's pages
-# fetched).
+# The page budgets measured: fractions of the context's pages fetched (docs/reference.md §7.5: PRISM's 1/16 among
+# them).
 BUDGETS: tuple[float, ...] = (1 / 4, 1 / 8, 1 / 16)
 # Scoring precisions measured: 4, 6, 8 bits (PRISM: 4–6 may do; docs/reference.md §5's example is 8) and full (None).
 PRECISION_BITS: tuple[int | None, ...] = (4, 6, 8, None)
