@@ -206,7 +206,7 @@ def test_the_preset_refuses_codec_none_and_the_fastest_link_before_anything_runs
 # --- the CLI and the sweep tables ------------------------------------------------------------------------------
 
 def _write_three(tmp_path, **kwargs) -> dict[str, str]:
-    return {name: str(write_report(report, tmp_path / f"r{i}.json")[0])
+    return {name: str(write_report(report, tmp_path / f"r{i}.json", figures=False)[0])
             for i, (name, report) in enumerate(_three(**kwargs).items())}
 
 

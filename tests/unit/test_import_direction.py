@@ -16,6 +16,7 @@ Read from the source with `ast`, so a lazy import inside a function counts as mu
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import sys
@@ -74,7 +75,8 @@ PURE_FOR_FLOWS = {"model", "kernels", "wire"}
 ABOVE_AGENTS = {"harness", "cli"}
 
 
-def _imports(path: Path, root: Path = SRC.parent) -> list[tuple[int, str]]:
+@functools.cache  # every rule reads the same files: parse each once a session
+def _imports(path: Path, root: Path = SRC.parent) -> tuple[tuple[int, str], ...]:
     tree = ast.parse(path.read_text(), filename=str(path))
     package_parts = path.relative_to(root).with_suffix("").parts[:-1]
     found = []
@@ -90,7 +92,7 @@ def _imports(path: Path, root: Path = SRC.parent) -> list[tuple[int, str]]:
             # `from kvtransit import flows` names the registry module, as `import kvtransit.flows` does
             found += [(node.lineno, f"{name}.{alias.name}") if name in ("kvtransit", "kvtransit.flows") else
                       (node.lineno, name) for alias in node.names]
-    return found
+    return tuple(found)
 
 
 def _core_files():

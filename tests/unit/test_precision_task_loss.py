@@ -125,7 +125,7 @@ def _report_file(tmp_path, scenario: Scenario) -> str:
              {"role": "middlebox", "name": "middlebox", "module_energy_j": 0.0, "frames_in": 320, "frames_out": 320,
               "transit_bound_frames": 0}]
     path, _ = write_report(build_report(scenario, records, stats, run_wall_s=10.0, tokens_delivered=50),
-                           tmp_path / "r.json")
+                           tmp_path / "r.json", figures=False)  # the verdict reads the JSON only
     return str(path)
 
 

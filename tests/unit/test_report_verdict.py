@@ -87,7 +87,7 @@ def test_a_decode_without_the_baseline_leaves_precision_not_measured():
 
 
 def test_cli_prints_each_reports_five_tests_with_the_scale(tmp_path, capsys):
-    path, _ = write_report(_report(), tmp_path / "r.json")
+    path, _ = write_report(_report(), tmp_path / "r.json", figures=False)  # the verdict reads the JSON only
     assert main(["verdict", str(path)]) == 0
     out = capsys.readouterr().out
     assert "scale 0.0625, dilation 1" in out and "verdict: not a candidate: precision" in out
