@@ -28,7 +28,7 @@ from kvtransit.flows.weights import content
 from kvtransit.flows.weights.content import BlobError, LosslessKernel
 from kvtransit.flows.weights.model import AdapterLru
 from kvtransit.runtime.clock import Clock
-from kvtransit.runtime.group_link.channel import Channel, PeerGone
+from kvtransit.runtime.group_link.channel import Channel
 from kvtransit.wire.group import Frame, Kind, abort
 
 GROUP = 1
@@ -86,14 +86,10 @@ async def serve_store(plan: WeightsPlan, instance: Channel, at_rest: dict[str, t
     result, kernel = StoreResult(), LosslessKernel(plan.kernel)
     try:
         while True:
-            try:
-                frame = await instance.receive(plan.deadline_s * (len(plan.adapters) + 2), "the instance's next load")
-            except PeerGone as exc:
-                raise WeightsFailed(f"the store found: {exc}") from None
+            frame = await instance.receive_or_fail(plan.deadline_s * (len(plan.adapters) + 2),
+                                                   "the instance's next load", WeightsFailed, "the store")
             if frame.kind is Kind.BYE:
                 return result
-            if frame.kind is Kind.ABORT:
-                raise WeightsFailed(frame.reason)
             if frame.kind is not Kind.LOAD:
                 raise WeightsFailed(f"the store: unexpected {frame.kind.name} for request {frame.step}")
             what = json.loads(bytes(frame.payload))
