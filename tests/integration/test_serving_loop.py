@@ -26,12 +26,13 @@ from kvtransit.kernels.synthetic_kv import SyntheticKv
 from kvtransit.model.cost.roofline import decode_step_s
 from kvtransit.model.scenario import Scenario
 from kvtransit.report.build import REPORT_KEYS
+from tests.integration._light_run import LIGHT, LIGHT_ACCURACY_SAMPLE
 
 pytestmark = pytest.mark.timeout(120)
 
-# Light: one request every 0.5 s on average, short outputs; a hand-off of a 2,048-token prompt takes 86 ms
-# on eth-25g and a lone decode of 32 tokens ~0.2 s, so requests rarely meet.
-LIGHT = dict(rate=2.0, requests=10, output_mean=32.0, output_cv=0.5, prompt_mean=1024.0, prompt_cv=0.5)
+# The light run's workload (tests/integration/conftest.py runs it once; test_request_ledger.py reads it too).
+# freq-keep-k compressed at the prefill GPU, four requests: the compress-at tests' run.
+GPU_FIELDS = dict(LIGHT, requests=4, codec="freq-keep-k", compress_at="gpu")
 
 
 def _run(tmp_path: Path, name: str, stop_after_s: float | None = None, on_started=None, middlebox=None,
@@ -56,8 +57,16 @@ def _run(tmp_path: Path, name: str, stop_after_s: float | None = None, on_starte
 
 
 @pytest.fixture(scope="module")
-def light_run(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("light"), "light", codec="none", **LIGHT)[1]
+def light_run(light_loopback_run):
+    """The session's light run of codec none (tests/integration/conftest.py), every test below reading its report."""
+    return light_loopback_run.report
+
+
+@pytest.fixture(scope="module")
+def gpu_run(tmp_path_factory):
+    """Four requests of freq-keep-k compressed at the prefill GPU: what the two compress-at tests below both judge
+    (the same scenario, run once; they only read its report)."""
+    return _run(tmp_path_factory.mktemp("gpu"), "gpu", **GPU_FIELDS)[1]
 
 
 def _simulator_stream(seed: int, rate: float, n: int, prompt=(1024.0, 0.5), output=(32.0, 0.5)):
@@ -94,7 +103,7 @@ def test_report_has_every_key(light_run):
     assert light_run["energy_j"]["pool"] is None  # no KV tier in this run
     assert light_run["energy_j"]["remote_kv"] is None  # nor remote KV
     assert isinstance(light_run["faithful"], bool) and "link_rate" in light_run["fidelity"]
-    assert light_run["accuracy"]["sampled_requests"] == 4
+    assert light_run["accuracy"]["sampled_requests"] == LIGHT_ACCURACY_SAMPLE == 4
     assert light_run["accuracy"]["k_relative_error"] == 0.0  # codec none: the bytes arrived intact
 
 
@@ -163,12 +172,25 @@ def test_kv_wait_share_is_the_mean_of_hand_off_plus_decode_queue_wait_over_e2e(l
     assert 0 < light_run["kv_wait_share"] < 1
 
 
-def test_compress_at_gpu_puts_the_codecs_own_bytes_on_the_wire(tmp_path):
+def test_every_request_is_set_beside_its_twin_and_the_twin_explains_the_run(light_run):
+    """The harness ran the scenario's twin and joined it in (twin/diff.py): every request has the twin's figures, the
+    two ended the same, and on a light run the live E2E departs from the twin's by a small part of it (the twin has
+    no timer lateness, no host, no TCP: those few milliseconds are what the diff is there to show)."""
+    twin = light_run["twin"]
+    finished = [r for r in light_run["per_request"] if r["e2e_s"] is not None]
+    assert all(r["twin"] is not None and r["twin"]["outcome"] == r["outcome"] for r in light_run["per_request"])
+    assert twin["compared"] == len(finished) and twin["outcomes_differ"] == []
+    assert twin["summary"]["slo_attainment"]["live"] == twin["summary"]["slo_attainment"]["twin"]
+    twin_e2e = sorted(r["twin"]["e2e_s"] for r in finished)[len(finished) // 2]
+    assert abs(twin["delta_s"]["e2e_s"]["p50"]) <= 0.10 * twin_e2e
+    assert set(twin["stage_share"]) == {"prefill", "link", "decode admission", "decode steps"}
+
+
+def test_compress_at_gpu_puts_the_codecs_own_bytes_on_the_wire(gpu_run):
     """The wire carries exactly what the codec makes of each request's KV (computed here independently);
     in transit the real middlebox must put the same bytes on the link."""
-    fields = dict(LIGHT, requests=4, codec="freq-keep-k", compress_at="gpu")
-    _, report = _run(tmp_path, "gpu", **fields)
-    scenario = Scenario.build(**fields)
+    report = gpu_run
+    scenario = Scenario.build(**GPU_FIELDS)
     layout = scenario.kv_layout
     kv = SyntheticKv(layout.layers, layout.kv_heads, layout.head_dim, scenario.seed)
     codec = kv_frames.codec_for(scenario)
@@ -193,11 +215,10 @@ def test_compress_at_gpu_puts_the_codecs_own_bytes_on_the_wire(tmp_path):
     assert report["verdict"]["verdict"] == "no kernel"  # the codec ran on the GPU: no kernel on the link
 
 
-def test_compress_at_gpu_and_in_transit_put_the_same_bytes_on_the_wire(tmp_path):
+def test_compress_at_gpu_and_in_transit_put_the_same_bytes_on_the_wire(gpu_run, tmp_path):
     """With the real middlebox: the codec at the prefill GPU (middlebox passes through) or in the module."""
-    fields = dict(LIGHT, requests=4, codec="freq-keep-k")
-    _, gpu = _run(tmp_path, "gpu", middlebox=None, compress_at="gpu", **fields)
-    _, transit = _run(tmp_path, "transit", middlebox=None, compress_at="transit", **fields)
+    gpu = gpu_run
+    _, transit = _run(tmp_path, "transit", middlebox=None, **{**GPU_FIELDS, "compress_at": "transit"})
     for report in (gpu, transit):
         assert report["requests"]["ok"] + report["requests"]["slo_miss"] == 4
     assert gpu["link"]["wire_bytes"] == transit["link"]["wire_bytes"]

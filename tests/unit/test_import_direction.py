@@ -1,7 +1,8 @@
 """Imports point one way (ARCHITECTURE.md), and the flows are plug-ins (kvtransit/flows/__init__.py).
 
 The core's layers: cli → harness → agents → {report, workload} → runtime → {kernels → model, wire}; shaping alone;
-realmodel sits on kernels and model. The harness may use the agents; no agent imports the harness, so a process never
+realmodel sits on kernels and model; the twin on model, kernels, report and workload, pure, under the harness and
+the CLI. The harness may use the agents; no agent imports the harness, so a process never
 depends on what starts or judges it.
 
 The flows: the core imports no flow's module, only the registry (`kvtransit.flows`, which loads a flow's faces by
@@ -40,9 +41,11 @@ ALLOWED_INTERNAL = {
     "realmodel": {"model", "kernels"},
     "workload": {"model"},
     "report": {"model", "wire", "workload", "realmodel"},
+    "twin": {"model", "kernels", "report", "workload"},
     "agents": {"runtime", "wire", "model", "kernels", "shaping", "realmodel", "report", "workload"},
-    "harness": {"agents", "runtime", "wire", "model", "kernels", "shaping", "realmodel", "report", "workload"},
-    "cli": {"harness", "agents", "runtime", "wire", "model", "kernels", "shaping", "realmodel", "report", "workload"},
+    "harness": {"twin", "agents", "runtime", "wire", "model", "kernels", "shaping", "realmodel", "report", "workload"},
+    "cli": {"harness", "twin", "agents", "runtime", "wire", "model", "kernels", "shaping", "realmodel", "report",
+            "workload"},
 }
 CORE = set(ALLOWED_INTERNAL)
 # The core layers that reach the flows through the registry (the others know nothing of them).
@@ -60,6 +63,7 @@ ALLOWED_THIRD_PARTY = {
     # paths: tests/unit/test_realmodel_offline.py checks `import kvtransit.cli` loads neither).
     "realmodel": {"numpy", "ml_dtypes", "torch", "transformers"},
     "workload": set(),
+    "twin": {"numpy", "ml_dtypes"},  # the kernels' encoders size the wire (twin/link.py)
     "report": None,  # its figures draw with matplotlib (the plots extra)
     "agents": None,
     "harness": None,
@@ -68,7 +72,7 @@ ALLOWED_THIRD_PARTY = {
 # The pure layers hold no sockets, event loops, clocks, threads, loggers or metrics.
 BANNED_IN_PURE = {"asyncio", "socket", "selectors", "uvloop", "prometheus_client", "time", "threading",
                   "subprocess", "logging", "multiprocessing"}
-PURE = {"wire", "model", "kernels"}
+PURE = {"wire", "model", "kernels", "twin"}  # the twin: the model on its own clock, no I/O
 # What a flow's pure part may import of the core: the pure layers.
 PURE_FOR_FLOWS = {"model", "kernels", "wire"}
 # What a flow's agent side may not import.

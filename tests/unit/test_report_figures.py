@@ -119,7 +119,8 @@ def _report() -> dict:
 def test_the_report_draws_five_pngs_beside_it_and_its_markdown_links_them(tmp_path):
     json_path, md_path = write_report(_report(), tmp_path / "report.json")
     figures = json.loads(json_path.read_text())["figures"]
-    assert [f["name"] for f in figures] == list(FIGURE_FILES)
+    # Five: the sixth, where the run parted from its twin, needs the twin block the harness joins in (below).
+    assert [f["name"] for f in figures] == [name for name in FIGURE_FILES if name != "twin_departure"]
     markdown = md_path.read_text()
     for figure in figures:
         png = tmp_path / figure["file"]
@@ -160,3 +161,26 @@ def test_kvtransit_up_writes_under_runs_by_default_and_keeps_an_explicit_report(
     first.parent.mkdir(parents=True)  # that second's folder is taken: the next run gets its own
     assert default_report_path(at, runs=tmp_path / RUNS_DIR) == tmp_path / "runs" / "20250304-050607-2" / "report.json"
     assert default_report_path().parts[0] == "runs"
+
+
+def test_a_run_beside_its_twin_overlays_the_twins_cdfs_and_draws_where_they_part(tmp_path):
+    from kvtransit.model.scenario import Scenario
+    from kvtransit.twin.diff import attach_twin
+    from kvtransit.twin.report import twin_report
+    from kvtransit.twin.serving import run_twin
+
+    scenario = Scenario.build(requests=40, rate=4.0)
+    live = twin_report(run_twin(scenario), wall_s=None)
+    for row in live["per_request"]:  # as if every request had waited 2 ms more for decode to admit it
+        row["decode_wait_s"] += 0.002
+        row["e2e_s"] += 0.002
+    live.update(source="live")
+    attach_twin(live, scenario)
+    json_path, md_path = write_report(live, tmp_path / "report.json")
+    figures = {f["name"]: f for f in json.loads(json_path.read_text())["figures"]}
+    assert list(figures) == list(FIGURE_FILES)
+    assert (tmp_path / figures["twin_departure"]["file"]).read_bytes()[:8] == PNG_MAGIC
+    assert "dotted: the same requests on the twin" in figures["ttft_cdf"]["caption"]
+    departures = series.departures(live["per_request"])
+    assert len(departures) == 40
+    assert all(d.stage_delta_s["decode admission"] == pytest.approx(0.002) for d in departures)

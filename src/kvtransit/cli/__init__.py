@@ -22,6 +22,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "accuracy",
     "links",
     "up",
+    "twin",
     "verdict",
     "candidates",
     "chaos",

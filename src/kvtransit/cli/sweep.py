@@ -5,6 +5,7 @@ OUT/results.md (rows = load, columns = codecs, one table per link × metric) and
     kvtransit sweep --out runs/s1 --grid rate=8,10 --grid codec=none,freq-keep-k --requests 40
     kvtransit sweep --out runs/deck --preset handoff-25g
     kvtransit sweep --out runs/gp --goodput-search --grid codec=none,fp8 --rate-lo 4 --rate-hi 16
+    kvtransit sweep --out runs/t1 --twin --grid rate=4,6,8,10,12,14,16 --grid codec=none,fp8 --verify 4
 
 Every point is a real run of the testbed (the same Launcher as `kvtransit up`), placed as `up` places it:
 `--links auto` (default) runs the middlebox and decode in network namespaces with tc shaping the link when
@@ -18,6 +19,12 @@ gathers the pods' logs into RESULTS/results.json and .csv, byte for byte what a 
 
     kvtransit sweep --render k8s --out deploy/sweep1 --grid rate=4,8,12 --nodes 3
     kvtransit sweep --collect logs/ --out runs/sweep1
+
+On the twin: `--twin` runs every point on the twin instead (`kvtransit twin`: the model on a virtual clock, seconds a
+grid), its rows in OUT/twin/ (results.json, .csv, .md, plots), apart from the live rows; `--verify N` then runs N of
+them live into OUT/ (the frontier, where SLO attainment crosses --target between neighbouring loads, then the points
+nearest it: harness/studies/sweep/verify.py) and writes OUT/twin-vs-live.md, the two side by side, largest
+disagreement first.
 
 Resumable: a point already in OUT/results.json with the same scenario is not run again unless --rerun (a row
 keeps the placement it ran on). With --preset, the preset fixes the scenario; a scenario flag given with a value
@@ -58,6 +65,11 @@ def register(subparsers) -> None:
     p.add_argument("--no-plots", action="store_true", help="results and tables only (no matplotlib needed)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     p.add_argument("--verbose", action="store_true", help="show each run's launcher lines (links, failures)")
+    t = p.add_argument_group("on the twin")
+    t.add_argument("--twin", action="store_true",
+                   help="run the points on the twin (the model on a virtual clock, seconds a grid) into OUT/twin/")
+    t.add_argument("--verify", type=int, default=0, metavar="N",
+                   help="with --twin: then run N of its points live (the SLO frontier first) and compare")
     g = p.add_argument_group("goodput search")
     g.add_argument("--goodput-search", action="store_true", help="bisect for the goodput per link x codec")
     g.add_argument("--rate-lo", type=float, default=1.0, metavar="RPS", help="low end of the bracket (default 1)")
@@ -113,6 +125,7 @@ def run(args) -> int:
         PointRunner,
         ResultsStore,
         SweepInterrupted,
+        TwinPointRunner,
         run_sweep,
         search_goodput,
         sweep_points,
@@ -126,16 +139,27 @@ def run(args) -> int:
         return collect(args)
     if args.render:
         return render(args)
+    if args.verify < 0:
+        raise CliError(f"--verify must be >= 0, got {args.verify}")
+    if args.verify and not args.twin:
+        raise CliError("--verify N runs N of a twin grid's points live: give --twin")
+    if args.verify and args.goodput_search:
+        raise CliError("--verify chooses among a grid's points; a --goodput-search on the twin has no grid to choose "
+                       "from: give --grid rate=... instead")
+    if args.twin and args.render:
+        raise CliError("--twin runs here in seconds; --render k8s is for live points")
     grids = _grids(args)
-    store = ResultsStore(args.out)
+    twin_store = ResultsStore(args.out / "twin") if args.twin else None
+    store = twin_store or ResultsStore(args.out)
 
     def log(line: str) -> None:
         if args.verbose:
             (bar.print if bar else lambda text: print(text, file=sys.stderr))(line)
 
     bar = None if args.no_progress or args.json else _SweepProgress()
-    runner = PointRunner(args.out, links=args.links, accuracy_sample=args.accuracy_sample,
-                         drain_timeout_s=args.drain_timeout, log=log, on_progress=bar.requests if bar else None)
+    live_runner = PointRunner(args.out, links=args.links, accuracy_sample=args.accuracy_sample,
+                              drain_timeout_s=args.drain_timeout, log=log, on_progress=bar.requests if bar else None)
+    runner = TwinPointRunner(store.directory) if args.twin else live_runner
     searches = []
     # Every point built (and checked) before anything runs or draws.
     bases = _goodput_bases(grids) if args.goodput_search else []
@@ -156,6 +180,8 @@ def run(args) -> int:
                 bar.begin_grid(len(points))
             run_sweep(points, store, runner, rerun=args.rerun, on_start=bar.point if bar else None,
                       on_done=bar.done if bar else None)
+        if args.verify:
+            verified = _verify(args, points, store, live_runner, bar)
     except SweepInterrupted as exc:
         write_tables(list(store.rows.values()), store.directory / "results.md")
         print(f"kvtransit sweep: {exc}; {len(store.rows)} point(s) recorded in {store.json_path} (the same command "
@@ -167,6 +193,8 @@ def run(args) -> int:
     rows = list(store.rows.values())
     tables = write_tables(rows, store.directory / "results.md")
     plots = [] if args.no_plots else write_plots(rows, store.directory)
+    if args.verify:
+        return _print_verified(args, verified, rows)
     if args.json:
         print_json({"results": str(store.json_path), "rows": rows, "goodput": [
             {"link": b.link, "codec": b.codec, "compress_at": b.compress_at, "goodput_rps": s.goodput_rps,
@@ -190,6 +218,43 @@ def run(args) -> int:
     return 1 if any(r["status"] != "ok" for r in rows) else 0
 
 
+def _verify(args, points, twin_store, live_runner, bar):
+    """The twin grid's chosen points run live into OUT/ (harness/studies/sweep/verify.py); the comparison entries."""
+    from kvtransit.harness.studies.sweep.runner import ResultsStore, run_sweep
+    from kvtransit.harness.studies.sweep.verify import choose_points, comparison, comparison_markdown
+
+    keys = choose_points([twin_store.rows[k] for k, _ in points if k in twin_store.rows], args.verify, args.target)
+    live_store = ResultsStore(args.out)
+    chosen = [(k, s) for k, s in points if k in keys]
+    if bar:
+        bar.begin_grid(len(chosen))
+    run_sweep(chosen, live_store, live_runner, rerun=args.rerun, on_start=bar.point if bar else None,
+              on_done=bar.done if bar else None)
+    entries = comparison(twin_store.rows, live_store.rows, keys)
+    (args.out / "twin-vs-live.md").write_text(comparison_markdown(entries))
+    return entries
+
+
+def _print_verified(args, entries, twin_rows) -> int:
+    from kvtransit.harness.studies.sweep.verify import COMPARED
+
+    if args.json:
+        print_json({"twin_results": str(args.out / "twin" / "results.json"), "twin_rows": twin_rows,
+                    "verified": entries})
+    else:
+        print_table("the twin against live runs (twin / live, model terms)",
+                    ("point", *(h for _, h, _ in COMPARED), "live faithful", "departs most in"),
+                    [(e["key"], *(f"{_fmt(e['twin'].get(k), f)} / {_fmt(e['live'].get(k), f)}" for k, _, f in COMPARED),
+                      "yes" if e["live"].get("faithful") else "NO", e["departure"]) for e in entries])
+        print(f"twin grid: {args.out / 'twin' / 'results.md'} ({len(twin_rows)} points); verified live: "
+              f"{args.out / 'twin-vs-live.md'}")
+    return 1 if any(e["live"].get("status") != "ok" for e in entries) else 0
+
+
+def _fmt(value, fmt) -> str:
+    return "-" if value is None else fmt(value)
+
+
 def _goodput_bases(grids):
     """One base scenario per distinct link × codec × compress_at of the grids (the rate axis is the search's)."""
     from kvtransit.harness.studies.sweep.runner import sweep_points
@@ -210,7 +275,8 @@ def _summary_row(row: dict) -> tuple:
     return (row["key"], row["status"] if row["status"] == "ok" else f"failed: {row['error'][:60]}",
             fmt(row["slo_attainment"], ".1%"), fmt(row["ttft_p99_ms"], ".1f"), fmt(row["tpot_p99_ms"], ".2f"),
             fmt(row["handoff_p99_ms"], ".1f"), fmt(row.get("kv_wait_share"), ".1%"), fmt(row["link_busy"], ".1%"),
-            "-" if row["faithful"] is None else ("yes" if row["faithful"] else "NO"), row.get("placement") or "-",
+            ("twin" if row.get("source") == "twin" else
+             "-" if row["faithful"] is None else ("yes" if row["faithful"] else "NO")), row.get("placement") or "-",
             fmt(row["wall_s"], ".1f"))
 
 

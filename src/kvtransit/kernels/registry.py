@@ -344,6 +344,20 @@ def _band_keep_decoder(block: int) -> Codec:
     return get_codec("freq-keep-k", block=block)
 
 
+def scenario_codec(scenario: Any, tokens: int | None = None) -> Codec | None:
+    """The codec a scenario (model/scenario.py: `Scenario`) names, with its parameters (None for "none"): what the
+    prefill encodes with at the GPU and the twin sizes the wire by (twin/link.py). A prompt shorter than the sink
+    count keeps every token exact (sinks capped at the prompt length)."""
+    if scenario.codec == "none":
+        return None
+    if scenario.codec == "freq-keep-k":
+        sinks = scenario.sinks if tokens is None else min(scenario.sinks, tokens)
+        return get_codec("freq-keep-k", keep=scenario.keep, block=scenario.block, sinks=sinks, variant=scenario.variant)
+    if scenario.codec == "fp8":
+        return get_codec("fp8", block=scenario.block)
+    return get_codec(scenario.codec)  # fp4-block: its block is fixed by the format
+
+
 def decode(header: bytes, payload: Payload) -> np.ndarray:
     """Invert any codec from its header and payload bytes alone (FFT backend: auto)."""
     h = _unpack_header(bytes(header))
@@ -359,4 +373,4 @@ def decode(header: bytes, payload: Payload) -> np.ndarray:
     return codec._decode(h, payload)
 
 
-__all__ = ["CODEC_NAMES", "Codec", "ConfigError", "Encoded", "decode", "get_codec"]
+__all__ = ["CODEC_NAMES", "Codec", "ConfigError", "Encoded", "decode", "get_codec", "scenario_codec"]

@@ -19,7 +19,9 @@ prefix workload brings its own requests). The questions:
 - `requests(scenario)` / `shape_requests(scenario, specs)` / `workload(scenario)`: where the requests come from, what
   a flow changes in them, and what the report says of them;
 - `check(scenario)`: the cross-field checks (after the core's own), a ConfigError naming the field;
-- `describe(scenario)`: derived figures for the report's `config` block.
+- `describe(scenario)`: derived figures for the report's `config` block;
+- `twin_gap(scenario)`: what the twin (twin/serving.py) would leave out of the flow (None: nothing, the answers above
+  are all it changes).
 
 Pure: no I/O, no clock.
 """
@@ -118,3 +120,10 @@ class Section:
 
     def workload(self, scenario: Scenario) -> dict[str, Any] | None:
         return None
+
+    # -- the twin (twin/serving.py) -------------------------------------------------------------------------
+    def twin_gap(self, scenario: Scenario) -> str | None:
+        """Why the twin cannot run this flow as `scenario` sets it, or None when it can: when every decision the flow
+        changes is one of the questions above, which the twin asks as the agents do. A flow says so itself; until it
+        does, the twin refuses it by name rather than run the scenario without it."""
+        return "the twin has no model of it yet"

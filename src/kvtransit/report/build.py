@@ -41,7 +41,7 @@ from typing import Any
 
 from kvtransit.model.cost.energy import link_energy_j
 from kvtransit.model.judge.five_tests import HandoffMeasured, PrecisionMeasured, judge_handoff
-from kvtransit.model.judge.slo import RequestRecord, distribution, kv_wait_share, summarise
+from kvtransit.model.judge.slo import RequestRecord, distribution, handoff_share, kv_wait_share, summarise
 from kvtransit.model.judge.task_accuracy import MeasuredTaskLoss
 from kvtransit.model.scenario import REAL_MODEL_KV, Scenario, field_names
 from kvtransit.model.serving.layerwise import HANDOFF_LAYERWISE
@@ -69,6 +69,20 @@ def exposed_s(record: RequestRecord) -> float | None:
     model/serving/layerwise.py)."""
     handoff = record.handoff_s
     return None if handoff is None else max(0.0, handoff)
+
+
+def per_request_rows(records: Sequence[RequestRecord],
+                     handoff_splits: Mapping[int, Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
+    """The report's `per_request` rows: each request's figures as its client saw them (model seconds), its hidden
+    hand-off as decode measured it (`handoff_splits`; None without). A live run's and its twin's (twin/report.py)
+    are the same rows, so twin/diff.py sets them side by side."""
+    return [
+        {"id": r.request_id, "arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens,
+         "output_tokens": r.output_tokens, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s,
+         "handoff_s": r.handoff_s, "decode_wait_s": r.decode_wait_s, "outcome": r.outcome.value,
+         "failure": r.failure, "handoff_exposed_s": exposed_s(r),
+         "handoff_hidden_s": (handoff_splits or {}).get(r.request_id, {}).get("hidden_s")}
+        for r in records]
 
 
 def handoff_split(scenario: Scenario, records: Sequence[RequestRecord], decodes: list[dict]) -> dict[str, Any]:
@@ -190,6 +204,8 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         # Mean over requests of (hand-off + decode queue wait) / E2E (model/judge/slo.py: kv_wait_share); the hand-off
         # there is KV ready − first token, the exposed part (handoff_split).
         "kv_wait_share": kv_wait_share(records),
+        # The deck's definition of it (slide 03): Σ hand-off / Σ E2E, no decode queue wait (model/judge/slo.py).
+        "handoff_share": handoff_share(records),
         "handoff_split": handoff_split(scenario, records, decodes),
         # Each flow's block under its key (report/blocks.py), None when the scenario turns the flow off.
         **{flow.KEY: flow.block(run) for flow in flows},
@@ -201,13 +217,7 @@ def build_report(scenario: Scenario, records: list[RequestRecord], peer_stats: l
         "fidelity": fidelity_dict,
         "errors": [*missing_stats, *model_errors],
         "verdict": None,  # filled in below, from the fields above
-        "per_request": [
-            {"id": r.request_id, "arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens,
-             "output_tokens": r.output_tokens, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s,
-             "handoff_s": r.handoff_s, "decode_wait_s": r.decode_wait_s, "outcome": r.outcome.value,
-             "failure": r.failure, "handoff_exposed_s": exposed_s(r),
-             "handoff_hidden_s": (handoff_splits or {}).get(r.request_id, {}).get("hidden_s")}
-            for r in records],
+        "per_request": per_request_rows(records, handoff_splits),
         "run": {"wall_s": run_wall_s, "model_s": run_wall_s / dilation, "tokens_delivered": tokens_delivered,
                 "tokens_overtaking": tokens_overtaking, "agents": peer_stats},
     }

@@ -62,6 +62,7 @@ class LatencyCdf:
     line_label: str | None
     model: Cdf | None  # the model's prescribed figure per request (the hand-off in whole mode), else None
     counted: str  # which requests, in words
+    twin: Cdf | None = None  # the same requests on the twin (a live report's `per_request[].twin`), else None
 
 
 def steady_requests(per_request: Sequence[Mapping[str, Any]],
@@ -107,16 +108,40 @@ def latency_cdfs(report: Mapping[str, Any]) -> list[LatencyCdf]:
     finished = [r for r in steady_requests(per_request) if r.get("outcome") in FINISHED]
     prescribed = prescribed_handoffs_s(report)
     steady = "finished requests of the steady window (first 10 % by arrival left out), as the summary counts them"
+
+    def twin(key: str, rows: Sequence[Mapping[str, Any]]) -> Cdf | None:
+        """The twin's figure of the same requests, when the live report carries it (twin/diff.py)."""
+        values = [r["twin"][key] for r in rows if r.get("twin") and r["twin"].get(key) is not None]
+        return cdf(values) if values else None
+
     return [
         LatencyCdf("ttft_cdf", "TTFT", cdf(r["ttft_s"] for r in finished), ttft_slo_s,
-                   f"TTFT SLO {ttft_slo_s * 1e3:g} ms", None, steady),
+                   f"TTFT SLO {ttft_slo_s * 1e3:g} ms", None, steady, twin("ttft_s", finished)),
         LatencyCdf("tpot_cdf", "TPOT", cdf(r["tpot_s"] for r in finished if r.get("tpot_s") is not None),
-                   tpot_slo_s, f"TPOT SLO {tpot_slo_s * 1e3:g} ms", None, steady + ", with at least two tokens"),
+                   tpot_slo_s, f"TPOT SLO {tpot_slo_s * 1e3:g} ms", None, steady + ", with at least two tokens",
+                   twin("tpot_s", finished)),
         LatencyCdf("handoff_cdf", "hand-off (KV ready − first token)",
                    cdf(r["handoff_s"] for r in per_request if r.get("handoff_s") is not None), None, None,
                    None if prescribed is None else cdf(prescribed),
-                   "every request with a hand-off (no warm-up cut, as the summary)"),
+                   "every request with a hand-off (no warm-up cut, as the summary)", twin("handoff_s", per_request)),
     ]
+
+
+@dataclass(frozen=True)
+class Departure:
+    """One request's live − twin in each stage (twin/diff.py's stages, in their order), at its arrival."""
+
+    request_id: int
+    arrival_s: float
+    stage_delta_s: Mapping[str, float]
+
+
+def departures(per_request: Sequence[Mapping[str, Any]]) -> list[Departure]:
+    """Where a live run parted from its twin, request by request, in arrival order (a live report's
+    `per_request[].twin.stage_delta_s`); [] for a report without a twin."""
+    rows = sorted(per_request, key=lambda r: (r["arrival_s"], r["id"]))
+    return [Departure(r["id"], r["arrival_s"], r["twin"]["stage_delta_s"]) for r in rows
+            if r.get("twin") and r["twin"].get("stage_delta_s")]
 
 
 def first_token_s(r: Mapping[str, Any]) -> float | None:
@@ -219,6 +244,9 @@ def timeline(per_request: Sequence[Mapping[str, Any]], sample: int = TIMELINE_SA
             for r in rows]
 
 
+TWIN_AT = "The twin's figures: the model on a virtual clock, full size, no scale or dilation, nothing measured"
+
+
 def measured_at(config: Mapping[str, Any]) -> str:
     """The house rule: every output that shows a figure says at what scale and dilation it was measured."""
     scale, dilation = config.get("effective_scale"), config.get("effective_dilation")
@@ -231,22 +259,28 @@ def measured_at(config: Mapping[str, Any]) -> str:
 def captions(report: Mapping[str, Any]) -> dict[str, str]:
     """Each figure's caption, by file stem."""
     config = report.get("config") or {}
-    at = measured_at(config)
+    at = TWIN_AT if report.get("source") == "twin" else measured_at(config)
     lanes = int(config.get("channels", 1))
     cdfs = {c.name: c for c in latency_cdfs(report)}
     handoff_model = ("dashed: the model's prescribed hand-off of each request on an idle link (latency + wire bytes "
                      "/ rate, plus the module's terms)" if cdfs["handoff_cdf"].model is not None
                      else "no SLO and no per-request model figure for this hand-off mode")
+    twin_note = ("; dotted: the same requests on the twin (the model alone on a virtual clock)"
+                 if any(c.twin is not None for c in cdfs.values()) else "")
     return {
-        "ttft_cdf": f"CDF of TTFT over the {cdfs['ttft_cdf'].counted}; red: the SLO. {at}.",
-        "tpot_cdf": f"CDF of TPOT over the {cdfs['tpot_cdf'].counted}; red: the SLO. {at}.",
-        "handoff_cdf": f"CDF of the hand-off over {cdfs['handoff_cdf'].counted}; {handoff_model}. {at}.",
+        "ttft_cdf": f"CDF of TTFT over the {cdfs['ttft_cdf'].counted}; red: the SLO{twin_note}. {at}.",
+        "tpot_cdf": f"CDF of TPOT over the {cdfs['tpot_cdf'].counted}; red: the SLO{twin_note}. {at}.",
+        "handoff_cdf": f"CDF of the hand-off over {cdfs['handoff_cdf'].counted}; {handoff_model}{twin_note}. {at}.",
         "link_occupancy": (
             "The link over the run, derived from the per-request records (nothing samples it over time): a "
             "hand-off is open from its first token to its KV ready (first token + hand-off); of N open, "
             f"min(N, {lanes}) are on the link ({lanes} FIFO lane{'s' if lanes != 1 else ''}) and the rest queued. "
             "Busy: the lanes' sending share per 1/100 of the run; the open span holds the link's latency too, so "
             f"it is at least the serialising share (the report's link.busy). {at}."),
+        "twin_departure": (
+            "Where this run parted from its twin (the same scenario on the model alone, the same requests): per "
+            "request, by arrival, live − twin in each stage, stacked: prefill (TTFT), link (the hand-off), decode "
+            f"admission (KV ready → admitted), decode steps (the rest of E2E). {at}; the twin's, the model's."),
         "timeline": (f"The first {TIMELINE_SAMPLE} requests by id: arrival → first token (prefill queue and step), "
                      "→ KV ready (hand-off: link queue and transfer), → finish (decode); KV ready is first token + "
                      f"hand-off. {at}."),

@@ -18,9 +18,13 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 FIGURE_FILES = {name: f"{name}.png" for name in ("ttft_cdf", "tpot_cdf", "handoff_cdf", "link_occupancy",
-                                                 "timeline")}
+                                                 "timeline", "twin_departure")}
 TITLES = {"ttft_cdf": "TTFT CDF", "tpot_cdf": "TPOT CDF", "handoff_cdf": "Hand-off CDF",
-          "link_occupancy": "Link busy fraction and queue depth", "timeline": "Per-request timeline"}
+          "link_occupancy": "Link busy fraction and queue depth", "timeline": "Per-request timeline",
+          "twin_departure": "Where the run parted from its twin"}
+# The twin departure's stages, in twin/diff.py's order, and their colours (the timeline's for the same phases).
+STAGE_COLOURS = {"prefill": "tab:blue", "link": "tab:orange", "decode admission": "tab:red",
+                 "decode steps": "tab:green"}
 PLOTS_MISSING = "Figures: not drawn, the plots extra is missing (pip install 'kvtransit[plots]' for matplotlib)."
 # One size for every figure, in inches at 100 dpi: the sweep's plots' (harness/studies/sweep/report.py).
 FIGSIZE, DPI = (6.4, 4.2), 100
@@ -52,16 +56,21 @@ def draw_report_figures(report: dict, report_path: Path) -> tuple[list[dict[str,
     folder.mkdir(parents=True, exist_ok=True)
     captions = series.captions(report)
     measured = report.get("config") or {}
-    at = _short_scale(measured)
+    at = "twin, the model alone" if report.get("source") == "twin" else _short_scale(measured)
     cdfs = {c.name: c for c in series.latency_cdfs(report)}
+    departures = series.departures(report.get("per_request", []))
     written = []
     for name, filename in FIGURE_FILES.items():
+        if name == "twin_departure" and not departures:  # a twin's own report, or a run without one
+            continue
         fig = figure_cls(figsize=FIGSIZE if name != "timeline" else (6.4, 5.2), dpi=DPI)
         canvas_cls(fig)
         if name == "link_occupancy":
             _draw_occupancy(fig, series.occupancy_of(report), at)
         elif name == "timeline":
             _draw_timeline(fig.add_subplot(), series.timeline(report.get("per_request", [])), at)
+        elif name == "twin_departure":
+            _draw_departures(fig.add_subplot(), departures, at)
         else:
             ax = fig.add_subplot()
             _draw_cdf(ax, cdfs[name])
@@ -71,6 +80,25 @@ def draw_report_figures(report: dict, report_path: Path) -> tuple[list[dict[str,
         written.append({"name": name, "file": (folder / filename).relative_to(folder.parent).as_posix(),
                         "title": TITLES[name], "caption": captions[name]})
     return written, None
+
+
+def _draw_departures(ax: Axes, rows: list[series.Departure], at: str) -> None:
+    """Per request, at its arrival, live − twin in each stage stacked (positive upwards, negative downwards)."""
+    xs = [r.arrival_s for r in rows]
+    width = max(1e-3, (max(xs) - min(xs)) / max(1, len(xs)) * 0.8) if xs else 1.0
+    up, down = [0.0] * len(rows), [0.0] * len(rows)
+    for stage, colour in STAGE_COLOURS.items():
+        values = [r.stage_delta_s.get(stage, 0.0) * 1e3 for r in rows]
+        bottoms = [u if v >= 0 else d for v, u, d in zip(values, up, down, strict=True)]
+        ax.bar(xs, values, width=width, bottom=bottoms, color=colour, label=stage)
+        up = [u + max(v, 0.0) for v, u in zip(values, up, strict=True)]
+        down = [d + min(v, 0.0) for v, d in zip(values, down, strict=True)]
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("arrival (s, model time)")
+    ax.set_ylabel("live − twin (ms, model time)")
+    ax.set_title(f"Where the run parted from its twin ({at})", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
 
 
 def _short_scale(config: dict) -> str:
@@ -87,6 +115,8 @@ def _draw_cdf(ax: Axes, c: series.LatencyCdf) -> None:
         ax.step([x * 1e3 for x in c.measured.xs], c.measured.ys, where="post", label="measured")
     else:
         _no_data(ax, c.metric)
+    if c.twin is not None and c.twin.xs:
+        ax.step([x * 1e3 for x in c.twin.xs], c.twin.ys, where="post", linestyle=":", color="black", label="twin")
     if c.model is not None and c.model.xs:
         ax.step([x * 1e3 for x in c.model.xs], c.model.ys, where="post", linestyle="--", color="grey",
                 label="model, idle link")

@@ -57,7 +57,7 @@ def headline(report: dict) -> list[str]:
          f"wire {num(link['wire_bytes'])} B"
          + (f"; rate by {link['backends']['rate']}, delay by {link['backends']['delay']}"
             if link.get("backends") else "")),
-        *[line for line in (scale_note(report["config"]), module_line(report["config"]),
+        *[line for line in (what_ran(report), module_line(report["config"]),
                             offered_load_line(report.get("workload") or {})) if line],
         (f"energy J: link {num(energy['link'])}, module {num(energy['module'])}, gpu {num(energy['gpu'])}"
          + "".join(f", {label} {num(energy[key])}" for key, label in energy_labels.items()
@@ -176,6 +176,23 @@ def scale_note(config: dict) -> str | None:
     return line
 
 
+TWIN = "twin"  # a report's `source` when the twin made it (twin/report.py)
+
+
+def twin_note(report: dict) -> str:
+    """What a twin run is, in the place of the scale note: no scale, no dilation, nothing measured."""
+    twin = report.get("twin_run") or {}
+    wall = "" if twin.get("wall_s") is None else f" in {twin['wall_s']:.3g} s of wall time"
+    return (f"TWIN: the model on a virtual clock ({twin.get('events', 0)} events, {twin.get('model_s', 0):.4g} model s"
+            f"{wall}); every byte at full size, no scale, no dilation; every figure here is the model's, none "
+            "measured")
+
+
+def what_ran(report: dict) -> str | None:
+    """The scale note of a live run, the twin's note of a twin run."""
+    return twin_note(report) if report.get("source") == TWIN else scale_note(report["config"])
+
+
 def offered_load_line(workload: dict) -> str | None:
     """The workload's offered load against the modelled capacity, per stage (model/serving/offered_load.py)."""
     check = workload.get("offered_vs_capacity")
@@ -201,12 +218,14 @@ def figure_lines(report: dict, figures_note: str | None = None) -> list[str]:
 
 def to_markdown(report: dict, figures_note: str | None = None) -> str:
     """`figures_note`: the line said in place of the figures when none were drawn (write_report)."""
-    lines = ["# kvtransit run report", ""]
+    twin = report.get("source") == TWIN
+    lines = ["# kvtransit twin report" if twin else "# kvtransit run report", ""]
     cfg = report["config"]
+    emulation = ("the twin (model only, virtual clock)" if twin else
+                 f"scale {cfg['effective_scale']:.4g} ({_kv_content(cfg)} KV), dilation {cfg['effective_dilation']:g}")
     lines.append(f"{cfg['model']} on {cfg['gpus']}x {cfg['device']}, {cfg['prefill']}P{cfg['decode']}D, link "
-                 f"{cfg['link']}, codec {cfg['codec']} at {cfg['compress_at']}, scale {cfg['effective_scale']:.4g} "
-                 f"({_kv_content(cfg)} KV), dilation {cfg['effective_dilation']:g}. Times in model seconds; bytes "
-                 "and energy at full size.")
+                 f"{cfg['link']}, codec {cfg['codec']} at {cfg['compress_at']}, {emulation}. Times in model seconds; "
+                 "bytes and energy at full size.")
     lines += ["", "| metric (ms) | mean | p50 | p90 | p99 | max |", "|---|---|---|---|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in table_rows(report)]
     lines += [""] + [f"- {line}" for line in headline(report)] + [""]

@@ -69,20 +69,12 @@ def encoded_chunk(request_id: int, index: int, piece: RowSlice, rows: np.ndarray
 
 
 def codec_for(scenario, tokens: int | None = None):
-    """The kernels' codec the scenario names, with its parameters (None for "none").
+    """The kernels' codec the scenario names, with its parameters (None for "none"; kernels/registry.py:
+    `scenario_codec`, which the twin sizes the wire by too). A prompt shorter than the sink count keeps every token
+    exact (sinks capped at the prompt length)."""
+    from kvtransit.kernels.registry import scenario_codec
 
-    A prompt shorter than the sink count keeps every token exact (sinks capped at the prompt length).
-    """
-    from kvtransit.kernels.registry import get_codec
-
-    if scenario.codec == "none":
-        return None
-    if scenario.codec == "freq-keep-k":
-        sinks = scenario.sinks if tokens is None else min(scenario.sinks, tokens)
-        return get_codec("freq-keep-k", keep=scenario.keep, block=scenario.block, sinks=sinks, variant=scenario.variant)
-    if scenario.codec == "fp8":
-        return get_codec("fp8", block=scenario.block)
-    return get_codec(scenario.codec)  # fp4-block: its block is fixed by the format
+    return scenario_codec(scenario, tokens)
 
 
 def transit_codec(codec: str, *, keep: float, block: int, sinks: int, variant: str, precision_bits: int | None):

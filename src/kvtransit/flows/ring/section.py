@@ -131,6 +131,11 @@ class RingSection(Section):
                     latency_s=link.latency_s * dilation, pj_per_bit=link.pj_per_bit)
 
     # -- the serving decisions' questions ---------------------------------------------------------------------
+    def twin_gap(self, scenario: Scenario) -> str | None:
+        """Nothing: a ring request is a step of its own (`runs_alone`) planned by the ring's model (`prefill_step`), and
+        its prompt is the ring class's (`shape_requests`); its hops cross the ring's own links, not the hand-off's."""
+        return None
+
     def runs_alone(self, scenario: Scenario, request_id: int) -> bool:
         return self.is_ring_request(scenario, request_id)
 

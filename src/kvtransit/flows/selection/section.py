@@ -104,6 +104,10 @@ class SelectionSection(Section):
             raise ConfigError(f"select_summary: {self.select_summary!r} scores with {check.describe()}; give --policy "
                               f"host (decode scores it) or --select-summary mean (a MAC, in the module's set)")
 
+    def twin_gap(self, scenario: Scenario) -> str | None:
+        return ("its page scoring in transit and the chosen pages' fetches into each decode step are live only (no "
+                "model of them drives a decode step yet)")
+
     @property
     def select_mode(self) -> str:
         """top-k or all with remote KV ("" without)."""

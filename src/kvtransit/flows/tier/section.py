@@ -80,6 +80,10 @@ class TierSection(Section):
             raise ConfigError(f"prefix_workload: {self.prefix_workload!r} and a trace both name the requests; "
                               "give one (a Mooncake trace brings its own hash_ids)")
 
+    def twin_gap(self, scenario: Scenario) -> str | None:
+        return ("its prefix cache's hits, write-backs and evictions and the pool's fetches over its own link are live "
+                "only (no model of them drives a prefill step yet)")
+
     def brings_prompts(self) -> bool:
         return self.prefix_workload != "none"
 

@@ -96,6 +96,11 @@ class TpSection(Section):
                     bandwidth_Bps=link.bandwidth_Bps * scenario.effective_scale / dilation,
                     latency_s=link.latency_s * dilation, pj_per_bit=link.pj_per_bit)
 
+    def twin_gap(self, scenario: Scenario) -> str | None:
+        """Nothing: a group changes its instance's step alone (`group_step`: the shard's roofline and its collectives),
+        which the twin plans as the agents do."""
+        return None
+
     def group_step(self, scenario: Scenario, role: str, work: StepWork, tokens: int) -> GroupStep | None:
         """The shard's roofline, then the step's collectives: 2·L all-reduces of its tokens' activations (dense), or
         with EP L all-reduces and L all-to-alls of the decode batch's (the busiest rank's experts touched)."""

@@ -201,10 +201,19 @@ class Launcher:
         import json
 
         from kvtransit.report.build import annotate_report, write_report
+        from kvtransit.twin.diff import attach_twin
 
         report = json.loads(self.report_path.read_text())
         annotate_report(report, links=self.link_setup.describe() if self.link_setup else None,
                         prometheus_url=self.prometheus.url if self.prometheus is not None else None)
+        # Every live run beside its twin, request by request (twin/diff.py); a front end's requests came from outside
+        # clients, which the twin cannot replay.
+        if self.frontend is None:
+            started = time.perf_counter()
+            attach_twin(report, self.scenario)
+            report["twin"]["wall_s"] = time.perf_counter() - started
+        else:
+            report["twin"] = {"refused": "the requests came from outside clients (--frontend): none to replay"}
         # The figures are drawn here, in the harness, not in the load generator (a serving process: its memory
         # is the run's), from the report it wrote.
         write_report(report, self.report_path)

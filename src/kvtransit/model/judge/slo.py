@@ -184,6 +184,18 @@ def kv_wait_share(records: Sequence[RequestRecord], warmup_fraction: float = WAR
     return math.fsum(shares) / len(shares) if shares else math.nan
 
 
+def handoff_share(records: Sequence[RequestRecord], warmup_fraction: float = WARMUP_FRACTION) -> float:
+    """The deck's "KV wait + transfer share" (slide 03's link table, docs/reference.md §4.5): Σ hand-off / Σ E2E over
+    the steady window's finished requests that handed off (hand-off = KV ready − first token: the link's queue and
+    the transfer; no decode queue wait), a ratio of sums. `kv_wait_share` is kvtransit's per-request mean with the
+    decode queue wait in it; the two differ by +0.2 to +1 point at the deck's 8 req/s (the twin shows both,
+    tests/unit/twin/test_twin_deck_tables.py). NaN when no request handed off."""
+    counted = [r for r in steady_window(records, warmup_fraction)
+               if r.finished and r.output_tokens >= 2 and r.handoff_s is not None and r.e2e_s]
+    e2e = math.fsum(cast(float, r.e2e_s) for r in counted)
+    return math.fsum(cast(float, r.handoff_s) for r in counted) / e2e if e2e > 0 else math.nan
+
+
 @dataclass(frozen=True)
 class Summary:
     ttft_s: dict[str, float]

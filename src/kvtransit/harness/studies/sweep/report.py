@@ -14,6 +14,8 @@ from pathlib import Path
 from kvtransit.harness.studies.sweep.baselines import energy_per_request
 from kvtransit.model.judge.slo import TPOT_SLO_S
 
+TWIN = "twin"  # a row's `source` when the twin ran its point (runner.py: TwinPointRunner)
+
 # (row key, table heading, how a value prints)
 TABLE_METRICS = (
     ("slo_attainment", "SLO attainment", lambda v: f"{v:.1%}"),
@@ -58,9 +60,13 @@ def _ordered(values) -> list:
 def markdown_tables(rows: list[dict]) -> str:
     """One table per link × metric: rows = request rate, columns = codec (where it runs); a point that was not
     faithful is marked `*`, one that failed `failed`."""
-    lines = ["# kvtransit sweep", "",
-             ("Model terms. `*`: the run was not faithful (its report says which gap and the scale or dilation "
-              "that would fix it)."), ""]
+    twin = bool(rows) and all(r.get("source") == TWIN for r in rows)
+    lines = (["# kvtransit sweep (twin)", "",
+              ("The twin's figures: the model on a virtual clock (`kvtransit twin`), every figure the model's, none "
+               "measured; full size, no scale or dilation."), ""] if twin else
+             ["# kvtransit sweep", "",
+              ("Model terms. `*`: the run was not faithful (its report says which gap and the scale or dilation "
+               "that would fix it)."), ""])
     rows = [with_j_per_request(r) for r in rows]
     for link in _ordered(r["link"] for r in rows):
         at_link = [r for r in rows if r["link"] == link]
@@ -82,7 +88,7 @@ def markdown_tables(rows: list[dict]) -> str:
                     else:
                         value = row.get(metric)
                         text = "-" if value is None else fmt(value)
-                        cells.append(text + ("" if row.get("faithful") else " *"))
+                        cells.append(text + ("" if row.get("faithful") or row.get("source") == TWIN else " *"))
                 lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
             lines.append("")
     return "\n".join(lines)

@@ -6,6 +6,8 @@ point's report is boiled down to one row of a results file that a later sweep re
   report (JSON + Markdown) stays in `points/` beside them.
 - `run_sweep`: the points in order, one live run each; a point that fails is recorded as failed (with the
   reason) and the sweep goes on.
+- `TwinPointRunner`: a point on the twin instead (twin/): the same row from the twin's report, in seconds of wall
+  time a grid, `source` "twin"; its store is OUT/twin/, apart from the live rows.
 - `search_goodput`: DistServe's per-instance goodput by bisection over live runs (`model.sweep_plan.bisect_goodput`),
   reusing any rate already in the results file.
 """
@@ -216,6 +218,33 @@ class PointRunner:
             return failed_row(key, scenario, "the run ended without a report", wall_s=wall_s)
         return _clean(row_from_report(key, scenario, json.loads(Path(path).read_text()), wall_s=wall_s,
                                       report_path=path))
+
+
+@dataclass
+class TwinPointRunner:
+    """Runs one scenario on the twin and returns its row (`source` "twin"); its report goes to points/ beside the
+    twin's results, without figures (a grid of hundreds of points draws none)."""
+
+    directory: Path
+    runs: int = field(default=0, init=False)
+
+    def __call__(self, key: str, scenario: Scenario) -> dict:
+        from kvtransit.report.build import write_report
+        from kvtransit.twin.report import twin_report
+        from kvtransit.twin.serving import SOURCE, run_twin
+
+        report_path = self.directory / "points" / f"{_slug(key)}.json"
+        started = time.monotonic()
+        self.runs += 1
+        try:
+            twin = run_twin(scenario)
+        except ConfigError as exc:
+            return {**failed_row(key, scenario, str(exc), wall_s=time.monotonic() - started), "source": SOURCE}
+        wall_s = time.monotonic() - started
+        report = twin_report(twin, wall_s=wall_s)
+        write_report(report, report_path, figures=False)
+        return {**_clean(row_from_report(key, scenario, report, wall_s=wall_s, report_path=report_path)),
+                "source": SOURCE}
 
 
 def sweep_points(grids: list[Grid]) -> list[tuple[str, Scenario]]:
