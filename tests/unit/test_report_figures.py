@@ -176,7 +176,7 @@ def test_a_run_beside_its_twin_overlays_the_twins_cdfs_and_draws_where_they_part
         row["e2e_s"] += 0.002
     live.update(source="live")
     attach_twin(live, scenario)
-    json_path, md_path = write_report(live, tmp_path / "report.json")
+    json_path, _ = write_report(live, tmp_path / "report.json")
     figures = {f["name"]: f for f in json.loads(json_path.read_text())["figures"]}
     assert list(figures) == list(FIGURE_FILES)
     assert (tmp_path / figures["twin_departure"]["file"]).read_bytes()[:8] == PNG_MAGIC
