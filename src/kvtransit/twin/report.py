@@ -18,13 +18,14 @@ from typing import Any
 
 from kvtransit.model.cost.energy import link_energy_j
 from kvtransit.model.judge import fidelity
+from kvtransit.model.judge.fidelity import prescribed_latency_s
 from kvtransit.model.judge.slo import distribution, handoff_share, kv_wait_share, summarise
 from kvtransit.model.serving.offered_load import offered_vs_capacity
 from kvtransit.report.blocks import flow_reports
 from kvtransit.report.build import exposed_s, per_request_rows
 from kvtransit.report.finite import finite_json
 from kvtransit.twin.serving import SOURCE, TwinRun
-from kvtransit.workload.source import requests_for, workload_description
+from kvtransit.workload.source import workload_description
 
 TWIN_RUN = "a twin run, the model on a virtual clock (run it live to judge fidelity)"
 
@@ -33,7 +34,7 @@ def _hidden_s(run: TwinRun) -> dict[int, dict[str, float]]:
     """Each hand-off's hidden part, as decode measures it live (model/serving/layerwise.py: `HandoffSplit`): its first
     bytes at decode → min(first token, KV ready)."""
     out: dict[int, dict[str, float]] = {}
-    latency_s = run.scenario.link_spec.latency_s
+    latency_s = prescribed_latency_s(run.scenario)  # the link's, and the module's added latency in transit
     for r in run.records:
         stage = run.stages[r.request_id]
         first, ready = r.first_token_s, r.kv_ready_s
@@ -67,7 +68,7 @@ def twin_report(run: TwinRun, *, wall_s: float | None) -> dict[str, Any]:
         "source": SOURCE,
         "config": config,
         "workload": {**workload_description(scenario),
-                     "offered_vs_capacity": offered_vs_capacity(scenario, requests_for(scenario)).as_dict()},
+                     "offered_vs_capacity": offered_vs_capacity(scenario, run.specs).as_dict()},
         **summary.as_dict(),
         "kv_wait_share": kv_wait_share(records),
         "handoff_share": handoff_share(records),

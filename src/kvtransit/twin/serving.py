@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from kvtransit.model.cost.energy import handoff_module_energy_j, link_energy_j
@@ -44,11 +44,19 @@ from kvtransit.model.serving.kv_arrival import KvArrivals, Verdict
 from kvtransit.model.serving.layerwise import HANDOFF_LAYERWISE
 from kvtransit.model.serving.policies import (
     DecodeBatcher,
+    PrefillQueue,
     PrefillRouter,
     ServingRequest,
     least_loaded,
 )
-from kvtransit.model.serving.prefill_plan import BatchEntry, PrefillChunk, plan_prefill_step, prefill_queue
+from kvtransit.model.serving.prefill_plan import (
+    BatchEntry,
+    ChunkedPrefillQueue,
+    PrefillChunk,
+    PrefillStepPlan,
+    plan_prefill_step,
+    prefill_queue,
+)
 from kvtransit.model.serving.workload import RequestSpec
 from kvtransit.twin.events import EventQueue
 from kvtransit.twin.link import Crossing, Lanes, Part, WireSizer
@@ -96,6 +104,7 @@ class TwinRun:
     the instances' and the link's totals."""
 
     scenario: Scenario
+    specs: list[RequestSpec]  # the requests it ran, as the load generator would send them
     records: list[RequestRecord]
     stages: dict[int, Stages]
     run_s: float
@@ -117,7 +126,7 @@ class TwinRun:
 @dataclass
 class _Prefill:
     index: int
-    queue: object
+    queue: PrefillQueue | ChunkedPrefillQueue
     busy: bool = False
     steps: int = 0
 
@@ -184,12 +193,12 @@ class _Twin:
         prefill = self.prefills[self.router.assign(request)]
         self.records[spec.request_id] = new_record(self.scenario, spec, self.events.now_s)
         self.stages[spec.request_id] = Stages(prefill=prefill.index)
-        prefill.queue.push(request)  # type: ignore[attr-defined]
+        prefill.queue.push(request)
         if not prefill.busy:
             self._prefill_step(prefill)
 
     def _prefill_step(self, prefill: _Prefill) -> None:
-        batch = prefill.queue.take_batch()  # type: ignore[attr-defined]
+        batch: Sequence[ServingRequest | PrefillChunk] = prefill.queue.take_batch()
         if not batch:
             prefill.busy = False
             return
@@ -207,7 +216,7 @@ class _Twin:
             return BatchEntry(request.request_id, item.stop, request.output_tokens, item.start, item.first, item.last)
         return BatchEntry(item.request_id, item.prompt_tokens, item.output_tokens)
 
-    def _prefill_done(self, prefill: _Prefill, plan, start_s: float) -> None:
+    def _prefill_done(self, prefill: _Prefill, plan: PrefillStepPlan, start_s: float) -> None:
         now = self.events.now_s
         prefill.steps += 1
         self.gpu_energy_j += plan.energy_j
@@ -315,7 +324,8 @@ def run_twin(scenario: Scenario) -> TwinRun:
     records = [twin.records[spec.request_id] for spec in twin.specs]
     run_s = twin.events.now_s
     return TwinRun(
-        scenario=scenario, records=records, stages=twin.stages, run_s=run_s, events=twin.events.events_run,
+        scenario=scenario, specs=twin.specs, records=records, stages=twin.stages, run_s=run_s,
+        events=twin.events.events_run,
         prefill_steps=[p.steps for p in twin.prefills], decode_steps=[d.steps for d in twin.decodes],
         gpu_energy_j=twin.gpu_energy_j, link_busy_s=twin.lanes.busy_s, kv_bytes=twin.kv_bytes,
         wire_bytes=twin.wire_bytes, module_energy_j=twin.module_energy_j,
