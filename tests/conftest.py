@@ -1,8 +1,9 @@
 """Test-suite settings shared by every layer: the layers' markers, the fast tier's guard, hypothesis profiles.
 
 - Layers: a test under tests/integration, system, chaos or load is marked with its layer and `slow` (they start
-  processes). `python -m pytest -m "not slow"` is the inner loop: the unit tier, minus the unit tests marked `slow`
-  by hand (those that start a process: a CLI in a child, docker-compose, kustomize).
+  processes). `python -m pytest -m "not slow" -n 2` is the inner loop (both cores, pytest-xdist): the unit tier,
+  minus the unit tests marked `slow` by hand (those that start a process: a CLI in a child, docker-compose,
+  kustomize).
 - The fast tier's guard: a test not marked `slow` that starts a process (subprocess, asyncio's subprocesses,
   os.fork, multiprocessing) fails naming this rule, so the inner loop stays process-free and under a minute.
 

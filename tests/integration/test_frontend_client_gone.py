@@ -63,6 +63,7 @@ def left(tmp_path_factory) -> Left:
     tmp = tmp_path_factory.mktemp("client-gone")
     scenario = Scenario(codec="none")
     launcher = Launcher(scenario, report_path=tmp / "run.json", drain_timeout_s=30.0, log=lambda _line: None,
+                        figures=False,
                         frontend=FrontendOptions(listen="127.0.0.1:0", max_requests=2, tokenizer="bytes"))
 
     async def main() -> tuple[tuple[int, int], Path | None]:

@@ -161,7 +161,7 @@ def served(tmp_path_factory) -> Served:
     tmp = tmp_path_factory.mktemp("frontend")
     scenario = Scenario(codec="none")
     log: list[str] = []
-    launcher = Launcher(scenario, report_path=tmp / "run.json", drain_timeout_s=30.0, log=log.append,
+    launcher = Launcher(scenario, figures=False, report_path=tmp / "run.json", drain_timeout_s=30.0, log=log.append,
                         frontend=FrontendOptions(listen="127.0.0.1:0", max_requests=REQUESTS, tokenizer="bytes"))
 
     async def main() -> tuple[Session, Path | None]:

@@ -37,7 +37,7 @@ def sketch_run(tmp_path_factory):
     scenario = scenario_from_args(parser.parse_args(["--kernel", str(kernel_file), *LIGHT]))
     kernel_file.unlink()  # the processes must not need it
     launcher = Launcher(scenario, report_path=tmp / "report.json", drain_timeout_s=20.0, accuracy_sample=0,
-                        log=lambda _msg: None)
+                        figures=False, log=lambda _msg: None)
     path = asyncio.run(launcher.run())
     assert path is not None
     return kernel_file, json.loads(path.read_text())

@@ -27,7 +27,7 @@ LIGHT = dict(codec="none", rate=2.0, requests=REQUESTS, output_mean=32.0, output
 
 def _run(directory: Path, name: str, **fields) -> dict:
     # accuracy_sample=REQUESTS: every request's KV checked bit for bit
-    launcher = Launcher(Scenario.build(**{**LIGHT, **fields}), report_path=directory / f"{name}.json",
+    launcher = Launcher(Scenario.build(**{**LIGHT, **fields}), figures=False, report_path=directory / f"{name}.json",
                         drain_timeout_s=20.0, accuracy_sample=REQUESTS, log=lambda _msg: None)
     path = asyncio.run(launcher.run(asyncio.Event()))
     assert path is not None, f"the {name} run wrote no report"

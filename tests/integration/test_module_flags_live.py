@@ -36,7 +36,7 @@ FREE = dict(LIGHT, transform_charged=False)
 
 def _run(tmp_path: Path, name: str, **fields) -> dict:
     launcher = Launcher(Scenario.build(**fields), report_path=tmp_path / f"{name}.json", drain_timeout_s=20.0,
-                        accuracy_sample=0, log=lambda _msg: None)
+                        figures=False, accuracy_sample=0, log=lambda _msg: None)
     path = asyncio.run(launcher.run())
     assert path is not None
     return json.loads(path.read_text())

@@ -30,7 +30,7 @@ pytestmark = [
 ]
 
 REAL_REQUESTS = 2
-FLAGS = ["--links", "loopback", "--no-progress", "--kv-sample", "real", "--accuracy", "model",
+FLAGS = ["--links", "loopback", "--no-progress", "--no-figures", "--kv-sample", "real", "--accuracy", "model",
          "--real-kv-requests", str(REAL_REQUESTS), "--requests", "5", "--rate", "2", "--prompt-mean", "1024",
          "--prompt-cv", "0", "--output-mean", "16", "--output-cv", "0", "--accuracy-sample", "0"]
 

@@ -38,7 +38,7 @@ GPU_FIELDS = dict(LIGHT, requests=4, codec="freq-keep-k", compress_at="gpu")
 def _run(tmp_path: Path, name: str, stop_after_s: float | None = None, on_started=None, middlebox=None,
          **fields) -> tuple[Launcher, dict | None]:
     scenario = Scenario.build(**fields)
-    launcher = Launcher(scenario, report_path=tmp_path / f"{name}.json", middlebox_command=middlebox,
+    launcher = Launcher(scenario, figures=False, report_path=tmp_path / f"{name}.json", middlebox_command=middlebox,
                         drain_timeout_s=20.0, accuracy_sample=4, log=lambda _msg: None)
 
     async def main():
@@ -186,6 +186,16 @@ def test_every_request_is_set_beside_its_twin_and_the_twin_explains_the_run(ligh
     assert set(twin["stage_share"]) == {"prefill", "link", "decode admission", "decode steps"}
 
 
+def test_a_live_run_draws_its_figures_beside_its_report_the_twins_where_they_part_among_them(light_loopback_run):
+    """The one live run of the suite that draws its figures (the others pass `figures=False`: report/plots.py is
+    pinned on reports in tests/unit/test_report_figures.py); the harness draws them after the run, twin included."""
+    figures = light_loopback_run.report["figures"]
+    assert "twin_departure" in {f["name"] for f in figures} and len(figures) >= 5, figures
+    for figure in figures:
+        path = light_loopback_run.report_path.parent / figure["file"]
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+
+
 def test_compress_at_gpu_puts_the_codecs_own_bytes_on_the_wire(gpu_run):
     """The wire carries exactly what the codec makes of each request's KV (computed here independently);
     in transit the real middlebox must put the same bytes on the link."""
@@ -301,7 +311,7 @@ def test_ctrl_c_on_kvtransit_up_stops_every_child_and_still_reports(tmp_path):
 
     report = tmp_path / "up.json"
     up = subprocess.Popen([sys.executable, "-m", "kvtransit.cli", "up", "--links", "loopback", "--no-progress",
-                           "--requests", "200", "--output-mean", "32", "--report", str(report)],
+                           "--no-figures", "--requests", "200", "--output-mean", "32", "--report", str(report)],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -328,7 +338,8 @@ def test_children_stop_by_themselves_when_the_launcher_is_killed_outright(tmp_pa
     import time
 
     up = subprocess.Popen([sys.executable, "-m", "kvtransit.cli", "up", "--links", "loopback", "--no-progress",
-                           "--requests", "200", "--output-mean", "32", "--report", str(tmp_path / "killed.json")],
+                           "--no-figures", "--requests", "200", "--output-mean", "32", "--report",
+                           str(tmp_path / "killed.json")],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     children: list[int] = []
     try:

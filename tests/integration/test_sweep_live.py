@@ -92,7 +92,7 @@ def test_the_real_mooncake_trace_replays_with_time_scaling_and_a_context_cap(tmp
     scenario = Scenario(trace="mooncake-conversation", requests=12, time_scale=0.1, context_cap=4096, codec="none",
                         scale=0.01, dilation=1.0)
     launcher = Launcher(scenario, report_path=tmp_path / "trace.json", accuracy_sample=0, drain_timeout_s=60.0,
-                        log=lambda _line: None, links="loopback")
+                        figures=False, log=lambda _line: None, links="loopback")
     report = json.loads(asyncio.run(launcher.run()).read_text())
     workload = report["workload"]
     assert workload["source"] == "trace" and workload["trace_requests"] == 12031

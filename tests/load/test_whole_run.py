@@ -36,7 +36,7 @@ RSS_GROWTH_BOUND = 32 * 2**20
 @pytest.fixture(scope="module")
 def whole_run(tmp_path_factory):
     report_path = tmp_path_factory.mktemp("whole-run") / "report.json"
-    launcher = Launcher(SCENARIO, report_path=report_path, drain_timeout_s=30.0, accuracy_sample=4,
+    launcher = Launcher(SCENARIO, figures=False, report_path=report_path, drain_timeout_s=30.0, accuracy_sample=4,
                         links="loopback", log=lambda _msg: None)
     sampler = RssSampler(lambda: {c.name: c.pid for c in launcher.children if c.pid is not None})
 

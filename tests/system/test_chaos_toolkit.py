@@ -55,7 +55,7 @@ def live_testbed(tmp_path_factory):
                                # dilation 1, and the hypothesis failed before any toxic); 2 req/s of wall time.
                                "--rate", "4", "--dilation", "2", "--requests", "1200", "--prompt-mean", "512",
                                "--output-mean", "16",
-                               "--no-progress", "--report", str(tmp / "report.json")],
+                               "--no-progress", "--no-figures", "--report", str(tmp / "report.json")],
                               stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
     try:
         deadline = time.monotonic() + 90

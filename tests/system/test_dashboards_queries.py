@@ -87,7 +87,7 @@ def test_every_remote_kv_and_ring_query_returns_data_from_a_real_run(tmp_path: P
 
 
 def _answered_by_a_run(tmp_path: Path, flags: list[str], queries: list[PanelQuery]) -> None:
-    argv = [sys.executable, "-m", "kvtransit.cli", "up", *flags, "--prometheus", "--no-progress",
+    argv = [sys.executable, "-m", "kvtransit.cli", "up", *flags, "--prometheus", "--no-progress", "--no-figures",
             "--report", str(tmp_path / "report.json")]
     run = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)

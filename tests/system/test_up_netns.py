@@ -139,7 +139,7 @@ def test_a_failure_while_building_the_topology_leaves_nothing_behind(tmp_path):
 def test_an_agent_that_fails_to_start_in_a_namespace_leaves_nothing_behind(tmp_path):
     broken_middlebox = [sys.executable, "-c", "import sys; sys.stderr.write('boom\\n'); sys.exit(3)"]
     launcher = Launcher(Scenario.build(**LIGHT), report_path=tmp_path / "r.json", middlebox_command=broken_middlebox,
-                        links="netns", log=lambda _line: None)
+                        figures=False, links="netns", log=lambda _line: None)
     with pytest.raises(RunFailed, match=r"(?s)middlebox-0 failed to start.*boom"):
         asyncio.run(launcher.run())
     assert _leftovers(tmp_path / "r.run" / "links.json") == []

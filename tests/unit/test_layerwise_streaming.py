@@ -287,11 +287,11 @@ def test_decode_puts_a_chunked_prefills_segments_back_together_along_tokens_byte
     in_order = DecodeAgent(scenario, name="decode-test", listen=ANY, client_listen=ANY, metrics_listen=ANY,
                            accuracy_sample=1)
     in_order.sample.measure(Incoming(begin, 0, sampled=True, chunks=chunks))
-    assert in_order.sample.kv_content_mismatches == 0 and in_order.sample.codec.relative("k") == 0.0
+    assert in_order.sample.kv_content_mismatches() == 0 and in_order.sample.codec.relative("k") == 0.0
     # The segments out of token order are other bytes: the check would say so.
     per_segment = len(chunks) // 3
     shuffled = chunks[per_segment:2 * per_segment] + chunks[:per_segment] + chunks[2 * per_segment:]
     swapped = DecodeAgent(scenario, name="decode-test", listen=ANY, client_listen=ANY, metrics_listen=ANY,
                           accuracy_sample=1)
     swapped.sample.measure(Incoming(begin, 0, sampled=True, chunks=shuffled))
-    assert swapped.sample.kv_content_mismatches == 1
+    assert swapped.sample.kv_content_mismatches() == 1

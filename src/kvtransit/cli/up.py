@@ -60,6 +60,8 @@ def register(subparsers) -> None:
                    help="roles whose crashed process is restarted on the same ports mid-run: middlebox, decode, "
                         "or none (default: middlebox; peers reconnect and unacked hand-offs are sent again)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    p.add_argument("--no-figures", action="store_true",
+                   help="write the report without its PNG figures (REPORT.figures/; about 2.6 s and matplotlib)")
     p.add_argument("--frontend", action="store_true",
                    help="serve the OpenAI API (kvtransit frontend) in the load generator's place: outside clients "
                         "send the run's requests")
@@ -111,7 +113,7 @@ def run(args) -> int:
                         drain_timeout_s=args.drain_timeout,
                         on_progress=progress_bar.update if progress_bar else None, log=log,
                         links=args.links, prometheus=args.prometheus, run_dir=args.run_dir,
-                        restart_roles=restart_roles, frontend=frontend)
+                        restart_roles=restart_roles, frontend=frontend, figures=not args.no_figures)
 
     async def run_launcher(stop):  # SIGINT/SIGTERM set `stop`: the launcher stops every process, still reports
         return await launcher.run(stop), stop.is_set()

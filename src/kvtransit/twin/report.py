@@ -5,7 +5,8 @@ functions over the same `RequestRecord`s (model/judge/slo.py: `summarise`; repor
 differs says so: `source` is "twin"; the link block is `measured_at: "twin"`; nothing was measured, so `faithful` is
 false (it fails closed: a twin is not a faithful emulation, it is the model) and `fidelity` holds the one line that
 says why; a flow's block is null, the flows' live blocks reading their processes' stats; `twin_run` holds the run's own
-figures (events, the instances' steps, the wall time the twin took).
+figures (events, the instances' steps, each role's step split into compute and a TP group's collectives as the
+live `collectives` block reports it, the wall time the twin took).
 
 A twin has no scale and no dilation: every byte is at full size, every time in model seconds (`config.scale` and
 `config.dilation` still say what a live run of the scenario would use).
@@ -24,7 +25,7 @@ from kvtransit.model.serving.offered_load import offered_vs_capacity
 from kvtransit.report.blocks import flow_reports
 from kvtransit.report.build import exposed_s, per_request_rows
 from kvtransit.report.finite import finite_json
-from kvtransit.twin.serving import SOURCE, TwinRun
+from kvtransit.twin.serving import SOURCE, StepTotals, TwinRun
 from kvtransit.workload.source import workload_description
 
 TWIN_RUN = "a twin run, the model on a virtual clock (run it live to judge fidelity)"
@@ -42,6 +43,14 @@ def _hidden_s(run: TwinRun) -> dict[int, dict[str, float]]:
             continue
         out[r.request_id] = {"hidden_s": max(0.0, min(first, ready) - (stage.link_start_s + latency_s))}
     return out
+
+
+def _step_split(totals: StepTotals) -> dict[str, Any]:
+    """A role's mean step and its collectives' part of it, model seconds (None without steps)."""
+    n = totals.steps
+    return {"steps": n, "step_s": totals.model_s / n if n else None,
+            "collective_s": totals.collective_s / n if n else None,
+            "collective_share": totals.collective_s / totals.model_s if totals.model_s > 0 else None}
 
 
 def twin_report(run: TwinRun, *, wall_s: float | None) -> dict[str, Any]:
@@ -103,6 +112,7 @@ def twin_report(run: TwinRun, *, wall_s: float | None) -> dict[str, Any]:
         "twin_run": {
             "wall_s": wall_s, "events": run.events, "model_s": run.run_s,
             "prefill_steps": run.prefill_steps, "decode_steps": run.decode_steps,
+            "step_split": {role: _step_split(totals) for role, totals in run.step_totals.items()},
             "stages": {rid: vars(stage) for rid, stage in run.stages.items()},
         },
     }

@@ -39,7 +39,7 @@ from kvtransit.model.errors import ConfigError
 from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.module.budget import Action
 from kvtransit.model.scenario import Scenario
-from kvtransit.model.serving.decode_plan import plan_decode_step
+from kvtransit.model.serving.decode_plan import DecodeStepPlan, plan_decode_step
 from kvtransit.model.serving.kv_arrival import KvArrivals, Verdict
 from kvtransit.model.serving.layerwise import HANDOFF_LAYERWISE
 from kvtransit.model.serving.policies import (
@@ -99,6 +99,21 @@ class Stages:
 
 
 @dataclass
+class StepTotals:
+    """One role's steps over the run: how many, and their model seconds in all and of them the TP group's
+    collectives (0 without a group), so the twin reports the step split a live TP group's leader reports."""
+
+    steps: int = 0
+    model_s: float = 0.0
+    collective_s: float = 0.0
+
+    def add(self, model_s: float, collective_s: float) -> None:
+        self.steps += 1
+        self.model_s += model_s
+        self.collective_s += collective_s
+
+
+@dataclass
 class TwinRun:
     """What the twin recorded: the client's records (as the load generator keeps them), every request's stages, and
     the instances' and the link's totals."""
@@ -117,6 +132,7 @@ class TwinRun:
     wire_bytes: float
     module_energy_j: float
     link_energy_j: float
+    step_totals: dict[str, StepTotals] = field(default_factory=dict)  # by role: "prefill", "decode"
 
     @property
     def tokens_delivered(self) -> int:
@@ -158,6 +174,7 @@ class _Twin:
         self.stages: dict[int, Stages] = {}
         self.parts: dict[int, list[Part]] = {}  # a streamed hand-off's parts, chunk by chunk
         self.gpu_energy_j = 0.0
+        self.step_totals = {"prefill": StepTotals(), "decode": StepTotals()}
         self.kv_bytes = 0.0
         self.wire_bytes = 0.0
         self.module_energy_j = 0.0
@@ -219,6 +236,7 @@ class _Twin:
     def _prefill_done(self, prefill: _Prefill, plan: PrefillStepPlan, start_s: float) -> None:
         now = self.events.now_s
         prefill.steps += 1
+        self.step_totals["prefill"].add(plan.model_s, plan.collective_s)
         self.gpu_energy_j += plan.energy_j
         for entry in plan.entries:
             if not entry.last_chunk:
@@ -302,12 +320,13 @@ class _Twin:
         decode.busy = True
         plan = plan_decode_step(self.scenario, batcher.running, batcher.context_tokens, decode.admitted_prompts)
         decode.admitted_prompts = []
-        self.events.at(now + plan.model_s, lambda: self._decode_done(decode, plan.energy_j))
+        self.events.at(now + plan.model_s, lambda: self._decode_done(decode, plan))
 
-    def _decode_done(self, decode: _Decode, energy_j: float) -> None:
+    def _decode_done(self, decode: _Decode, plan: DecodeStepPlan) -> None:
         now = self.events.now_s
         decode.steps += 1
-        self.gpu_energy_j += energy_j
+        self.step_totals["decode"].add(plan.model_s, plan.collective_s)
+        self.gpu_energy_j += plan.energy_j
         result = decode.batcher.step()
         for rid, _index in result.tokens:
             self.records[_rid(rid)].token_times_s.append(now)
@@ -329,5 +348,5 @@ def run_twin(scenario: Scenario) -> TwinRun:
         prefill_steps=[p.steps for p in twin.prefills], decode_steps=[d.steps for d in twin.decodes],
         gpu_energy_j=twin.gpu_energy_j, link_busy_s=twin.lanes.busy_s, kv_bytes=twin.kv_bytes,
         wire_bytes=twin.wire_bytes, module_energy_j=twin.module_energy_j,
-        link_energy_j=link_energy_j(scenario.link_spec, twin.wire_bytes),
+        link_energy_j=link_energy_j(scenario.link_spec, twin.wire_bytes), step_totals=twin.step_totals,
     )

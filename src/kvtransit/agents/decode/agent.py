@@ -115,7 +115,7 @@ class DecodeAgent:
         # The hand-off split at its first token (model seconds, bytes at scale): sums, each request's, and the
         # streamed ones against the model.
         self.splits = HandoffSplits(scenario, self.metrics)
-        self.parts: list[DecodePart] = [*model_accuracy_parts(self),
+        self.parts: list[DecodePart] = [self.sample, *model_accuracy_parts(self),
                                         *flow_parts("decode", self, flow_args or {}, DecodePart)]
         self.holders = StepHolders(self.clock, self.parts)
         self.ingress = KvIngress(self)
@@ -269,8 +269,7 @@ class DecodeAgent:
             # The batch now: a withdrawn request's reservation is gone from it at once.
             "batch": {"waiting": self.batcher.waiting, "running": self.batcher.running,
                       "kv_reserved_tokens": self.batcher.reserved_tokens},
-            "kv_content_mismatches": self.sample.kv_content_mismatches + sum(
-                p.kv_content_mismatches() for p in self.parts),
+            "kv_content_mismatches": sum(p.kv_content_mismatches() for p in self.parts),
             "failed_reasons": dict(self.failed_reasons),
             "link": self.link.stats(),
             "accuracy": {"codecs": sorted(self.ingress.codecs_seen), **self.sample.stats()},

@@ -9,7 +9,6 @@ as a Tokens entry with token_index 0 stamped at the KvEnd's arrival, before the 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -161,9 +160,8 @@ class KvIngress:
             for part in agent.parts:
                 if part.reads_kv(begin.request_id):
                     part.kv_ready(item)
-        elif item.sampled:
-            # Off the event loop: inverting the codec takes milliseconds a layer, which would make steps late.
-            await asyncio.to_thread(agent.sample.measure, item)
+        elif item.sampled:  # queued, not awaited: the connection's next hand-off must not wait for it
+            agent.sample.submit(item)
 
     def stats(self) -> dict:
         return {"kv_handoffs": dict(self.handoffs), "handoff_phases_s": dict(self.phase_s)}

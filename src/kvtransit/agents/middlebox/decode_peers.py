@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from kvtransit.agents.middlebox.faults import FaultChain, FaultedEndpoint
 from kvtransit.agents.middlebox.handoff import Handoff
 from kvtransit.model.errors import ConfigError
+from kvtransit.model.serving.policies import least_loaded
 from kvtransit.runtime.redial import dial_within
 from kvtransit.runtime.tasks import TaskSet
 from kvtransit.runtime.transport import Endpoint, open_greeted
@@ -78,7 +79,7 @@ class DecodePeers:
         """The connected decode instance with the fewest hand-offs not yet acked (docs/reference.md §4's router sees
         queue + running; the middlebox sees what it has sent and decode has not yet taken)."""
         live = [p for p in self.peers if p.connected]
-        return min(live, key=lambda p: len(p.unacked)) if live else None
+        return live[least_loaded([len(p.unacked) for p in live])] if live else None  # the twin's rule too
 
     def forget(self, handoff: Handoff) -> None:
         """The hand-off ended here (it failed): no peer waits for its Ack any more."""

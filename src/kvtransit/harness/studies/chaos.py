@@ -19,7 +19,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,6 +120,8 @@ class FaultPlan:
     name: str
     description: str
     inject: Inject
+    # The prefill's hand-off deadline in this scenario's run (model seconds; see HANDOFF_DEADLINE_S).
+    handoff_deadline_s: float = HANDOFF_DEADLINE_S
 
 
 async def _kill_middlebox(ctx: ChaosContext) -> float:
@@ -339,10 +341,17 @@ def chaos_scenario(requests: int = DEFAULT_REQUESTS, rate: float = DEFAULT_RATE,
 
 async def run_scenario(plan: FaultPlan, workdir: Path, scenario: Scenario, *, links: str = "loopback",
                        log: Callable[[str], None] = lambda _line: None,
-                       handoff_deadline_s: float = HANDOFF_DEADLINE_S) -> ChaosResult:
+                       handoff_deadline_s: float | None = None) -> ChaosResult:
+    """Run `plan` against a testbed of its own and judge it by the ledger; `handoff_deadline_s` overrides the
+    plan's."""
     report = Path(workdir) / f"{plan.name}.json"
+    # The prefill reads its hand-off deadline from the environment: given to this run's children only, so
+    # scenarios run side by side (run_scenarios) each keep their own.
     launcher = Launcher(scenario, report_path=report, drain_timeout_s=DRAIN_TIMEOUT_S,
-                        accuracy_sample=scenario.requests, log=log, links=links, restart_roles=RESTARTABLE_ROLES)
+                        accuracy_sample=scenario.requests, log=log, links=links, restart_roles=RESTARTABLE_ROLES,
+                        figures=False,  # judged by its ledger: a chaos run's report needs no figures
+                        child_env={"KVTRANSIT_HANDOFF_DEADLINE_S": str(
+                            plan.handoff_deadline_s if handoff_deadline_s is None else handoff_deadline_s)})
     ctx = ChaosContext(launcher, token=os.environ.get("KVTRANSIT_CONTROL_TOKEN") or None)
     fault: dict = {}
     rss_peak: dict[str, int] = {}
@@ -384,17 +393,10 @@ async def run_scenario(plan: FaultPlan, workdir: Path, scenario: Scenario, *, li
             if isinstance(error, BaseException) and not isinstance(error, asyncio.CancelledError):
                 ctx.checks[f"fault injected ({type(error).__name__}: {error})"] = False
 
-    previous = os.environ.get("KVTRANSIT_HANDOFF_DEADLINE_S")
-    os.environ["KVTRANSIT_HANDOFF_DEADLINE_S"] = str(handoff_deadline_s)  # inherited by the prefill
     try:
         await main()
     except RunFailed as exc:  # a child the supervisor could not bring back: the ledger still says what happened
         ctx.checks[f"the run completed ({str(exc).splitlines()[0][:200]})"] = False
-    finally:
-        if previous is None:
-            os.environ.pop("KVTRANSIT_HANDOFF_DEADLINE_S", None)
-        else:
-            os.environ["KVTRANSIT_HANDOFF_DEADLINE_S"] = previous
     ledger_path = launcher.run_dir / ledger_model.LEDGER_FILE
     if not ledger_path.exists():
         raise RunFailed(f"chaos scenario {plan.name}: the load generator wrote no ledger ({ledger_path}); "
@@ -417,6 +419,24 @@ async def run_scenario(plan: FaultPlan, workdir: Path, scenario: Scenario, *, li
         ctx.checks.setdefault("the fault was injected before the run ended", False)
     return ChaosResult(plan.name, verdict, recovery, rss_peak, rss_before, launcher.restarts, ctx.checks, ctx.notes,
                        peers)
+
+
+async def run_scenarios(plans: Sequence[FaultPlan], workdir: Path, scenario: Scenario, *, parallel: int = 1,
+                        links: str = "loopback", log: Callable[[str], None] = lambda _line: None,
+                        ) -> dict[str, ChaosResult | BaseException]:
+    """Each plan on a testbed of its own, up to `parallel` testbeds at once (each its own processes, ports and run
+    directory; a fault reaches only its own testbed), by name in `plans`' order; a scenario that could not run at all
+    is its exception, the others still run."""
+    if parallel < 1:
+        raise ValueError(f"parallel must be >= 1, got {parallel}")
+    slots = asyncio.Semaphore(parallel)
+
+    async def one(plan: FaultPlan) -> ChaosResult:
+        async with slots:
+            return await run_scenario(plan, Path(workdir) / plan.name, scenario, links=links, log=log)
+
+    results = await asyncio.gather(*(one(plan) for plan in plans), return_exceptions=True)
+    return {plan.name: result for plan, result in zip(plans, results, strict=True)}
 
 
 def peer_counts(records: list[dict]) -> dict:

@@ -31,7 +31,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,12 +73,16 @@ class Launcher:
                  accuracy_sample: int = 8, drain_timeout_s: float | None = None,
                  on_progress: Callable[[dict], None] | None = None, log: Callable[[str], None] = print,
                  links: str = "loopback", prometheus: bool = False, run_dir: Path | None = None,
-                 restart_roles: tuple[str, ...] = (), frontend: FrontendOptions | None = None):
+                 restart_roles: tuple[str, ...] = (), frontend: FrontendOptions | None = None,
+                 child_env: Mapping[str, str] | None = None, figures: bool = True):
         """`links`: "auto" | "netns" | "loopback" (placement.py). `prometheus`: start a real one once every agent is
         ready. `run_dir` holds the links manifest and Prometheus's config (default: REPORT.run/ beside the
         report). `restart_roles`: children of these roles ("middlebox", "decode") that exit mid-run are
         restarted on the same ports (supervisor.py), at most MAX_RESTARTS times each; any other exit is a
-        crash that stops the run. `frontend`: run the OpenAI front end in the load generator's place."""
+        crash that stops the run. `frontend`: run the OpenAI front end in the load generator's place. `child_env`:
+        variables every child gets beside this process's environment (a chaos run's shortened hand-off deadline),
+        so runs side by side in one process each give their own. `figures`: draw the report's PNGs after the run
+        (report/plots.py: about 2.6 s here, matplotlib's import included; `kvtransit up --no-figures`)."""
         self.scenario = scenario
         self.report_path = Path(report_path)
         self.links_mode = links
@@ -100,12 +104,14 @@ class Launcher:
         self.launches: list[FlowLaunch] = flow_launches(scenario)  # what the scenario's flows start beside ours
         self.group_roles = {role for launch in self.launches for role in launch.GROUP_ROLES}
         self.frontend_url: str | None = None  # once the front end said it is ready
+        self.child_env = dict(child_env or {})
+        self.figures = figures
 
     # -- processes -----------------------------------------------------------------------------------------
 
     async def _start(self, child: Child) -> dict:
         self.children.append(child)
-        await child.start(env={**os.environ, SUPERVISED_ENV: str(os.getpid())}, new_session=True)
+        await child.start(env={**os.environ, **self.child_env, SUPERVISED_ENV: str(os.getpid())}, new_session=True)
         timeout_s = (READY_TIMEOUT_S + (REAL_KV_READY_EXTRA_S if child.role == "prefill"
                                         and self.scenario.kv_sample == REAL_MODEL_KV else 0.0)
                      + sum(launch.ready_extra_s(self.scenario, child.role) for launch in self.launches))
@@ -216,7 +222,7 @@ class Launcher:
             report["twin"] = {"refused": "the requests came from outside clients (--frontend): none to replay"}
         # The figures are drawn here, in the harness, not in the load generator (a serving process: its memory
         # is the run's), from the report it wrote.
-        write_report(report, self.report_path)
+        write_report(report, self.report_path, figures=self.figures)
 
     async def _progress(self, loadgen: Child, decodes: list[Child]) -> None:
         while True:

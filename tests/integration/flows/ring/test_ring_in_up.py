@@ -34,7 +34,7 @@ LIGHT = dict(ring_share=0.34, ring_ranks=2, ring_prompt=4096, ring_link="eth-100
 def _launcher(tmp_path: Path, lines: list[str] | None = None, **fields) -> Launcher:
     log = lines.append if lines is not None else (lambda _msg: None)
     return Launcher(Scenario.build(**{**LIGHT, **fields}), report_path=tmp_path / "report.json", drain_timeout_s=20.0,
-                    accuracy_sample=0, log=log)
+                    figures=False, accuracy_sample=0, log=log)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ LEGS_BAND = 0.10
 
 
 def _run(tmp_path: Path, **fields) -> dict:
-    launcher = Launcher(Scenario.build(**{**LIGHT, **fields}), report_path=tmp_path / "report.json",
+    launcher = Launcher(Scenario.build(**{**LIGHT, **fields}), figures=False, report_path=tmp_path / "report.json",
                         drain_timeout_s=20.0, accuracy_sample=0, links="loopback", log=lambda _msg: None)
     path = asyncio.run(launcher.run())
     assert path is not None
@@ -95,7 +95,7 @@ def test_a_middlebox_that_dies_fails_only_the_remote_steps_it_was_relaying_and_l
     lines: list[str] = []
     scenario = Scenario.build(**{**LIGHT, "requests": 16, "output_mean": 64.0})
     launcher = Launcher(scenario, report_path=tmp_path / "report.json", drain_timeout_s=10.0, accuracy_sample=0,
-                        restart_roles=("middlebox",), links="loopback", log=lines.append)
+                        figures=False, restart_roles=("middlebox",), links="loopback", log=lines.append)
 
     async def run_and_kill():
         run = asyncio.create_task(launcher.run())

@@ -29,7 +29,7 @@ WORKLOAD = dict(prefix_workload="system-prompts", system_prompts=4, system_promp
 def _run(tmp_path: Path, **fields) -> dict:
     scenario = Scenario.build(**{**WORKLOAD, **fields})
     launcher = Launcher(scenario, report_path=tmp_path / "run.json", drain_timeout_s=20.0, accuracy_sample=0,
-                        log=lambda _msg: None, links="loopback")
+                        figures=False, log=lambda _msg: None, links="loopback")
     path = asyncio.run(launcher.run())
     return json.loads(path.read_text())
 

@@ -112,7 +112,7 @@ def test_a_run_from_a_warmed_pool_reuses_what_the_traces_past_implies(tmp_path):
     scenario = Scenario.build(trace=str(_trace(tmp_path)), trace_start=5, requests=3, kv_pool="pool", pool_warm="trace",
                         codec="freq-keep-k", link="eth-25g", output_mean=4.0)
     launcher = Launcher(scenario, report_path=tmp_path / "run.json", drain_timeout_s=20.0, accuracy_sample=0,
-                        log=lambda _msg: None, links="loopback")
+                        figures=False, log=lambda _msg: None, links="loopback")
     report = json.loads(asyncio.run(launcher.run()).read_text())
     assert report["requests"]["failed"] == 0
     pool = report["kv_pool"]

@@ -32,7 +32,7 @@ SHARE_POINTS = 0.05
 
 
 def _run(tmp_path: Path, **fields) -> dict:
-    launcher = Launcher(Scenario.build(**{**LIGHT, **fields}), report_path=tmp_path / "report.json",
+    launcher = Launcher(Scenario.build(**{**LIGHT, **fields}), figures=False, report_path=tmp_path / "report.json",
                         drain_timeout_s=20.0, accuracy_sample=0, log=lambda _msg: None)
     path = asyncio.run(launcher.run())
     assert path is not None
