@@ -20,6 +20,8 @@ prefix workload brings its own requests). The questions:
   a flow changes in them, and what the report says of them;
 - `check(scenario)`: the cross-field checks (after the core's own), a ConfigError naming the field;
 - `describe(scenario)`: derived figures for the report's `config` block;
+- `prefix_cache(scenario)`: a prefill instance's own prefix cache as the twin asks it (a lookup before a request
+  queues, a write-back once its step ran; None: no prefix reuse at the prefill);
 - `twin_gap(scenario)`: what the twin (twin/serving.py) would leave out of the flow (None: nothing, the answers above
   are all it changes).
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from kvtransit.model.cost.roofline import StepWork
@@ -39,6 +41,18 @@ if TYPE_CHECKING:
     from kvtransit.model.serving.workload import RequestSpec
 
 S = TypeVar("S", bound="Section")
+
+
+class PrefixCache(Protocol):
+    """One prefill instance's prefix cache, as a flow answers `Section.prefix_cache`."""
+
+    def lookup(self, request: RequestSpec) -> int:
+        """Prompt tokens of `request` found cached (its blocks touched as the live cache touches them)."""
+        ...
+
+    def computed(self, request: RequestSpec) -> None:
+        """`request`'s (last) step ran: hold the blocks it computed that the cache lacked (the write-back)."""
+        ...
 
 
 class StepExtra:
@@ -119,6 +133,9 @@ class Section:
         return specs
 
     def workload(self, scenario: Scenario) -> dict[str, Any] | None:
+        return None
+
+    def prefix_cache(self, scenario: Scenario) -> PrefixCache | None:
         return None
 
     # -- the twin (twin/serving.py) -------------------------------------------------------------------------

@@ -53,6 +53,16 @@ def _step_split(totals: StepTotals) -> dict[str, Any]:
             "collective_share": totals.collective_s / totals.model_s if totals.model_s > 0 else None}
 
 
+def _prefix(run: TwinRun) -> dict[str, Any] | None:
+    """The prefill caches' reuse over the run: cached prompt tokens / prompt tokens (the tier's hit rate)."""
+    if run.cached_tokens is None:
+        return None
+    prompt = sum(r.prompt_tokens for r in run.records)
+    cached = sum(run.cached_tokens.values())
+    return {"prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt if prompt else None,
+            "requests_with_hit": sum(1 for c in run.cached_tokens.values() if c > 0)}
+
+
 def twin_report(run: TwinRun, *, wall_s: float | None) -> dict[str, Any]:
     """The report of a twin run; `wall_s`: how long the twin took, wall seconds, as its caller timed it (None: not
     timed; the twin keeps no clock but its own)."""
@@ -113,6 +123,7 @@ def twin_report(run: TwinRun, *, wall_s: float | None) -> dict[str, Any]:
             "wall_s": wall_s, "events": run.events, "model_s": run.run_s,
             "prefill_steps": run.prefill_steps, "decode_steps": run.decode_steps,
             "step_split": {role: _step_split(totals) for role, totals in run.step_totals.items()},
+            "prefix": _prefix(run),
             "stages": {rid: vars(stage) for rid, stage in run.stages.items()},
         },
     }

@@ -39,6 +39,7 @@ from kvtransit.model.errors import ConfigError
 from kvtransit.model.judge.slo import RequestRecord
 from kvtransit.model.module.budget import Action
 from kvtransit.model.scenario import Scenario
+from kvtransit.model.sections import PrefixCache
 from kvtransit.model.serving.decode_plan import DecodeStepPlan, plan_decode_step
 from kvtransit.model.serving.kv_arrival import KvArrivals, Verdict
 from kvtransit.model.serving.layerwise import HANDOFF_LAYERWISE
@@ -54,6 +55,7 @@ from kvtransit.model.serving.prefill_plan import (
     ChunkedPrefillQueue,
     PrefillChunk,
     PrefillStepPlan,
+    batch_entry,
     plan_prefill_step,
     prefill_queue,
 )
@@ -70,6 +72,11 @@ def _rid(request_id: Hashable) -> int:
     if not isinstance(request_id, int):
         raise TypeError(f"twin: request id {request_id!r} is not an int")
     return request_id
+
+
+def _prefix_cache(scenario: Scenario) -> PrefixCache | None:
+    """A prefill instance's own prefix cache, from the flow that keeps one (None: no prefix reuse at the prefill)."""
+    return next((cache for s in scenario.enabled_sections if (cache := s.prefix_cache(scenario)) is not None), None)
 
 
 def unmodelled_flows(scenario: Scenario) -> list[str]:
@@ -133,6 +140,8 @@ class TwinRun:
     module_energy_j: float
     link_energy_j: float
     step_totals: dict[str, StepTotals] = field(default_factory=dict)  # by role: "prefill", "decode"
+    # Prompt tokens each request's prefix lookup found cached (None: no prefill keeps a prefix cache).
+    cached_tokens: dict[int, int] | None = None
 
     @property
     def tokens_delivered(self) -> int:
@@ -143,6 +152,7 @@ class TwinRun:
 class _Prefill:
     index: int
     queue: PrefillQueue | ChunkedPrefillQueue
+    prefix: PrefixCache | None = None  # its own prefix cache (a flow's: model/sections.py `prefix_cache`)
     busy: bool = False
     steps: int = 0
 
@@ -162,9 +172,11 @@ class _Twin:
     def __init__(self, scenario: Scenario, specs: list[RequestSpec]) -> None:
         self.scenario = scenario
         self.specs = specs
+        self.spec_of = {spec.request_id: spec for spec in specs}
         self.events = EventQueue()
         self.router = PrefillRouter(scenario.prefill)
-        self.prefills = [_Prefill(i, prefill_queue(scenario)) for i in range(scenario.prefill)]
+        self.prefills = [_Prefill(i, prefill_queue(scenario), _prefix_cache(scenario)) for i in range(scenario.prefill)]
+        self.cached: dict[int, int] = {}  # request id -> prompt tokens its prefix lookup found cached
         self.decodes = [_Decode(i, DecodeBatcher(scenario.decode_kv_capacity_tokens)) for i in range(scenario.decode)]
         self.arrivals = [KvArrivals(0) for _ in self.decodes]
         self.lanes = Lanes(scenario)
@@ -210,7 +222,10 @@ class _Twin:
         prefill = self.prefills[self.router.assign(request)]
         self.records[spec.request_id] = new_record(self.scenario, spec, self.events.now_s)
         self.stages[spec.request_id] = Stages(prefill=prefill.index)
-        prefill.queue.push(request)
+        # Looked up before it queues, as the prefill's tier part does (agents/prefill/agent.py `_enqueue`): what is
+        # queued is the prompt less its cached prefix.
+        cached = self.cached[spec.request_id] = prefill.prefix.lookup(spec) if prefill.prefix is not None else 0
+        prefill.queue.push(ServingRequest(spec.request_id, spec.prompt_tokens - cached, spec.output_tokens))
         if not prefill.busy:
             self._prefill_step(prefill)
 
@@ -228,10 +243,8 @@ class _Twin:
         self.events.at(start + plan.model_s, lambda: self._prefill_done(prefill, plan, start))
 
     def _entry(self, item: ServingRequest | PrefillChunk) -> BatchEntry:
-        if isinstance(item, PrefillChunk):
-            request = item.request
-            return BatchEntry(request.request_id, item.stop, request.output_tokens, item.start, item.first, item.last)
-        return BatchEntry(item.request_id, item.prompt_tokens, item.output_tokens)
+        rid = _rid((item.request if isinstance(item, PrefillChunk) else item).request_id)
+        return batch_entry(item, rid, self.cached[rid], self.records[rid].output_tokens)
 
     def _prefill_done(self, prefill: _Prefill, plan: PrefillStepPlan, start_s: float) -> None:
         now = self.events.now_s
@@ -242,6 +255,8 @@ class _Twin:
             if not entry.last_chunk:
                 continue
             rid = _rid(entry.request_id)
+            if prefill.prefix is not None:  # what the step computed is the cache's now (the write-back)
+                prefill.prefix.computed(self.spec_of[rid])
             record = self.records[rid]
             record.token_times_s.append(now)
             record.first_token_stamp_s = now
@@ -349,4 +364,5 @@ def run_twin(scenario: Scenario) -> TwinRun:
         gpu_energy_j=twin.gpu_energy_j, link_busy_s=twin.lanes.busy_s, kv_bytes=twin.kv_bytes,
         wire_bytes=twin.wire_bytes, module_energy_j=twin.module_energy_j,
         link_energy_j=link_energy_j(scenario.link_spec, twin.wire_bytes), step_totals=twin.step_totals,
+        cached_tokens=dict(twin.cached) if any(p.prefix is not None for p in twin.prefills) else None,
     )

@@ -17,6 +17,7 @@ DECISIONS = [
     ("the requests, in order", "requests_for", "kvtransit.agents.loadgen.agent"),
     ("the prefill batch", "prefill_queue", "kvtransit.agents.prefill.agent"),
     ("the prefill step", "plan_prefill_step", "kvtransit.agents.prefill.agent"),
+    ("a queued request's part of the step", "batch_entry", "kvtransit.agents.prefill.agent"),
     ("which decode instance", "least_loaded", "kvtransit.agents.middlebox.decode_peers"),
     ("take or refuse the KV", "KvArrivals", "kvtransit.agents.decode.agent"),
     ("decode admission", "DecodeBatcher", "kvtransit.agents.decode.agent"),

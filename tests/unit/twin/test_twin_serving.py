@@ -103,3 +103,4 @@ def test_a_tp_group_and_a_ring_run_as_their_sections_plan_them():
     assert all(r.finished for r in tp.records)
     ring = run_twin(_scenario(ring_share=0.1, requests=30))
     assert all(r.finished for r in ring.records)
+

@@ -53,6 +53,7 @@ from kvtransit.model.serving.prefill_plan import (
     BatchEntry,
     PrefillChunk,
     PrefillStepPlan,
+    batch_entry,
     plan_prefill_step,
     prefill_queue,
 )
@@ -158,14 +159,9 @@ class PrefillAgent:
 
     def _batch_entry(self, item: ServingRequest | PrefillChunk) -> BatchEntry:
         """The step's view of a queued request (or of one chunk of it): its context before and after the step."""
-        if isinstance(item, PrefillChunk):
-            queued, start, stop, first, last = item.request, item.start, item.stop, item.first, item.last
-        else:
-            queued, start, stop, first, last = item, 0, item.prompt_tokens, True, True
-        request_id = wire_id(queued.request_id)
-        request = self.admitted[request_id].request
-        cached = self.cached_tokens(request_id)  # what was queued is the prompt less its cached prefix
-        return BatchEntry(request_id, cached + stop, request.output_tokens, cached + start, first, last)
+        request_id = wire_id((item.request if isinstance(item, PrefillChunk) else item).request_id)
+        output_tokens = self.admitted[request_id].request.output_tokens
+        return batch_entry(item, request_id, self.cached_tokens(request_id), output_tokens)
 
     async def step_loop(self) -> None:
         """Take a batch, hold it for its planned time on the clock, send its first tokens; idle when none is queued."""

@@ -19,9 +19,14 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.serving.traces import BLOCK_TOKENS
+
+if TYPE_CHECKING:
+    from kvtransit.model.scenario import Scenario
+    from kvtransit.model.serving.workload import RequestSpec
 
 # Block ids travel as unsigned 64-bit integers on the wire (wire/_frames.py), trace ids are small integers.
 HASH_BITS = 63
@@ -153,3 +158,35 @@ def capacity_blocks_for(capacity_bytes: float, block_bytes: int) -> int:
     if block_bytes < 1:
         raise ConfigError(f"block size must be >= 1 byte, got {block_bytes}")
     return max(0, int(capacity_bytes // block_bytes))
+
+
+def local_index(scenario: Scenario, capacity_bytes: float, block_tokens: int = BLOCK_TOKENS) -> PrefixIndex:
+    """A prefill's own cache (`--kv-pool local`): `capacity_bytes` of the modelled KV, in blocks of `block_tokens`."""
+    return PrefixIndex(capacity_blocks_for(capacity_bytes, scenario.model_spec.kv_bytes(block_tokens)))
+
+
+class LocalPrefixCache:
+    """`--kv-pool local` as the twin asks it (model/sections.py: `PrefixCache`): the live prefill's rules
+    (flows/tier/prefix_cache.py: its lookup and write-back), on the same index, with no fetch: a lookup costs
+    nothing."""
+
+    def __init__(self, index: PrefixIndex, block_tokens: int = BLOCK_TOKENS):
+        self.index = index
+        self.block_tokens = block_tokens
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self._looked_up: dict[int, tuple[tuple[int, ...], int]] = {}  # request id -> (its full blocks, hits)
+
+    def lookup(self, request: RequestSpec) -> int:
+        ids = storable(request.hash_ids, request.prompt_tokens, self.block_tokens)
+        hits = self.index.lookup(ids) if ids else 0
+        self._looked_up[request.request_id] = (ids, hits)
+        found = cached_tokens(request.prompt_tokens, hits, self.block_tokens)
+        self.prompt_tokens += request.prompt_tokens
+        self.cached_tokens += found
+        return found
+
+    def computed(self, request: RequestSpec) -> None:
+        ids, hits = self._looked_up.pop(request.request_id, ((), 0))
+        if new := ids[hits:]:  # what the step computed that the cache lacked (prefix_cache.py: Lookup.new_blocks)
+            self.index.insert(new)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from kvtransit.agents.process import Address
 from kvtransit.flows.tier import pool_blocks
 from kvtransit.flows.tier.metrics import prefix_cache_metrics
-from kvtransit.flows.tier.prefix import PrefixIndex, cached_tokens, capacity_blocks_for, storable
+from kvtransit.flows.tier.prefix import cached_tokens, local_index, storable
 from kvtransit.flows.tier.section import TierSection
 from kvtransit.model.scenario import Scenario
 from kvtransit.model.serving.traces import BLOCK_TOKENS
@@ -122,10 +122,8 @@ class PrefixReuse:
         for stage in ("raw", "wire"):
             self.metrics.fetch_bytes.labels(stage=stage)
         self.model_bytes_per_byte = 1.0 / scenario.effective_scale
-        # local: the cache's capacity in blocks of the modelled KV.
-        block_model_bytes = scenario.model_spec.kv_bytes(self.block_tokens)
-        self.local = PrefixIndex(capacity_blocks_for(tier.kv_pool_capacity, block_model_bytes)) \
-            if self.mode == "local" else None
+        # local: the cache's capacity in blocks of the modelled KV (the twin's is the same index: LocalPrefixCache).
+        self.local = local_index(scenario, tier.kv_pool_capacity, self.block_tokens) if self.mode == "local" else None
         self.totals = PrefixTotals()
         # --compress-at gpu: write-backs leave compressed by the GPU's codec (the middlebox passes them through).
         self.gpu_codec = pool_blocks.write_back_codec(scenario) if scenario.compress_at == "gpu" else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from kvtransit.flows.tier.prefix import LocalPrefixCache, local_index
 from kvtransit.flows.tier.prefix_warm import POOL_WARM_MODES
 from kvtransit.flows.tier.workloads import PREFIX_WORKLOADS, prefix_requests
 from kvtransit.model.errors import ConfigError
@@ -24,6 +25,7 @@ from kvtransit.model.sections import Section
 
 if TYPE_CHECKING:
     from kvtransit.model.scenario import Scenario
+    from kvtransit.model.sections import PrefixCache
     from kvtransit.model.serving.workload import RequestSpec
 
 KV_POOL_MODES = ("off", "local", "pool")
@@ -80,9 +82,17 @@ class TierSection(Section):
             raise ConfigError(f"prefix_workload: {self.prefix_workload!r} and a trace both name the requests; "
                               "give one (a Mooncake trace brings its own hash_ids)")
 
+    def prefix_cache(self, scenario: Scenario) -> PrefixCache | None:
+        """`local`: the prefill's own cache, the live one's rules (flows/tier/prefix.py); off or pool: none here."""
+        if self.kv_pool != "local":
+            return None
+        return LocalPrefixCache(local_index(scenario, self.kv_pool_capacity))
+
     def twin_gap(self, scenario: Scenario) -> str | None:
-        return ("its prefix cache's hits, write-backs and evictions and the pool's fetches over its own link are live "
-                "only (no model of them drives a prefill step yet)")
+        if self.pool:
+            return ("--kv-pool pool: the pool's fetches and write-backs over its own link and the module are live only "
+                    "(no model of them drives a prefill step yet; --kv-pool local runs on the twin)")
+        return None  # off with a prefix workload (its requests), or local (prefix_cache)
 
     def brings_prompts(self) -> bool:
         return self.prefix_workload != "none"

@@ -62,6 +62,18 @@ class BatchEntry:
         return self.prompt_tokens if self.first_chunk else self.prompt_tokens - self.cached_tokens
 
 
+def batch_entry(item: ServingRequest | PrefillChunk, request_id: Hashable, cached_tokens: int,
+                output_tokens: int) -> BatchEntry:
+    """The step's view of a queued request (or of one chunk of it): what was queued is the prompt less its cached
+    prefix (the cached tokens are re-read, not computed), so its context before and after the step are shifted by
+    `cached_tokens`. The prefill agent's and the twin's."""
+    if isinstance(item, PrefillChunk):
+        start, stop, first, last = item.start, item.stop, item.first, item.last
+    else:
+        start, stop, first, last = 0, item.prompt_tokens, True, True
+    return BatchEntry(request_id, cached_tokens + stop, output_tokens, cached_tokens + start, first, last)
+
+
 @dataclass(frozen=True)
 class PrefillStepPlan:
     entries: tuple[BatchEntry, ...]
