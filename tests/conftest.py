@@ -15,10 +15,20 @@
 
 `pytest --hypothesis-profile NAME` still picks one explicitly; KVTRANSIT_FUZZ_EXAMPLES overrides the count of
 the fuzz tests alone.
+
+Both cores (pytest-xdist, `-n 2 --dist loadgroup`): a live test that holds a measured figure against the model needs
+the box to itself, since the host's own work is what it measures. So under xdist every test holds a lock for its
+whole run, setup to teardown (outside pytest-timeout's clock): a `slow` test takes it alone unless it is marked
+`shares_host` (it judges what happened, not how fast: a ledger, an outcome, the bytes), every other test shares it.
+A module's tests run on one worker, so its module fixtures run once; the modules that read one session fixture
+run together (SESSION_GROUPS).
 """
 
+import fcntl
 import os
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,15 +48,56 @@ settings.register_profile("fuzz-ci", max_examples=10_000, deadline=None,
 settings.load_profile("ci" if ON_CI else "default")
 
 
+# Modules kept on one worker: those that read one session fixture (tests/integration/conftest.py), so it runs once,
+# and those that drive the one Docker engine (a Swarm joined while a compose project builds is not their test).
+SESSION_GROUPS = {"integration/test_serving_loop.py": "light-run", "integration/test_request_ledger.py": "light-run",
+                  "system/test_compose_testbed.py": "docker", "system/test_compose_default_build.py": "docker",
+                  "system/test_swarm_stack.py": "docker"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its own hook of the same name)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    grouped = config.pluginmanager.hasplugin("xdist")  # its marker exists only with it
     for item in items:
         try:
-            layer = item.path.resolve().relative_to(TESTS).parts[0]
+            relative = item.path.resolve().relative_to(TESTS)
         except ValueError:
             continue
+        layer = relative.parts[0]
         if layer in SLOW_LAYERS:
             item.add_marker(getattr(pytest.mark, layer))
             item.add_marker(pytest.mark.slow)
+        if grouped:
+            path = relative.as_posix()
+            item.add_marker(pytest.mark.xdist_group(SESSION_GROUPS.get(path, path)))
+
+
+def _host_lock() -> Path | None:
+    """This `-n` run's lock file (None: not under xdist)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # set in every worker of one `-n` run, the same in all
+    return None if run is None else Path(tempfile.gettempdir()) / f"kvtransit-tests-{run}.lock"
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    path = _host_lock()
+    if path is None:
+        yield
+        return
+    alone = item.get_closest_marker("slow") is not None and item.get_closest_marker("shares_host") is None
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A worker done removes the lock file: a worker still running makes a new one for its next test, with no one
+    left to share it with."""
+    if (path := _host_lock()) is not None:
+        path.unlink(missing_ok=True)
 
 
 class ProcessInFastTier(AssertionError):

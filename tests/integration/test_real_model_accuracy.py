@@ -23,6 +23,7 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                        reason="the realkv extra is not installed (torch missing): pip install -e '.[realkv]'"),
     pytest.mark.slow,
+    pytest.mark.shares_host,  # the real model offline: logits and perplexities, no clock
 ]
 
 CONTEXT, CONTINUATION = 128, 32

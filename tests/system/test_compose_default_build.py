@@ -32,6 +32,7 @@ STEP_TIMEOUT_S = 900.0  # one cold build: numpy, scipy and pyfftw wheels from th
 pytestmark = [
     pytest.mark.system,
     pytest.mark.slow,
+    pytest.mark.shares_host,  # the build and the official images run: what, not how fast
     pytest.mark.timeout(1800),
     pytest.mark.skipif(shutil.which("docker") is None, reason="needs the docker CLI"),
 ]

@@ -34,7 +34,8 @@ from ._docker_engine import (
 )
 from ._docker_engine import run as _run
 
-pytestmark = [pytest.mark.system, pytest.mark.timeout(600), *REQUIRES_ENGINE]
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600), *REQUIRES_ENGINE,
+              pytest.mark.shares_host]  # containers up, scraped, every request accounted for
 
 
 def _unready_container_logs(env: dict) -> str:

@@ -33,6 +33,7 @@ from kvtransit.harness.up.prometheus import ANNOUNCE_PREFIX
 
 pytestmark = [
     pytest.mark.system,
+    pytest.mark.shares_host,  # every query answered by a real Prometheus: what, not how fast
     pytest.mark.skipif(shutil.which("prometheus") is None,
                        reason="prometheus not on PATH (apt-get install prometheus)"),
 ]

@@ -44,7 +44,8 @@ from ._docker_engine import (
 
 GWBRIDGE = "docker_gwbridge"  # the bridge swarm makes for its containers' way out; `swarm leave` does not remove it
 
-pytestmark = [pytest.mark.system, pytest.mark.timeout(600), *REQUIRES_ENGINE]
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600), *REQUIRES_ENGINE,
+              pytest.mark.shares_host]  # the stack runs and every request is accounted for
 
 
 def _link_exists(name: str) -> bool:

@@ -74,6 +74,7 @@ def test_a_ring_requests_ttft_carries_its_ring_prefill(ring_run):
     assert block["ttft_ms"]["other"]["p50"] < block["ttft_ms"]["ring"]["p50"]
 
 
+@pytest.mark.shares_host  # failures, reasons and the ledger: what happened, not how fast
 def test_a_ring_follower_that_dies_fails_the_ring_requests_with_the_rings_reason_and_nothing_else(tmp_path):
     lines: list[str] = []
     launcher = _launcher(tmp_path, lines, requests=16)

@@ -91,6 +91,7 @@ def test_the_legs_are_measured_beside_the_model_and_cost_the_remote_class_its_tp
             > 3 * top_k["remote_kv"]["tpot_ms"]["remote"]["p50"])
 
 
+@pytest.mark.shares_host  # failures, reasons and the ledger: what happened, not how fast
 def test_a_middlebox_that_dies_fails_only_the_remote_steps_it_was_relaying_and_loses_nothing(tmp_path):
     lines: list[str] = []
     scenario = Scenario.build(**{**LIGHT, "requests": 16, "output_mean": 64.0})

@@ -63,10 +63,12 @@ def test_the_collective_share_is_measured_beside_the_models(ring_run):
     assert check["target"] == 0.03 and check["measured"] == pytest.approx(share["measured"] - share["model"])
 
 
+@pytest.mark.shares_host  # failures, reasons and the ledger: what happened, not how fast
 def test_a_follower_that_dies_fails_the_decodes_requests_with_the_groups_reason(tmp_path):
     lines: list[str] = []
     launcher = Launcher(Scenario.build(**{**LIGHT, "requests": 12, "rate": 4.0, "output_mean": 64.0}),
-                        report_path=tmp_path / "report.json", drain_timeout_s=5.0, accuracy_sample=0, log=lines.append)
+                        report_path=tmp_path / "report.json", drain_timeout_s=5.0, accuracy_sample=0, log=lines.append,
+                        figures=False)
 
     async def run_and_kill():
         run = asyncio.create_task(launcher.run())
@@ -107,13 +109,15 @@ def test_a_prefill_group_all_reduces_every_step_before_its_first_tokens(tmp_path
     assert "collectives_prefill-0" in report["fidelity"]
 
 
+@pytest.mark.shares_host  # failures, reasons and the ledger: what happened, not how fast
 def test_a_prefill_follower_that_dies_fails_the_requests_it_would_have_prefilled(tmp_path):
     lines: list[str] = []
     # Eight requests (20 s of arrivals at dilation 10): the follower dies after the group's second step, so most of
     # them still arrive after it, for its leader to fail with the group's reason (16 showed nothing more, in twice
     # the time).
     launcher = Launcher(Scenario.build(**{**PREFILL, "decode_tp": 1, "requests": KILLED_PREFILL_REQUESTS}),
-                        report_path=tmp_path / "report.json", drain_timeout_s=5.0, accuracy_sample=0, log=lines.append)
+                        report_path=tmp_path / "report.json", drain_timeout_s=5.0, accuracy_sample=0, log=lines.append,
+                        figures=False)
 
     async def run_and_kill():
         run = asyncio.create_task(launcher.run())

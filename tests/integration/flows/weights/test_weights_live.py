@@ -33,6 +33,7 @@ async def test_a_paged_in_adapter_adds_its_load_to_ttft_at_light_load_within_2_p
     assert s["miss_ttft_median_s"] > s["model_prefill_s"] + 0.9 * s["miss_wait_median_s"]  # the wait is in TTFT
 
 
+@pytest.mark.shares_host  # failures, reasons and the ledger: what happened, not how fast
 async def test_zstd_runs_at_the_hosts_moves_fewer_bytes_and_gives_back_every_one():
     report = await run_weights(_plan(kernel="zstd", policy=Policy.HOST, requests=6))
     s = report.summary()
@@ -41,6 +42,7 @@ async def test_zstd_runs_at_the_hosts_moves_fewer_bytes_and_gives_back_every_one
     assert abs(s["cold_start_error"]) < 0.02
 
 
+@pytest.mark.shares_host  # failures, reasons and the ledger: what happened, not how fast
 async def test_a_store_that_dies_fails_the_instance_with_a_reason():
     plan = _plan(requests=40)
     report = await run_weights(plan, kill_role="store", kill_after_s=1.0, timeout_s=plan.deadline_s * 3 + 20)
