@@ -228,3 +228,16 @@ def test_the_tier_row_runs_the_tier_deck_presets_in_transit_point_under_the_tabl
     assert (scenario.link, scenario.precision_bits, scenario.kv_sample) == ("eth-25g", 6, str(sample))
     assert scenario.module_budget_ops_per_byte == 3.96
     assert trace_path(scenario.trace).exists()  # the shipped trace, wherever the command runs
+
+
+def test_an_identity_kernel_is_judged_no_kernel_whatever_its_five_tests_say():
+    from kvtransit.harness.studies.candidates.verdicts import verdict_of
+    from kvtransit.model.judge.five_tests import FiveTests, Judgement
+    from kvtransit.model.module.budget import KernelDeclaration
+
+    passing = FiveTests("weights", "none", tuple(Judgement(t, True, "-", "-", "passes") for t in
+                                                 ("bottleneck", "operations", "budget", "precision", "placement")))
+    identity = KernelDeclaration("none (lossless)", lossless=True)
+    verdict, why = verdict_of(passing, (), identity)
+    assert verdict == "no kernel" and "moves no byte" in why and identity.identity
+    assert verdict_of(passing, (), KernelDeclaration("fp8", ratio=2.0, ops_per_byte=0.5))[0] == "candidate"

@@ -7,8 +7,8 @@ Rows: kv-tier-fetch, kv-handoff, query-aware-selection, ring-attention, moe-all-
 weight-streaming, fhe-inference, pq-key-exchange (`--only` picks some). Each row runs its flow for a few seconds
 (`harness/studies/candidates/run.py` says what runs and what is modelled), its five tests (bottleneck, operations,
 budget, precision, placement) are judged from the run, and one rule gives the verdict: candidate (all five pass),
-promising (one measured failure that one change of an unknown below fixes), not a candidate, or not run (an extra
-missing).
+promising (one measured failure that one change of an unknown below fixes), no kernel (the row's kernel moves no
+byte and computes nothing), not a candidate, or not run (an extra missing).
 
 The unknowns change the table the way docs/reference.md §5's unknowns would: --module-budget (low 0.40, sim 1.6, high
 3.96, or a number of ops per line byte), --transform-charged (the transform counts against the budget),

@@ -100,6 +100,12 @@ class KernelDeclaration:
     lossless: bool = False
     streams: int = 1
 
+    @property
+    def identity(self) -> bool:
+        """It moves no byte off the link and runs nothing: ratio 1, no operation, no transform, one stream."""
+        return (self.ratio == 1.0 and self.ops_per_byte == 0.0 and (self.transform in (None, "none"))
+                and self.streams == 1 and not self.op_types)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "op_types", frozenset(self.op_types))
         if not self.name:

@@ -72,8 +72,9 @@ def table_json(verdicts: list[RowVerdict], runs: list[RowRun], u: Unknowns, comm
                 "precision_bits": u.precision_bits, "link": u.link}
     return finite_json({"command": command, "unknowns": unknowns,
             "rule": "candidate: all five pass; promising: exactly one measured failure that one change of a stated "
-                    "unknown (budget, transform, precision bits, link) turns into five passes; not a candidate: "
-                    "otherwise; 'not measured' never passes (harness/studies/candidates/table.py)",
+                    "unknown (budget, transform, precision bits, link) turns into five passes; no kernel: its kernel "
+                    "moves no byte and computes nothing (an identity); not a candidate: otherwise; 'not measured' "
+                    "never passes (harness/studies/candidates/table.py)",
             "rows": rows})
 
 
@@ -88,7 +89,9 @@ def table_markdown(verdicts: list[RowVerdict], runs: list[RowRun], u: Unknowns, 
              (f"Judged under: {unknowns_text(u)}. The rule (harness/studies/candidates/table.py): **candidate** = all "
              "five tests pass; **promising** = exactly one measured failure, and one change of a stated unknown "
              "(module budget, transform charged/free, precision bits, or the link from the catalogue) makes all five "
-             "pass when the row is judged again with its own measured figures; **not a candidate** otherwise; a "
+             "pass when the row is judged again with its own measured figures; **no kernel** = the row's kernel moves "
+             "no byte off the link and computes nothing (an identity: there is nothing on the link to judge); **not "
+             "a candidate** otherwise; a "
              "test \"not measured\" never passes. \"(modelled)\": the figure comes from the model (the row's section "
              "says what was measured and what modelled). Each cell links to its row's section: the figures measured, "
              "the run's directory and the command that reproduces it."), "",

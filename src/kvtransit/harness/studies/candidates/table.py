@@ -18,6 +18,9 @@ against a measured error and its tolerance (`PrecisionFigure`), with the bits an
   docs/reference.md §5's unknowns) makes all five pass when the row is judged again with its own measured figures
   (`candidate_verdicts.py: flips`).
 - `not a candidate`: anything else; the failing tests are named.
+- `no kernel`: the row's kernel moves no byte off the link and runs no operation (an identity: ratio 1, nothing
+  computed), so whatever its five tests say there is nothing on the link to judge (model/judge/five_tests.py's rule
+  for a flow without a kernel); the tests are still shown, the bottleneck saying whether a kernel here could matter.
 - `not run`: the row's flow could not run here (its extra is not installed); never a guess.
 
 **What would flip each verdict** (`candidate_verdicts.py: verdict_flips`): per unknown, the smallest change that
@@ -55,7 +58,8 @@ CANDIDATE = "candidate"
 PROMISING = "promising"
 NOT_A_CANDIDATE = "not a candidate"
 NOT_RUN = "not run"
-VERDICTS = (CANDIDATE, PROMISING, NOT_A_CANDIDATE, NOT_RUN)
+NO_KERNEL = "no kernel"
+VERDICTS = (CANDIDATE, PROMISING, NOT_A_CANDIDATE, NO_KERNEL, NOT_RUN)
 LINE_OUTPUT, LINE_INPUT = "output", "input"
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from kvtransit.harness.studies.candidates.table import (
     CANDIDATE,
+    NO_KERNEL,
     NOT_A_CANDIDATE,
     NOT_RUN,
     PROMISING,
@@ -25,7 +26,7 @@ from kvtransit.harness.studies.candidates.table import (
 from kvtransit.model.catalog.links import LINKS
 from kvtransit.model.judge.fidelity import NOT_MEASURED
 from kvtransit.model.judge.five_tests import FiveTests
-from kvtransit.model.module.budget import MODULE_BUDGETS, PRECISION_BITS_RANGE
+from kvtransit.model.module.budget import MODULE_BUDGETS, PRECISION_BITS_RANGE, KernelDeclaration
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def flips(row: RowMeasured, u: Unknowns) -> list[Flip]:
 
 def verdict_under(row: RowMeasured, u: Unknowns) -> str:
     """The rule's verdict for `row` judged under `u`."""
-    return verdict_of(judge_row(row, u), flips(row, u))[0]
+    return verdict_of(judge_row(row, u), flips(row, u), decl_under(row, u))[0]
 
 
 @dataclass(frozen=True)
@@ -173,8 +174,12 @@ class RowVerdict:
                 "flips": [f.as_dict() for f in self.flips], "notes": list(r.notes), "not_run": r.not_run}
 
 
-def verdict_of(tests: FiveTests, row_flips: list[Flip] | tuple[Flip, ...]) -> tuple[str, str]:
-    """The one rule (module docstring): (verdict, why)."""
+def verdict_of(tests: FiveTests, row_flips: list[Flip] | tuple[Flip, ...],
+               decl: KernelDeclaration | None = None) -> tuple[str, str]:
+    """The one rule (module docstring): (verdict, why); `decl`, the kernel judged: an identity is "no kernel"."""
+    if decl is not None and decl.identity:
+        return NO_KERNEL, (f"its kernel ({decl.name}) moves no byte off the link and computes nothing (ratio 1, no "
+                           "operation): nothing on the link to judge")
     failing = tests.failing
     if not failing:
         return CANDIDATE, "all five tests pass"
@@ -193,6 +198,6 @@ def judge_table(rows: list[RowMeasured], u: Unknowns) -> list[RowVerdict]:
             out.append(RowVerdict(row, None, NOT_RUN, row.not_run, ()))
             continue
         tests = judge_row(row, u)
-        verdict, why = verdict_of(tests, flips(row, u))
+        verdict, why = verdict_of(tests, flips(row, u), decl_under(row, u))
         out.append(RowVerdict(row, tests, verdict, why, tuple(verdict_flips(row, u))))
     return out
