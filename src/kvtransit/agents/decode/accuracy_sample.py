@@ -37,9 +37,11 @@ log = logging.getLogger(__name__)
 
 # The measuring thread's niceness: the bottom, as the real model's worker (realmodel/live.py: DECODE_WORKER_NICE).
 MEASURE_NICE = 19
-# How long /stats waits for queued measurements before it reports what is done (each takes well under a second at
-# the scales a live run uses; a report that came sooner says so: `sampled_requests` below the queued count).
-SETTLE_S = 30.0
+# How long /stats waits for queued measurements before it reports what is done: under the load generator's /stats
+# timeout (runtime/http_client.py: DEFAULT_TIMEOUT_S, 5 s), so a slow queue costs the report samples, never decode's
+# stats (a report that came sooner says so: `sampled_requests` below `queued_requests`). Each measurement takes well
+# under a second at the scales a live run uses, and the queue is rarely more than one deep at the run's end.
+SETTLE_S = 3.0
 
 
 def _lower_priority() -> None:

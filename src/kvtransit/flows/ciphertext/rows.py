@@ -42,6 +42,7 @@ def row_pq_key_exchange(ctx: RowContext) -> RowRun:
                                "key kyber-py derives differently from the compiled KEM",
             required_bits=((ntt.Q - 1) ** 2).bit_length()),
         streams=1.0, streams_as="connections a handshake uses (one client to one server)", share_whole="a handshake",
+        streams_counted=False,
         notes=((f"required bits {((ntt.Q - 1) ** 2).bit_length()}: a product of two coefficients mod q = {ntt.Q} "
                "before its reduction"),))
     return RowRun(row, 1.0, rep.dilation.dilation, faithful, command, str(ctx.run_dir),
@@ -75,6 +76,7 @@ def row_fhe_inference(ctx: RowContext) -> RowRun:
         precision=PrecisionFigure(rep.max_abs_error, ERROR_TOLERANCE, "largest |decrypted − float64| of the layer",
                                   required_bits=max(COEFF_MOD_BIT_SIZES)),
         streams=1.0, streams_as="connections a request uses (one client to one server)", share_whole="a request",
+        streams_counted=False,
         notes=(("the kernel is the NTT declaration of kernels/ntt.py (ML-KEM's), a proxy for CKKS's NTTs over "
                f"{max(COEFF_MOD_BIT_SIZES)}-bit primes: the same butterflies, wider moduli"),
                f"required bits {max(COEFF_MOD_BIT_SIZES)}: CKKS's largest coefficient modulus"))

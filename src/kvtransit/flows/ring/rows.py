@@ -94,7 +94,8 @@ def row_ring_attention(ctx: RowContext) -> RowRun:
         precision=PrecisionFigure(err, fp8, f"attention-output error of the live ring of {n} (band-keep on every hop, "
                                   "each block as far as it travelled) vs fp8's at equal bytes",
                                   at_bits=ctx.unknowns.precision_bits),
-        streams=1.0 if coded_report.ok else None, streams_as="streams per hop (a rank sends to its neighbour)")
+        streams=1.0 if coded_report.ok else None, streams_as="streams per hop (a rank sends to its neighbour)",
+        streams_counted=False)
     return RowRun(row, raw["scale"], max(raw["dilation"], coded["dilation"]),
                   faithful_runs({"raw ring": raw, "band-keep ring": coded}), _ring_command(ctx, "freq-keep-k"),
                   str(ctx.run_dir),

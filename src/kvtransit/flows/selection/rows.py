@@ -91,7 +91,8 @@ def row_query_aware_selection(ctx: RowContext) -> RowRun:
                                   f"attention-output error of what arrived, budget {SELECTION_RUN['budget']:g} of the "
                                   f"pages (sink page kept) vs {baseline} at equal bytes (ratio {ratio:.2f})",
                                   at_bits=ctx.unknowns.precision_bits),
-        streams=1.0 if top_report.ok else None, streams_as="streams scored (one context's summaries)")
+        streams=1.0 if top_report.ok else None, streams_as="streams scored (one context's summaries)",
+        streams_counted=False)
     effect = (everything["measured_step_s"] / top["measured_step_s"]
               if top_report.ok and all_report.ok else math.nan)
     return RowRun(row, top["scale"], max(top["dilation"], everything["dilation"]),

@@ -173,18 +173,13 @@ class LocalPrefixCache:
     def __init__(self, index: PrefixIndex, block_tokens: int = BLOCK_TOKENS):
         self.index = index
         self.block_tokens = block_tokens
-        self.prompt_tokens = 0
-        self.cached_tokens = 0
         self._looked_up: dict[int, tuple[tuple[int, ...], int]] = {}  # request id -> (its full blocks, hits)
 
     def lookup(self, request: RequestSpec) -> int:
         ids = storable(request.hash_ids, request.prompt_tokens, self.block_tokens)
         hits = self.index.lookup(ids) if ids else 0
         self._looked_up[request.request_id] = (ids, hits)
-        found = cached_tokens(request.prompt_tokens, hits, self.block_tokens)
-        self.prompt_tokens += request.prompt_tokens
-        self.cached_tokens += found
-        return found
+        return cached_tokens(request.prompt_tokens, hits, self.block_tokens)
 
     def computed(self, request: RequestSpec) -> None:
         ids, hits = self._looked_up.pop(request.request_id, ((), 0))

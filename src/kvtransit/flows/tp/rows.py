@@ -118,6 +118,7 @@ def row_moe_all_to_all(ctx: RowContext) -> RowRun:
         f"collective share of the step × the model's all-to-all part ({a2a_part:.0%})", link=ctx.link,
         precision=PrecisionFigure(err, bound, f"{measured_as} vs E4M3's rounding bound {bound:g}"),
         streams=1.0 if report.ok else None, streams_as="streams per hop (each rank sends to its ring neighbour)",
+        streams_counted=False,
         share_whole="the step",
         notes=(("the live all-to-all's dispatch carries the fp8 kernel's bytes, cast at the GPUs (FP8 needs rounding, "
                 "which the module does not publish; flows/tp/moe_dispatch.py)"),))

@@ -67,7 +67,7 @@ def row_weight_streaming(ctx: RowContext) -> RowRun:
         f"{WEIGHTS_RUN['capacity']} resident", share_by_link={n: share_on(k) for n, k in links().items()},
         link=ctx.link, share_whole="TTFT", link_bytes=float(shape.nbytes), line=LINE_INPUT,
         precision=PrecisionFigure(error, 0.0, measured_as, required_bits=16),
-        streams=1.0 if report.ok else None, streams_as="streams (one adapter to one instance)",
+        streams=1.0 if report.ok else None, streams_as="streams (one adapter to one instance)", streams_counted=False,
         notes=(("kernel none moves no byte off the link (ratio 1): the lossless compressor a user would try (zstd, "
                 "1.28 on BF16 weights, `kvtransit weights --codec zstd --policy host`) branches on the data "
                 "(comparison), which the module does not publish"),

@@ -141,9 +141,21 @@ class RowMeasured:
     streams: float | None = None
     streams_as: str = "streams the kernel combined"
     streams_modelled: bool = False
+    # False: `streams` is what the flow is by construction (one client to one server, a rank to its neighbour), not a
+    # count the run made; the cell then says "declared", never "measured" (a switch's merged streams are counted).
+    streams_counted: bool = True
     not_run: str | None = None  # why the row could not run (e.g. "not installed: pip install .[fhe]")
     share_whole: str = "E2E"  # what the share is of: E2E for a request's flows, "the step" for a collective
     notes: tuple[str, ...] = ()
+
+
+def _declared(j: Judgement, counted: bool) -> Judgement:
+    """A placement whose streams the run did not count: judged on the declaration, and said so in the cell."""
+    if counted or j.passed is None:
+        return j
+    streams = j.values.get("streams_declared")
+    return replace(j, measured=f"declared {streams} (not counted)",
+                   reason=f"declared, not counted by the run: {j.reason}", values={**j.values, "declared_only": True})
 
 
 def _modelled(j: Judgement, modelled: bool) -> Judgement:
@@ -262,7 +274,8 @@ def judge_row(row: RowMeasured, u: Unknowns) -> FiveTests:
         precision = judged
     else:
         precision = figure_precision_test(decl, row.precision)
-    placement = _modelled(placement_test(decl, row.streams, measured_as=row.streams_as), row.streams_modelled)
+    placement = _modelled(_declared(placement_test(decl, row.streams, measured_as=row.streams_as),
+                                    row.streams_counted), row.streams_modelled)
     return FiveTests(row.name, decl.name, (bottleneck, operations_test(decl), budget, precision, placement))
 
 
