@@ -121,3 +121,14 @@ def _fast_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch: py
     monkeypatch.setattr(os, "fork", _refuse("os.fork"))
     monkeypatch.setattr(os, "posix_spawn", _refuse("os.posix_spawn"))
     monkeypatch.setattr(os, "posix_spawnp", _refuse("os.posix_spawnp"))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build matplotlib's font cache before any test runs, where it is not built yet: on a fresh machine its first
+    import lists the system's fonts with `fc-list` (a process), which the fast tier's guard would refuse inside
+    whichever figure test came first, and the figures would be drawn without it (none drawn). A machine's one-time
+    set-up, not a test's work."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:  # without the plots extra the figure tests skip
+        import matplotlib.font_manager  # noqa: F401  (the import builds ~/.cache/matplotlib/fontlist-*.json)
