@@ -70,6 +70,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if grouped:
             path = relative.as_posix()
             item.add_marker(pytest.mark.xdist_group(SESSION_GROUPS.get(path, path)))
+    if grouped:
+        items.sort(key=_phase)
+
+
+def _phase(item: pytest.Item) -> int:
+    """When a test runs under `-n 2`: what may share the host first, the tests that need it alone last.
+
+    A test that needs the box to itself (the host lock below) idles the other worker for its whole run, so the run is
+    shortest when the shared work runs side by side on both workers first, the longest of it earliest (the Docker
+    engine's group, then the shared live tests, then the fast tier), and the tests that run alone follow one after
+    another. xdist hands out groups in this order (its own reordering by size is turned off in pytest_configure)."""
+    markers = {m.name for m in item.iter_markers()}
+    if "shares_host" in markers and "xdist_group" in markers and any(
+            m.kwargs.get("name", m.args[0] if m.args else None) == "docker" for m in item.iter_markers("xdist_group")):
+        return 0
+    if "slow" not in markers:
+        return 2
+    return 1 if "shares_host" in markers else 3
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # xdist's: groups by size, largest first; ours is _phase's order
+        config.option.loadscopereorder = False
 
 
 def _host_lock() -> Path | None:

@@ -17,7 +17,8 @@ from kvtransit.harness.deploy.k8s.sweep_logs import collect, parse_log
 from kvtransit.harness.studies.sweep.runner import RESULTS_CSV, RESULTS_JSON, ResultsStore, run_sweep
 from kvtransit.model.scenario import Scenario
 
-pytestmark = pytest.mark.timeout(240)
+# The collected results equal the local ones byte for byte: what happened, not how fast (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(240), pytest.mark.shares_host]
 
 # Short and light, as tests/integration/test_sweep_live.py runs its points (faithful on a busy 2-core box).
 TINY = Scenario(codec="none", requests=4, rate=2.0, prompt_mean=1024.0, output_mean=16.0, scale=0.02, dilation=2.0)

@@ -27,6 +27,7 @@ pytestmark = [
                        reason="the realkv extra is not installed (torch missing): pip install -e '.[realkv]'"),
     pytest.mark.slow,
     pytest.mark.timeout(400),
+    pytest.mark.shares_host,  # what the model read and predicted, not how fast the host ran it (tests/conftest.py)
 ]
 
 REAL_REQUESTS = 2

@@ -15,7 +15,9 @@ from kvtransit.harness.studies.sweep.runner import PointRunner, ResultsStore, se
 from kvtransit.harness.up.launcher import Launcher
 from kvtransit.model.scenario import Scenario
 
-pytestmark = pytest.mark.timeout(180)
+# Rows written, tables, plots, resumption, a bisection between SLOs nothing or everything meets, a trace's requests:
+# what the sweep did, not how fast the host did it, so these may run beside other tests (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(180), pytest.mark.shares_host]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Short and light; a small scale and dilation 2 keep every run faithful on a busy 2-core box.
