@@ -9,7 +9,7 @@ case), and a relay in between:
   band-keep   `kvtransit middlebox --codec freq-keep-k --keep 0.5` on the same link, float32 KV
 The source streams KvBegin, `MB` of KvChunk frames, KvEnd; the sink counts payload bytes (and acks, for
 the middlebox). Throughput is source payload bytes over the time from first send to last byte at the sink.
-Targets (issue 4): passthrough >= 0.8 x bare, band-keep >= 0.5 x bare.
+Targets: passthrough >= 0.8 x bare, band-keep >= 0.5 x bare.
 """
 
 from __future__ import annotations

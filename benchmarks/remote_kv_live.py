@@ -1,4 +1,4 @@
-"""Remote KV with query-aware selection inside `kvtransit up` (issue 18 part 4), measured beside the model, one
+"""Remote KV with query-aware selection inside `kvtransit up`, measured beside the model, one
 configuration after another in one session.
 
     python benchmarks/remote_kv_live.py [--requests 8] [--output 16] [--context 32768]

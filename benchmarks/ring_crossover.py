@@ -1,4 +1,4 @@
-"""Ring attention live: where a codec on the ring's links starts to pay, measured against the model (issue 18).
+"""Ring attention live: where a codec on the ring's links starts to pay, measured against the model.
 
     python benchmarks/ring_crossover.py [--link eth-100g] [--n 4] [--blocks 2048 4096 8192 12288 16384 32768]
 

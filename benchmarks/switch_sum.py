@@ -1,4 +1,4 @@
-"""The switch's n-stream sum against a bare numpy add of the same arrays, side by side in one run (issue 17).
+"""The switch's n-stream sum against a bare numpy add of the same arrays, side by side in one run.
 
     python benchmarks/switch_sum.py [--ranks 2 4 8] [--values 8192 1048576 16777216] [--repeats 20]
 
@@ -11,7 +11,7 @@ three ways, interleaved round by round so the box's noise falls on all three ali
 - "sum_streams": the kernel alone, over whole streams;
 - "numpy add": a bare `np.add` chain over the same BF16 arrays (ml_dtypes' bfloat16 add, rounding every add).
 Throughput is input bytes (n × S) per second, the best of `--repeats` rounds; the ratio is switch / numpy add
-(issue 17's target: ≥ 0.5×).
+(the target: ≥ 0.5×).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""TP groups inside `kvtransit up` (issue 17 part 4), measured beside the model, one configuration after another in
+"""TP groups inside `kvtransit up`, measured beside the model, one configuration after another in
 one session.
 
     python benchmarks/tp_groups_live.py [--requests 3] [--output 128]

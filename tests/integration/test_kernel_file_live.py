@@ -1,4 +1,4 @@
-"""`kvtransit up --kernel FILE` runs the declared kernel (issue 15), live on loopback as test_module_flags_live.py.
+"""`kvtransit up --kernel FILE` runs the declared kernel, live on loopback as test_module_flags_live.py.
 
 The deck's sketch (examples/kernels/freq-keep-half.toml: FFT of length 64, keep half, 8-bit analogue path) maps to
 band-keep, fft variant, block 64, keep 0.5, precision_bits 8. The processes get the mapped flags

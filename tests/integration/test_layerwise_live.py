@@ -1,4 +1,4 @@
-"""Layer-wise KV streaming end to end (issue 20): real prefill, middlebox, decode and load-generator processes on
+"""Layer-wise KV streaming end to end: real prefill, middlebox, decode and load-generator processes on
 loopback, the same light workload handed off whole, layer-wise, and layer-wise with chunked prefill.
 
 Light load (one request every 0.5 s, short outputs) so hand-offs find the link free and can be held against the

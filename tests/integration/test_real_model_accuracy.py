@@ -1,4 +1,4 @@
-"""A real model in the loop (issue 16): SmolLM2-135M-Instruct from the realkv extra, offline, on CPU.
+"""A real model in the loop: SmolLM2-135M-Instruct from the realkv extra, offline, on CPU.
 
 The exact cache reproduces the model's own logits bit for bit; a codec's perplexity from the tool equals a direct
 token-by-token loop written here; the pass key is found with exact KV at the shortest context; a short run through
@@ -223,7 +223,7 @@ def test_a_short_end_to_end_run_through_the_cli_feeds_the_verdict(tmp_path, caps
 
 
 def test_fp8_dispatch_error_on_the_mlp_inputs_is_within_e4m3s_rounding(session):
-    """Issue 17 part 5: what an MoE layer would dispatch (each MLP's input, the post-attention norm's output),
+    """What an MoE layer would dispatch (each MLP's input, the post-attention norm's output),
     through the same fp8 kernel the ranks run."""
     from kvtransit.flows.tp.dispatch_accuracy import FP8_ROUNDING_BOUND, fp8_dispatch_error
 

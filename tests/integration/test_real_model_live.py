@@ -1,4 +1,4 @@
-"""The real model reads what crossed the wire (issue 16 part 3): `kvtransit up --kv-sample real --accuracy model`.
+"""The real model reads what crossed the wire: `kvtransit up --kv-sample real --accuracy model`.
 
 Two short loopback runs of real processes: the prefill sends the real model's own KV (SmolLM2-135M over GPL-3 and
 json/decoder.py) for the first requests, the middlebox runs the codec on it, and decode's worker feeds what arrived

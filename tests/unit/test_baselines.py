@@ -1,4 +1,4 @@
-"""Baselines at equal power (issue 15): the next faster link, the three scenarios, the comparison of three reports
+"""Baselines at equal power: the next faster link, the three scenarios, the comparison of three reports
 (energy per request, latency, fail-closed on unfaithful runs), the `baselines` sweep preset with the user's flags,
 `kvtransit verdict --baselines` and the sweep tables' J/request."""
 

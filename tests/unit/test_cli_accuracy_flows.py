@@ -1,4 +1,4 @@
-"""`kvtransit accuracy --select / --ring` (issue 18): tables on the committed real-KV sample, bad input in one line."""
+"""`kvtransit accuracy --select / --ring`: tables on the committed real-KV sample, bad input in one line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The codec's inverse at the receiving end (issue 14): decode's GPU inverts a GPU-encoded KV when it admits it
+"""The codec's inverse at the receiving end: decode's GPU inverts a GPU-encoded KV when it admits it
 (Scenario.gpu_codec_inverse_*, model/serving/decode_plan.py); an in-transit hand-off pays a decoding module at the far
 end (model/energy.handoff_module_energy_j)."""
 

@@ -1,4 +1,4 @@
-"""A declared kernel runs live (issue 15): the one implementation each shape maps onto, every refusal with its
+"""A declared kernel runs live: the one implementation each shape maps onto, every refusal with its
 reason, and `--kernel FILE` on the scenario flags (conflicts named, the children given the mapped flags)."""
 
 import argparse

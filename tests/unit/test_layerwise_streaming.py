@@ -1,4 +1,4 @@
-"""Layer-wise KV streaming through the real agents on a ManualClock, in memory (issue 20): the prefill stamps each
+"""Layer-wise KV streaming through the real agents on a ManualClock, in memory: the prefill stamps each
 layer with when its compute ends, the middlebox holds each until then, decode takes the request at its last layer,
 and a prefill that fails mid-step releases no further layer. No sockets, no sleeping."""
 

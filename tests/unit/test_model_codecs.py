@@ -106,7 +106,7 @@ def test_band_keep_in_transit_halves_the_wire_and_pays_the_module_latency_and_en
     assert est.placement == "module" and est.budget.verdict is Verdict.FITS
     assert est.wire_bytes == 268_435_456 / 2
     assert est.transfer_s == pytest.approx(20e-6 + 1e-6 + 134_217_728 / 3.125e9)
-    # input bits × 1 pJ (docs/reference.md §5's stage) + the far end's decoding module on the wire bits (issue 14)
+    # input bits × 1 pJ (docs/reference.md §5's stage) + the far end's decoding module on the wire bits
     assert est.module_energy_j == pytest.approx((268_435_456 + 134_217_728) * 8 * 1e-12)
 
 

@@ -1,4 +1,4 @@
-"""The precision test judged by a measured task-level loss (issue 16): a real model's perplexity increase over the
+"""The precision test judged by a measured task-level loss: a real model's perplexity increase over the
 kernel's codec'd cache, read from an end-to-end results file, against a 1 % tolerance; without one, today's
 tensor-error rule, and the reason says so. Results files here are small hand-written ones in the real schema."""
 

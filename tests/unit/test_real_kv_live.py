@@ -1,4 +1,4 @@
-"""`--kv-sample real` without the model (issue 16 part 3): which requests carry the real model's KV and how many of
+"""`--kv-sample real` without the model: which requests carry the real model's KV and how many of
 its tokens, what the prefill sends for them, how the report pools decode's readings, and the scenario's rules.
 The model itself reads the KV in tests/integration/test_real_model_live.py."""
 

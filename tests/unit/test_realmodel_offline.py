@@ -1,4 +1,4 @@
-"""The real-model accuracy tools' parts that need no model (issue 16): the extra's absence said in one line, the
+"""The real-model accuracy tools' parts that need no model: the extra's absence said in one line, the
 default install never importing torch, codec settings and their keys, token subsampling at band-keep's bytes, the
 middlebox's chunking, windows, the needle's prompt and page selection. No torch needed: these run everywhere."""
 

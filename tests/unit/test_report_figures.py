@@ -1,4 +1,4 @@
-"""The run report's figures (issue 21 part 5): the series they show, the PNGs beside the report and their links in
+"""The run report's figures: the series they show, the PNGs beside the report and their links in
 its Markdown, the report written all the same without matplotlib, and `kvtransit up`'s default report folder."""
 
 from __future__ import annotations

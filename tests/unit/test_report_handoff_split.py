@@ -1,4 +1,4 @@
-"""The report's hand-off split (issue 20): exposed and hidden parts, the streamed hand-off check decode judged, the
+"""The report's hand-off split: exposed and hidden parts, the streamed hand-off check decode judged, the
 link figures of a streamed run, and the sweep row's exposed share (built from stats dicts, no process)."""
 
 from __future__ import annotations

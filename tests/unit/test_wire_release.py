@@ -1,4 +1,4 @@
-"""KvChunk's release time (layer-wise streaming, issue 20): carried as an optional meta tail, so a chunk without one
+"""KvChunk's release time (layer-wise streaming): carried as an optional meta tail, so a chunk without one
 is the very frame it was before the field existed, and one with it round-trips on every KV hop."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`kvtransit up --ring-share` (issue 18 part 4): ring attention on one clock with the hand-off.
+"""`kvtransit up --ring-share`: ring attention on one clock with the hand-off.
 
 Real processes on loopback: a share of the requests has a long prompt that the prefill (rank 0) and its ring's
 follower rank processes prefill together, each hop a real block of KV at the run's scale over the shaped ring link

@@ -1,4 +1,4 @@
-"""Ring attention over real loopback sockets (issue 18 part 3): every rank passes its block n − 1 times a layer;
+"""Ring attention over real loopback sockets: every rank passes its block n − 1 times a layer;
 without a lossy codec the ring's output is full attention; with band-keep on every hop the live error is the one
 the offline measure gives for the same blocks; a rank that dies fails the prompt for every rank with a reason;
 and a real process group (the harness) runs near the model."""

@@ -1,4 +1,4 @@
-"""`kvtransit up --kv-placement remote` (issue 18 part 4): a long-context class whose KV lives in the KV pool, fetched
+"""`kvtransit up --kv-placement remote`: a long-context class whose KV lives in the KV pool, fetched
 each decode step through the middlebox over the decode link the hand-offs cross, on one clock.
 
 Real processes on loopback: the pool makes each remote context (synthetic KV at the run's scale) and answers the

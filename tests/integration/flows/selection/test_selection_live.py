@@ -1,4 +1,4 @@
-"""Query-aware selection over real processes and a shaped link (issue 18 part 1): a pool, the module that scores the
+"""Query-aware selection over real processes and a shaped link: a pool, the module that scores the
 pages' summaries in transit, and decode that ranks and fetches only the chosen pages; every token is the baseline;
 Quest's bound is scored at the host; what arrived is judged as the offline measure judges it; a pool that dies
 fails the run for every role with a reason."""

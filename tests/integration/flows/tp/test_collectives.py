@@ -1,4 +1,4 @@
-"""TP all-reduce over real loopback sockets (issue 17): ring and switch give the exact sum for n = 2, 4, 8; a rank
+"""TP all-reduce over real loopback sockets: ring and switch give the exact sum for n = 2, 4, 8; a rank
 that dies fails the step for every rank with a reason naming the rank, step and layer, within a deadline; the
 switch rejects a stream from an unknown group or step; and a real process group (the harness) runs end to end."""
 

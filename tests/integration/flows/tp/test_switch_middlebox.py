@@ -1,4 +1,4 @@
-"""The switch middlebox counts the streams it merged (issue 15 part 4): n per sum, in /stats and in
+"""The switch middlebox counts the streams it merged: n per sum, in /stats and in
 `kvtransit_switch_merged_streams_total`, and judges the placement test from that count; over real loopback sockets
 in-process for n = 2, 4, and as the real process `kvtransit collective --allreduce switch` starts
 (`kvtransit middlebox --placement switch`)."""

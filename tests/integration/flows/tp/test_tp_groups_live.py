@@ -1,4 +1,4 @@
-"""`kvtransit up --decode-tp N` / `--prefill-tp N` (issue 17 part 4): an instance is a TP group on one clock with
+"""`kvtransit up --decode-tp N` / `--prefill-tp N`: an instance is a TP group on one clock with
 the hand-off.
 
 Real processes on loopback: the decode (or prefill) leads N − 1 follower rank processes; every step holds its

@@ -1,4 +1,4 @@
-"""Weight streaming over real processes and a shaped link (issue 19 part 1): the instance's cold start takes the
+"""Weight streaming over real processes and a shaped link: the instance's cold start takes the
 weights' pull, a paged-in adapter adds its load to TTFT at light load within 2 % of the model, zstd runs at the
 hosts and every byte is checked, and a store that dies fails the instance with a reason."""
 

@@ -1,4 +1,4 @@
-"""Ring attention inside `kvtransit up` (issue 18 part 4, flows/ring/ring_class.py): the class rule, the model of a ring
+"""Ring attention inside `kvtransit up` (flows/ring/ring_class.py): the class rule, the model of a ring
 request's prefill, the scenario's rules, the queue that keeps a ring request alone and the step plan it gets."""
 
 from __future__ import annotations

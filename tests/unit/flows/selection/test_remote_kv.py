@@ -1,4 +1,4 @@
-"""Remote KV with query-aware selection inside `kvtransit up` (issue 18 part 4): the scenario's rules, the class
+"""Remote KV with query-aware selection inside `kvtransit up`: the scenario's rules, the class
 rule, the legs' bytes and model, the pool's content and the module's and host's arithmetic on it."""
 
 from __future__ import annotations

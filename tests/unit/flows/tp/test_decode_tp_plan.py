@@ -1,4 +1,4 @@
-"""A decode instance as a TP group (issue 17 part 4, model/serving/decode_plan.py): its step is the shard's roofline
+"""A decode instance as a TP group (model/serving/decode_plan.py): its step is the shard's roofline
 plus the 2·L all-reduces of docs/reference.md §7, of which one real all-reduce a step carries every byte and the rest is
 held; the scenario's fields and their one-line errors; the collective check of the fidelity guard."""
 

@@ -1,4 +1,4 @@
-"""FP8 dispatch on the MoE all-to-all (issue 17 part 5): its bytes, where it may run, and its GPU casts, against
+"""FP8 dispatch on the MoE all-to-all: its bytes, where it may run, and its GPU casts, against
 hand-computed values."""
 
 from __future__ import annotations

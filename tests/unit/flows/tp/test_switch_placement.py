@@ -1,4 +1,4 @@
-"""Placement is a property of the middlebox process (issue 15 part 4): a pluggable sees one stream and refuses a kernel
+"""Placement is a property of the middlebox process: a pluggable sees one stream and refuses a kernel
 that combines streams (at start, in the declaration check, on a live PUT /kernel: 400, nothing changed) with
 placement_check's reason; a switch runs the stream sum, its declared kernel checked; bad input is one line naming
 what was wrong."""
