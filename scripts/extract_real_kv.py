@@ -449,7 +449,7 @@ def print_summary(path: Path, payload: dict[str, np.ndarray], summary: dict, ela
     for key in sorted(payload):
         if key != "meta":
             print(f"  {key:20s} {payload[key].shape!s:20s} {payload[key].dtype}")
-    print("docs/reference.md §6 comparison (docs/reference.md: first-token mass ≈ 43 %; DCT keep-0.5 error ≈ 0.27 K, 0.57 V):")
+    print("docs/reference.md §6 comparison (first-token mass ≈ 43 %; DCT keep-0.5 error ≈ 0.27 K, 0.57 V):")
     for name, s in summary.items():
         print(f"  [{name}] first-token attention mass (last {payload[name + '.q_positions'].size} queries): "
               f"{s['first_token_attention_mass_all_layers']:.1%} all layers, "
