@@ -245,10 +245,12 @@ def test_an_identity_kernel_is_judged_no_kernel_whatever_its_five_tests_say():
 
 def test_a_placement_the_run_did_not_count_is_shown_as_declared_and_a_counted_one_as_measured():
     declared = next(t for t in verdict(row(streams_counted=False)).tests.tests if t.test == "placement")
-    assert declared.passed is True and declared.measured == "declared 1 (not counted)"
+    assert declared.passed is True and declared.measured == "1 stream, not counted (declared)"
     assert declared.reason.startswith("declared, not counted by the run") and declared.values["declared_only"]
+    assert declared.values["basis"] == "declared"
     counted = next(t for t in verdict(row()).tests.tests if t.test == "placement")
-    assert counted.measured == "declared 1, measured 1.00" and "declared_only" not in counted.values
+    assert counted.measured == "declared 1, measured 1.00 (measured)" and "declared_only" not in counted.values
+    assert counted.values["basis"] == "measured"
     # A run that failed counts nothing: not measured, whatever was declared (fail closed).
     failed = next(t for t in verdict(row(streams=None, streams_counted=False)).tests.tests if t.test == "placement")
     assert failed.passed is None

@@ -147,12 +147,54 @@ class FiveTests:
                 "tests": [t.as_dict() for t in self.tests]}
 
 
-def _pct(value: float) -> str:
+def percent(value: float) -> str:
+    """A share as a percentage: one decimal, or two significant digits below 0.1 % (a handshake's share of its
+    session is thousandths of a percent, and "0.0%" would hide it)."""
+    if 0 < abs(value) < 0.001:
+        return f"{value * 100:.2g}%"
     return f"{value:.1%}"
 
 
 def _not_measured(test: str, what: str, target: str, **values: Any) -> Judgement:
     return Judgement(test, None, "-", target, f"{NOT_MEASURED}: {what}", values)
+
+
+# --- what a figure rests on ------------------------------------------------------------------------------------
+# Every figure a test shows is tagged with its source: measured on a live run, modelled (the model's figure for
+# something not run), declared (a kernel declaration's arithmetic, or what a flow is by construction), or a measured
+# figure with a modelled factor in it (a share whose part is the model's, or a measured time over a modelled whole).
+MEASURED, MODELLED, DECLARED = "measured", "modelled", "declared"
+MEASURED_WITH_MODEL = "measured × modelled"
+BASES = (MEASURED, MODELLED, DECLARED, MEASURED_WITH_MODEL)
+
+
+def with_basis(judgement: Judgement, basis: str) -> Judgement:
+    """`judgement` with its figure's source (BASES) in its values and, in brackets, at the end of its measured text
+    (the text a table cell shows); a test with no figure ("-") is tagged in its values only."""
+    if basis not in BASES:
+        raise ValueError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
+    values = {**judgement.values, "basis": basis}
+    tag = f" ({basis})"
+    if judgement.measured == "-" or judgement.measured.endswith(tag):
+        return replace(judgement, values=values)
+    return replace(judgement, measured=judgement.measured + tag, values=values)
+
+
+# --- the bottleneck's sensitivity to the time that is not the link's ----------------------------------------------
+# A share s of a whole whose other part (compute, queues: the time that is not the flow's link time) is held at a
+# model's or a host's speed moves when that speed is wrong: at f × the other part the share is s / (s + f·(1 − s)).
+# The table shows it at a third, once and three times the figure it used (a GPU a generation apart either way, or a
+# compiled library against a slower or a faster one).
+COMPUTE_FACTORS = (0.3, 1.0, 3.0)
+
+
+def share_at(share: float, factor: float) -> float:
+    """The share when the part of the whole that is not the flow takes `factor` × its time."""
+    if not (factor > 0 and math.isfinite(factor)):
+        raise ValueError(f"factor must be a finite number > 0, got {factor!r}")
+    if not 0 <= share <= 1:
+        raise ValueError(f"share must be in 0..1, got {share!r}")
+    return share / (share + factor * (1 - share)) if share > 0 else 0.0
 
 
 # --- the five tests, for any flow ---------------------------------------------------------------------------
@@ -161,17 +203,17 @@ def bottleneck_test(share: float | None, *, share_of: str, busy: float | None = 
     """The flow's measured share of `whole` (E2E for a request's flows; the step for a collective) ≥
     BOTTLENECK_MIN_SHARE (`share_of` says what it sums); the link's busy fraction is reported beside it, not judged
     (a busy link with a small share still cannot move E2E)."""
-    target = f">= {_pct(BOTTLENECK_MIN_SHARE)}"
-    busy_text = "link busy " + ("not measured" if busy is None else _pct(busy))
+    target = f">= {percent(BOTTLENECK_MIN_SHARE)}"
+    busy_text = "link busy " + ("not measured" if busy is None else percent(busy))
     values = {"share": share, "min_share": BOTTLENECK_MIN_SHARE, "link_busy": busy}
     if share is None or not math.isfinite(share):
         return _not_measured("bottleneck", f"no share of {whole} was measured ({share_of}); {busy_text}", target,
                              **values)
     passed = share >= BOTTLENECK_MIN_SHARE
     verdict = "link-bound enough to matter" if passed else "too small a share for a kernel to move E2E"
-    return Judgement("bottleneck", passed, f"{_pct(share)} of {whole}", target,
-                      f"{share_of} = {_pct(share)} of {whole} {'>=' if passed else '<'} {_pct(BOTTLENECK_MIN_SHARE)}: "
-                      f"{verdict} ({busy_text})", values)
+    return Judgement("bottleneck", passed, f"{percent(share)} of {whole}", target,
+                      f"{share_of} = {percent(share)} of {whole} {'>=' if passed else '<'} "
+                      f"{percent(BOTTLENECK_MIN_SHARE)}: {verdict} ({busy_text})", values)
 
 
 def operations_test(decl: KernelDeclaration) -> Judgement:
@@ -247,6 +289,9 @@ def task_precision_test(decl: KernelDeclaration, measured: PrecisionMeasured, ta
     tensor = (f"; the run's tensor error K {m.k_relative_error:.3g}, V {m.v_relative_error:.3g} over "
               f"{m.sampled_requests} sampled requests" if m.sampled_requests and _finite(m.k_relative_error,
                                                                                          m.v_relative_error) else "")
+    if tensor and m.baseline_codec and _finite(m.baseline_k_relative_error, m.baseline_v_relative_error):
+        tensor += (f" (context, not judged: the equal-bytes baseline {m.baseline_codec}'s K "
+                   f"{m.baseline_k_relative_error:.3g}, V {m.baseline_v_relative_error:.3g} on the same tensors)")
     return Judgement("precision", passed, measured_text, target,
                      f"{decl.name} ({bits}) raises perplexity {task.ppl_increase:+.2%} over the exact cache "
                      f"({task.ppl_exact:.3f} -> {task.ppl:.3f} pooled, {task.tokens} tokens; {task.key}) "

@@ -8,7 +8,7 @@ row. `all_rows()` is the table, in docs/reference.md §8's order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,14 @@ class RowRun:
     measured_what: str = ""
     modelled_what: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # The run's own small report (its flow's summary, or the run report without its per-request rows and ledgers):
+    # what the table commits beside the row as evidence (harness/studies/candidates/report.py).
+    evidence: dict[str, Any] = field(default_factory=dict)
+    regime: Any = None  # regimes.RegimeResult: the row's regime, mapped and confirmed (None: not asked)
+
+    @property
+    def is_faithful(self) -> bool:
+        return self.faithful.startswith("yes")
 
     def as_dict(self) -> dict[str, Any]:
         return {"scale": self.scale, "dilation": self.dilation, "faithful": self.faithful, "command": self.command,
@@ -45,21 +53,50 @@ class RowRun:
 
 @dataclass(frozen=True)
 class RowContext:
+    """What a row's run is asked: its row, the table's unknowns, where its run goes, and `point`: the operating
+    point's settings where it is run away from its own (a regime's live confirmation: the axis keys of the row's
+    `Regime`, e.g. {"rate": 12.0, "link": "eth-25g"}), `label` naming that point's directory."""
+
     name: str
     unknowns: Unknowns
     runs_dir: Path
     log: Callable[[str], None]
     sample_path: Path
+    point: Mapping[str, Any] = field(default_factory=dict)
+    label: str = ""
 
     @property
     def link(self) -> str:
-        return self.unknowns.link or all_rows()[self.name].link
+        link = self.point.get("link")
+        return str(link) if link is not None else self.unknowns.link or all_rows()[self.name].link
+
+    def setting(self, key: str, default: Any) -> Any:
+        """The point's value of `key`, else the row's own `default`."""
+        return self.point.get(key, default)
 
     @property
     def run_dir(self) -> Path:
-        path = self.runs_dir / self.name
+        path = self.runs_dir / self.name / "points" / self.label if self.label else self.runs_dir / self.name
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+
+# A row's evidence is its run's small report: lists longer than this are summarised by their length (the
+# per-request rows, ledgers and step lists stay in the run's directory).
+EVIDENCE_MAX_LIST = 24
+
+
+def small_report(obj: Any, *, max_list: int = EVIDENCE_MAX_LIST) -> Any:
+    """`obj` (a run's report or summary) with every list longer than `max_list` replaced by a note of its length,
+    and the per-request blocks dropped: what a row commits as evidence (not raw ledgers)."""
+    if isinstance(obj, dict):
+        return {k: small_report(v, max_list=max_list) for k, v in obj.items()
+                if k not in ("per_request", "stages", "requests_detail")}
+    if isinstance(obj, list | tuple):
+        if len(obj) > max_list:
+            return f"({len(obj)} entries: in the run's directory)"
+        return [small_report(v, max_list=max_list) for v in obj]
+    return obj
 
 
 def bits_flag(u: Unknowns) -> str:
@@ -81,14 +118,27 @@ def load_real_kv(ctx: RowContext) -> Any:
 
 
 @dataclass(frozen=True)
+class DeckVerdict:
+    """The deck's verdict on a row (slide 11, docs/reference.md §8.5): in the table's words, and the deck's own."""
+
+    verdict: str
+    says: str
+
+
+@dataclass(frozen=True)
 class Row:
     """One row of the table: its candidate (what moves, the kernel, the precision test's tolerance), its own link
-    when --link does not say, its place in docs/reference.md §8's list, and the function that measures it."""
+    when --link does not say, its place in docs/reference.md §8's list, the function that measures it, the deck's
+    verdict on it, its regime (the operating conditions it is mapped over, harness/studies/candidates/regimes.py)
+    and its break-even module (harness/studies/candidates/spec.py)."""
 
     candidate: Candidate
     link: str
     order: int
     run: Callable[[RowContext], RowRun]
+    deck: DeckVerdict | None = None
+    regime: Any = None  # regimes.Regime (typed loosely: regimes.py imports this module)
+    spec: Callable[[], Any] | None = None  # () -> spec.SpecCase
 
     @property
     def name(self) -> str:

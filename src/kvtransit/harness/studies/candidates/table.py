@@ -37,21 +37,34 @@ model's transfer time, docs/reference.md §2). Pure: numbers in, verdicts out.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from kvtransit.model.catalog.links import Link, link_by_name
 from kvtransit.model.errors import ConfigError
 from kvtransit.model.judge.fidelity import NOT_MEASURED
 from kvtransit.model.judge.five_tests import (
+    BOTTLENECK_MIN_SHARE,
+    COMPUTE_FACTORS,
+    DECLARED,
     MAX_COMPUTE_OVER_WIRE,
+    MEASURED,
+    MEASURED_WITH_MODEL,
+    MODELLED,
     TEST_NAMES,
     FiveTests,
     Judgement,
+    PrecisionMeasured,
     bottleneck_test,
     budget_test,
     operations_test,
+    percent,
     placement_test,
+    precision_test,
+    share_at,
+    with_basis,
 )
+from kvtransit.model.judge.task_accuracy import MeasuredTaskLoss
 from kvtransit.model.module.budget import MODULE_BUDGETS, PRECISION_BITS_RANGE, KernelDeclaration
 
 CANDIDATE = "candidate"
@@ -59,7 +72,9 @@ PROMISING = "promising"
 NOT_A_CANDIDATE = "not a candidate"
 NOT_RUN = "not run"
 NO_KERNEL = "no kernel"
-VERDICTS = (CANDIDATE, PROMISING, NOT_A_CANDIDATE, NO_KERNEL, NOT_RUN)
+EXISTS = "exists"  # would be a candidate (or promising), but an incumbent already does the job
+NOT_SETTLED = "not settled"  # a live run it rests on was not faithful: never judged
+VERDICTS = (CANDIDATE, PROMISING, EXISTS, NOT_A_CANDIDATE, NO_KERNEL, NOT_SETTLED, NOT_RUN)
 LINE_OUTPUT, LINE_INPUT = "output", "input"
 
 
@@ -147,22 +162,71 @@ class RowMeasured:
     not_run: str | None = None  # why the row could not run (e.g. "not installed: pip install .[fhe]")
     share_whole: str = "E2E"  # what the share is of: E2E for a request's flows, "the step" for a collective
     notes: tuple[str, ...] = ()
+    # A modelled factor inside a measured share (the model's all-to-all part of a measured collective share, a
+    # held compute subtracted from a measured prompt): the share's basis is then "measured × modelled".
+    share_factor: str | None = None
+    # What the time that is not the flow's link time rests on: a modelled accelerator (the roofline, held on the
+    # clock), or a compiled implementation measured on this host. The bottleneck shows the share at
+    # COMPUTE_FACTORS × that time.
+    compute_basis: str = ""
+    share_context: tuple[str, ...] = ()  # other shares shown beside the judged one, each with its basis
+    # The kernel's task-level loss on a real model (docs/results/accuracy.json), by the analogue path's bits
+    # (`bits_key`): the precision test judges it, the run's tensor errors (`precision_measured`) are context.
+    task_losses: Mapping[str, MeasuredTaskLoss] | None = None
+    precision_measured: PrecisionMeasured | None = None
+    # Where an incumbent already does the kernel's job in the field (NVLink SHARP sums in the switch): the verdict
+    # says "exists" where the row would otherwise be a candidate or promising.
+    incumbent: str | None = None
+    placement_runs: tuple[Judgement, ...] = ()  # the kernel run at another placement (a sum on a pluggable)
+    # Why the row is not settled (a live run that was not faithful): its tests are shown, its verdict is not given.
+    unsettled: str | None = None
 
 
-def _declared(j: Judgement, counted: bool) -> Judgement:
-    """A placement whose streams the run did not count: judged on the declaration, and said so in the cell."""
+def bits_key(bits: int | None) -> str:
+    """The key of `RowMeasured.task_losses` for an analogue path of `bits` (None: exact)."""
+    return "exact" if bits is None else str(bits)
+
+
+def _placement_basis(j: Judgement, counted: bool, modelled: bool) -> Judgement:
+    """A placement the run counted is measured; one it did not (one client to one server: what the flow is by
+    construction) is judged on the declaration, and the cell says declared."""
+    if modelled:
+        return with_basis(replace(j, reason=f"modelled, not measured live: {j.reason}"), MODELLED)
     if counted or j.passed is None:
-        return j
+        return with_basis(j, MEASURED)
     streams = j.values.get("streams_declared")
-    return replace(j, measured=f"declared {streams} (not counted)",
-                   reason=f"declared, not counted by the run: {j.reason}", values={**j.values, "declared_only": True})
+    return with_basis(replace(j, measured=f"{streams} stream{'s' if streams != 1 else ''}, not counted",
+                              reason=f"declared, not counted by the run: {j.reason.split('; measured:')[0]}",
+                              values={**j.values, "declared_only": True}), DECLARED)
 
 
-def _modelled(j: Judgement, modelled: bool) -> Judgement:
-    if not modelled:
-        return j
-    return replace(j, measured=f"{j.measured} (modelled)", reason=f"modelled, not measured live: {j.reason}",
-                   values={**j.values, "modelled": True})
+def share_basis(row: RowMeasured) -> str:
+    if row.share_modelled:
+        return MODELLED
+    return MEASURED_WITH_MODEL if row.share_factor else MEASURED
+
+
+def _bottleneck_basis(j: Judgement, row: RowMeasured, basis: str) -> Judgement:
+    """The share tagged with its source (`basis`), and its sensitivity to the time that is not the link's
+    (COMPUTE_FACTORS)."""
+    reason = j.reason
+    if basis == MODELLED:
+        reason = f"modelled, not measured live: {reason}"
+    elif basis == MEASURED_WITH_MODEL and row.share_factor:
+        reason = f"{reason}; a modelled factor: {row.share_factor}"
+    values = dict(j.values)
+    share = values.get("share")
+    if isinstance(share, float | int) and math.isfinite(share) and 0 <= share <= 1:
+        at = {f"{f:g}": share_at(float(share), f) for f in COMPUTE_FACTORS}
+        values["sensitivity"] = at
+        values["holds_across_compute"] = len({v >= BOTTLENECK_MIN_SHARE for v in at.values()}) == 1
+        basis_text = f" ({row.compute_basis})" if row.compute_basis else ""
+        reason += ("; at " + ", ".join(f"{k}x" for k in at) + f" the time that is not the link's{basis_text}: "
+                   + " / ".join(percent(v) for v in at.values())
+                   + ("" if values["holds_across_compute"] else " (the verdict of this test turns on it)"))
+    if row.share_context:
+        reason += "; beside it: " + "; ".join(row.share_context)
+    return with_basis(replace(j, reason=reason, values=values), basis)
 
 
 def rescaled_share(share: float, old: Link, new: Link, nbytes: float, messages: int = 1) -> float:
@@ -231,6 +295,27 @@ def figure_precision_test(decl: KernelDeclaration, figure: PrecisionFigure | Non
                      values)
 
 
+def _precision(row: RowMeasured, decl: KernelDeclaration) -> Judgement:
+    """The kernel's measured task-level loss at the analogue path's bits where the row has one (the run's tensor
+    errors as context); else the live run's own judgement (at its own bits only); else the row's error figure."""
+    if row.task_losses is not None and not decl.lossless:
+        task = row.task_losses.get(bits_key(decl.precision_bits))
+        measured = row.precision_measured or PrecisionMeasured(0, None, None)
+        if task is not None:
+            return precision_test(decl, measured, task)
+        want = "exact" if decl.precision_bits is None else f"{decl.precision_bits} bits"
+        return Judgement("precision", None, "-", "task-level loss within tolerance",
+                         f"{NOT_MEASURED}: no task-level loss measured for {decl.name} at {want}")
+    if row.precision_judgement is not None:
+        judged = row.precision_judgement
+        if decl.precision_bits != row.decl.precision_bits:
+            want = "exact" if decl.precision_bits is None else f"{decl.precision_bits} bits"
+            judged = Judgement("precision", None, "-", judged.target,
+                               f"{NOT_MEASURED}: the run measured its own analogue path; at {want} it needs a run")
+        return judged
+    return figure_precision_test(decl, row.precision)
+
+
 def decl_under(row: RowMeasured, u: Unknowns) -> KernelDeclaration:
     decl = row.decl
     charged = decl.transform_charged if u.transform_charged is None else u.transform_charged
@@ -245,38 +330,39 @@ def judge_row(row: RowMeasured, u: Unknowns) -> FiveTests:
     decl = decl_under(row, u)
     share = row.share
     share_of = row.share_of
+    basis = share_basis(row)
     if u.link is not None and row.link is not None and u.link != row.link:
         if row.share_by_link is not None and u.link in row.share_by_link:
             share = row.share_by_link[u.link]
             share_of = f"{share_of}, on {u.link} by the same model"
+            basis = MODELLED
         elif share is not None and row.link_bytes is not None:
             share = rescaled_share(share, link_by_name(row.link), link_by_name(u.link), row.link_bytes,
                                    row.link_messages)
             share_of = f"{share_of}, rescaled from {row.link} to {u.link} by the link model"
+            basis = MODELLED if basis == MODELLED else MEASURED_WITH_MODEL
         else:
             share = None
             share_of = f"{share_of} (measured on {row.link}; no bytes to rescale it to {u.link})"
-    bottleneck = _modelled(bottleneck_test(share, share_of=share_of, busy=row.link_busy, whole=row.share_whole),
-                           row.share_modelled)
+    bottleneck = _bottleneck_basis(bottleneck_test(share, share_of=share_of, busy=row.link_busy,
+                                                   whole=row.share_whole), row, basis)
     same_module = (row.budget_ops_per_byte == u.module_budget and decl.transform_charged == row.decl.transform_charged)
     if row.frames is not None and same_module:
         budget = budget_test(decl, u.module_budget, transit_bound_frames=row.transit_bound_frames, frames=row.frames)
+        if budget.passed is not None:  # the arithmetic is the declaration's, the frames were counted
+            per_line_byte = budget.values["ops_per_line_byte"]
+            budget = replace(budget, measured=f"{per_line_byte:.2f} ops/line B ({DECLARED}); "
+                                              f"{row.transit_bound_frames} of {row.frames} frames transit-bound")
+        budget = with_basis(budget, MEASURED)
     else:
         why = ("the run's module was charged another budget" if row.frames is not None
                else "this flow's run has no module stage")
-        budget = declared_budget_test(decl, u.module_budget, why, row.line)
-    if row.precision_judgement is not None:
-        judged = row.precision_judgement
-        if decl.precision_bits != row.decl.precision_bits:
-            want = "exact" if decl.precision_bits is None else f"{decl.precision_bits} bits"
-            judged = Judgement("precision", None, "-", judged.target,
-                               f"{NOT_MEASURED}: the run measured its own analogue path; at {want} it needs a run")
-        precision = judged
-    else:
-        precision = figure_precision_test(decl, row.precision)
-    placement = _modelled(_declared(placement_test(decl, row.streams, measured_as=row.streams_as),
-                                    row.streams_counted), row.streams_modelled)
-    return FiveTests(row.name, decl.name, (bottleneck, operations_test(decl), budget, precision, placement))
+        budget = with_basis(declared_budget_test(decl, u.module_budget, why, row.line), DECLARED)
+    precision = with_basis(_precision(row, decl), MEASURED)
+    placement = _placement_basis(placement_test(decl, row.streams, measured_as=row.streams_as),
+                                 row.streams_counted, row.streams_modelled)
+    operations = with_basis(operations_test(decl), DECLARED)
+    return FiveTests(row.name, decl.name, (bottleneck, operations, budget, precision, placement))
 
 
 __all__ = ["TEST_NAMES", "Candidate", "PrecisionFigure", "RowMeasured", "Unknowns",
