@@ -16,14 +16,22 @@ against a measured error and its tolerance (`PrecisionFigure`), with the bits an
 - `promising`: exactly one test did not pass, it was measured (failed, not "not measured"), and one change of a
   stated unknown (module budget, transform charged, precision bits, or the link from the link catalogue;
   docs/reference.md §5's unknowns) makes all five pass when the row is judged again with its own measured figures
-  (`candidate_verdicts.py: flips`).
+  (`verdicts.py: flips`).
 - `not a candidate`: anything else; the failing tests are named.
+- `exists`: a candidate or promising row whose job an incumbent already does in the field (`RowMeasured.incumbent`:
+  NVLink SHARP sums a TP group in the switch).
 - `no kernel`: the row's kernel moves no byte off the link and runs no operation (an identity: ratio 1, nothing
   computed), so whatever its five tests say there is nothing on the link to judge (model/judge/five_tests.py's rule
   for a flow without a kernel); the tests are still shown, the bottleneck saying whether a kernel here could matter.
+- `not settled`: a live run the row rests on (its own, or a live point of its regime) was not faithful; its tests
+  are shown, its verdict not given.
 - `not run`: the row's flow could not run here (its extra is not installed); never a guess.
+The rule itself is harness/studies/candidates/verdicts.py's `verdict_of`.
 
-**What would flip each verdict** (`candidate_verdicts.py: verdict_flips`): per unknown, the smallest change that
+Every judged figure carries what it rests on (model/judge/five_tests.py: BASES) in its values and its cell: measured,
+modelled, declared (a declaration's arithmetic, or what a flow is by construction), or measured × modelled.
+
+**What would flip each verdict** (`verdicts.py: verdict_flips`): per unknown, the smallest change that
 changes the verdict (or,
 when none does, the smallest that leaves fewer tests failing), found by judging the row again with the same
 measured figures; `flips` is the same search for whether all five pass, which "promising" uses. The changes
