@@ -50,6 +50,7 @@ FLOWS: dict[str, FlowEntry] = {
     "ring": FlowEntry("ring attention: a long prompt's KV blocks passed round a ring of GPUs, a codec on every hop"),
     "weights": FlowEntry("weight streaming: a cold start and LoRA adapters paged in over a link"),
     "ciphertext": FlowEntry("ciphertexts: ML-KEM-768 handshakes and an FHE (CKKS) layer over a shaped link"),
+    "engine": FlowEntry("a real engine on the KV link: two vLLM instances hand SmolLM2's KV through the middlebox"),
 }
 
 FACES = ("section", "components", "launch", "report", "metrics", "cli", "rows", "presets", "deploy")
