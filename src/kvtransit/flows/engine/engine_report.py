@@ -55,6 +55,14 @@ def kl_and_top1(reference: list[dict[str, float] | None], other: list[dict[str, 
     return {"positions": n, "kl_nats_per_token": sum(kls) / n if n else None, "top1_agree": agree / n if n else None}
 
 
+def greedy_share(logprobs: list[dict[str, float] | None], tokens: list[int]) -> float | None:
+    """The share of scored positions whose most likely token is the single instance's greedy token there."""
+    pairs = [(lp, t) for lp, t in zip(logprobs, tokens, strict=False) if lp]
+    if not pairs:
+        return None
+    return sum(max(lp, key=lp.__getitem__) == str(t) for lp, t in pairs) / len(pairs)
+
+
 def _records(measured: Measured) -> dict[tuple[str, int], dict[str, Any]]:
     return {(r["side"], r["request_id"]): r for r in measured.records}
 
@@ -116,7 +124,9 @@ def build_report(run: EngineRun, measured: Measured, *, wall_s: float) -> dict[s
                 if kernel == "none":
                     none_logprobs[row["prompt"]] = scored["logprobs"]
                 if row["prompt"] in none_logprobs:
-                    out["teacher_forced"] = kl_and_top1(none_logprobs[row["prompt"]], scored["logprobs"])
+                    out["teacher_forced"] = {**kl_and_top1(none_logprobs[row["prompt"]], scored["logprobs"]),
+                                             "single_instance_top1": greedy_share(scored["logprobs"],
+                                                                                  scored["tokens"])}
             elif scored:
                 out["teacher_forced"] = {"error": scored.get("error")}
             rows.append(out)

@@ -211,7 +211,7 @@ class EngineRunner:
             self.measured.kernels[kernel]["middlebox"] = await self._stop_middlebox()
 
     async def _start_middlebox_at(self, kernel: str, kv_port: int, middlebox_port: int) -> None:
-        argv = [sys.executable, "-m", "kvtransit", "middlebox", "--listen", f"127.0.0.1:{middlebox_port}",
+        argv = [sys.executable, "-m", "kvtransit.cli", "middlebox", "--listen", f"127.0.0.1:{middlebox_port}",
                 "--decode", f"127.0.0.1:{kv_port}", "--name", f"middlebox-{kernel}",
                 *self.run.scenario.to_argv(), "--codec", kernel]
         child = Child(f"middlebox ({kernel})", "middlebox", argv)
@@ -245,8 +245,10 @@ class EngineRunner:
         first = await self._prefill(prefill, ids, wire_id)
         if first.error:
             return {"error": f"prefill: {first.error}"}
+        # The KV of all but the prompt's last token is loaded: the decode instance computes that token over it (its
+        # logits score the first continuation token) and the M - 1 after it.
         done = await asyncio.to_thread(client.prompt_logprobs, decode.spec.port,
-                                       _body(run, ids + scored, 1, wire_id, kv_tokens=len(ids)), -1)
+                                       _body(run, ids + scored, 1, wire_id, kv_tokens=len(ids) - 1), -1)
         if done.error:
             return {"error": done.error}
         # Position i of the prompt carries log p(token i | tokens before it): the scored tokens' are the last M.
