@@ -47,8 +47,10 @@ def register(subparsers) -> None:
                    help=f"the prompts, TEXT:OFFSET windows of the offline texts (default {DEFAULT_WINDOWS})")
     p.add_argument("--prompt-tokens", type=int, default=256, help="tokens per prompt (default 256)")
     p.add_argument("--output-tokens", type=int, default=16, help="tokens generated per prompt (default 16)")
-    p.add_argument("--scored-tokens", type=int, default=8,
-                   help="teacher-forced positions per prompt for top-1 and KL (default 8; 0: none)")
+    p.add_argument("--scored-tokens", type=int, default=0,
+                   help="teacher-forced positions per prompt for top-1 and KL (default 0: none). Not yet a measure of "
+                        "the link: vLLM 0.32 skips external KV for a request that asks for prompt log-probabilities "
+                        "(skip_reading_prefix_cache), so the decode instance computes that prompt itself")
     p.add_argument("--corrupt-check", action=argparse.BooleanOptionalAction, default=True,
                    help="send one more prompt with the middlebox corrupting its KV, which must fail (default on)")
     p.add_argument("--model-dir", default=str(DEFAULT_MODEL_DIR),

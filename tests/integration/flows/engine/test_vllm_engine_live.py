@@ -6,7 +6,6 @@ missing. About two minutes on this 2-core host (three vLLM starts of ~30 s each,
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -54,7 +53,7 @@ def engine_report(tmp_path_factory) -> dict:
     done = subprocess.run([sys.executable, "-m", "kvtransit.cli", "engine", "--model-dir", str(model_dir), "--out",
                            str(out), "--kernels", "none,freq-keep-k", "--keep", "0.5", "--sinks", "4",
                            "--windows", "gpl-3:0,json-decoder:0", "--prompt-tokens", "128", "--output-tokens", "12",
-                           "--scored-tokens", "6", "--dilation", "10"],
+                           "--dilation", "10"],
                           env=env, capture_output=True, text=True, timeout=840, check=False)
     assert done.returncode == 0, f"kvtransit engine failed:\n{done.stderr[-3000:]}"
     return json.loads((out / "report.json").read_text())
@@ -66,9 +65,6 @@ def test_codec_none_on_the_link_generates_token_for_token_what_a_single_instance
     for row, reference in zip(none["prompts"], engine_report["reference"], strict=True):
         assert row["link"]["outcome"] == "ok", row
         assert row["tokens_equal"], (row["text"], reference["text"])
-        # teacher-forced over the KV that crossed, the most likely token is the single instance's greedy one
-        assert row["teacher_forced"]["positions"] == 6
-        assert row["teacher_forced"]["single_instance_top1"] == 1.0
 
 
 def test_band_keep_on_the_link_changes_what_the_decode_instance_reads_and_the_run_measures_it(engine_report):
@@ -78,9 +74,8 @@ def test_band_keep_on_the_link_changes_what_the_decode_instance_reads_and_the_ru
     assert 0.4 < band["summary"]["wire_per_raw"] < 0.6
     for row in band["prompts"]:
         assert row["link"]["outcome"] == "ok"
-        scored = row["teacher_forced"]
-        assert scored["positions"] == 6 and 0.0 <= scored["top1_agree"] <= 1.0
-        assert scored["kl_nats_per_token"] > 0.0 and math.isfinite(scored["kl_nats_per_token"])
+    # what crossed is not what left: the decode instance's text departs from the single instance's
+    assert band["summary"]["token_agreement"] < 1.0
 
 
 def test_a_corrupted_block_fails_its_request_with_the_reason_and_never_reaches_the_cache(engine_report):
